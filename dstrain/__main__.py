@@ -1,0 +1,5 @@
+import sys
+
+from dstrain.main import main
+
+sys.exit(main())

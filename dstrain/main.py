@@ -1,0 +1,70 @@
+"""Command line: ``python -m dstrain`` / ``python dstrain/main.py`` / ``deepspeed dstrain/main.py``.
+
+    deepspeed dstrain/main.py --deepspeed_config ds_configs/fp32.json \\
+        --config fashion_mnist optim.warmup_epochs=2 data.root=/path
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a script (the deepspeed launcher does this): make `dstrain` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+EXIT_CONFIG = 2
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dstrain", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", "-c", default=None,
+                   help="trainer recipe: a YAML path or a name in dstrain/recipes/ (default: built-in defaults)")
+    p.add_argument("--deepspeed_config", "--deepspeed-config", default=None,
+                   help="DeepSpeed JSON (precision, optimizer, communication); overrides deepspeed_config=")
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help="set by the deepspeed launcher; ranks are read from the environment")
+    p.add_argument("--deepspeed", action="store_true", help=argparse.SUPPRESS)  # accepted for compatibility
+    p.add_argument("--help-config", action="store_true", help="list every trainer config key with its unit")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="trainer config overrides")
+    return p.parse_args(argv)
+
+
+def setup_logging() -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(asctime)s dstrain %(levelname).1s %(message)s" if rank == 0 else
+                        f"%(asctime)s dstrain[rank {rank}] %(levelname).1s %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stdout)
+    try:
+        from deepspeed.utils import logger as ds_logger
+        ds_logger.setLevel(logging.WARNING)
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from dstrain.config import ConfigError, help_lines, load_config
+
+    if args.help_config:
+        print("\n".join(help_lines()))
+        return 0
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    setup_logging()
+    try:
+        cfg = load_config(args.config, args.overrides)
+        from dstrain.train import run
+        run(cfg, args.deepspeed_config or cfg.deepspeed_config)
+    except ConfigError as err:
+        rank = os.environ.get("RANK", "0")
+        prefix = "dstrain: error" if os.environ.get("WORLD_SIZE", "1") == "1" else f"dstrain[rank {rank}]: error"
+        print(f"{prefix}: {err}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Models: torchvision classifiers by name, and a small ResNet for 28x28/32x32 inputs."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+
+from dstrain.config import ConfigError
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class SmallResNet(nn.Module):
+    """CIFAR-style ResNet (He et al. 2016, sec. 4.2): 3 stages of widths w, 2w, 4w."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 16, blocks_per_stage: int = 1):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
+                                  nn.ReLU(inplace=True))
+        layers, c_in = [], width
+        for stage in range(3):
+            c_out = width * 2**stage
+            for i in range(blocks_per_stage):
+                layers.append(BasicBlock(c_in, c_out, stride=2 if (stage > 0 and i == 0) else 1))
+                c_in = c_out
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(c_in, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def zero_init_last_bn(model: nn.Module) -> None:
+    """Goyal et al.: each residual block starts as identity (last BN gamma = 0)."""
+    for m in model.modules():
+        if isinstance(m, BasicBlock):
+            nn.init.zeros_(m.bn2.weight)
+
+
+def build_model(name: str, num_classes: int, in_channels: int = 3, width: int = 16, blocks_per_stage: int = 1,
+                zero_init_residual: bool = True) -> nn.Module:
+    if name == "resnet_small":
+        model = SmallResNet(in_channels, num_classes, width, blocks_per_stage)
+        if zero_init_residual:
+            zero_init_last_bn(model)
+        return model
+    available = torchvision.models.list_models(module=torchvision.models)
+    if name not in available:
+        raise ConfigError(f"model.name={name!r}: not resnet_small nor a torchvision classification model "
+                          f"(e.g. resnet18, resnet50, wide_resnet50_2)")
+    kwargs = {"weights": None, "num_classes": num_classes}
+    if name.startswith(("resnet", "wide_resnet", "resnext")):
+        kwargs["zero_init_residual"] = zero_init_residual
+    return torchvision.models.get_model(name, **kwargs)
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

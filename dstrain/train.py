@@ -1,0 +1,285 @@
+"""The training run: set-up, the epoch loop, evaluation, checkpoints, summary.
+
+Read top to bottom: :func:`run` builds everything from the config sections and
+then loops over epochs calling :func:`train_epoch`, :func:`sync_bn_buffers`,
+:func:`evaluate` and :func:`checkpoint.save` explicitly.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from dstrain import checkpoint, dist, ds_config
+from dstrain.config import ConfigError, TrainConfig, batch_arithmetic, to_container, validate
+from dstrain.data import Shard, build_data
+from dstrain.models import build_model, has_batchnorm
+from dstrain.monitor import Monitor
+from dstrain.optim import build_optimizer, set_lr
+from dstrain.schedule import lr_at, scaled_lr
+
+log = logging.getLogger("dstrain")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FAULT_ENV = "DSTRAIN_FAULT_KILL_AT_STEP"  # tests: SIGKILL this process after that optimizer step
+
+
+@dataclass
+class TrainState:
+    """What the trainer adds to DeepSpeed's checkpoint (client_state)."""
+    epoch: int = 0              # completed epochs
+    step: int = 0               # completed optimizer steps
+    best_top1: float = 0.0
+    train_time_s: float = 0.0   # wall time spent in completed epochs (train + eval)
+    train_images: int = 0       # images consumed by completed epochs
+    history: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- set-up helpers
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def git_sha() -> str:
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def prepare_run_dir(cfg: TrainConfig) -> Path:
+    """Choose (rank 0) and check the run directory; never reuse one silently."""
+    path = cfg.run_dir or f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = Path(dist.broadcast_object(path))
+    if path.exists() and any(path.iterdir()) and cfg.resume != "auto":
+        raise ConfigError(f"run_dir={str(path)!r} already holds a run. Pass resume=auto to continue it, "
+                          "or choose a new run_dir=...")
+    if dist.is_main():
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".write_probe"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as err:
+            raise ConfigError(f"run_dir={str(path)!r}: not writable ({err.strerror}); choose another run_dir") from None
+    dist.barrier()
+    return path
+
+
+def write_run_files(run_dir: Path, cfg: TrainConfig, engine_cfg: dict, ds_path: str, world: int) -> None:
+    checkpoint.atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+    checkpoint.atomic_write_text(run_dir / "ds_config.json", json.dumps(engine_cfg, indent=2) + "\n")
+    meta = {"git_sha": git_sha(), "world_size": world, "deepspeed_config_file": ds_path,
+            "host": socket.gethostname(), "python": sys.version.split()[0], "torch": torch.__version__,
+            "deepspeed": __import__("deepspeed").__version__, "command": sys.argv,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    checkpoint.atomic_write_text(run_dir / "meta.json", json.dumps(meta, indent=2) + "\n")
+
+
+def input_dtype(precision: str) -> torch.dtype:
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+
+
+def loss_scale_of(engine) -> float | None:
+    opt = engine.optimizer
+    scale = getattr(opt, "cur_scale", None)
+    if scale is None and getattr(opt, "loss_scaler", None) is not None:
+        scale = getattr(opt.loss_scaler, "cur_scale", None)
+    return float(scale) if scale is not None else None
+
+
+# ---------------------------------------------------------------- loop pieces
+def train_epoch(engine, optimizer, loader, epoch: int, state: TrainState, lr_fn, monitor: Monitor, *,
+                accumulation: int, global_batch: int, steps_per_epoch: int, epochs: int, every: int,
+                label_smoothing: float, dtype: torch.dtype) -> dict:
+    engine.train()
+    loader.set_epoch(epoch)  # DeepSpeed never calls set_epoch; our loaders reshuffle from (seed, epoch)
+    sums = torch.zeros(4, dtype=torch.float64)  # loss*n, top1, top5, n  (this epoch, this rank)
+    window_loss, window_t0, window_steps = torch.zeros((), dtype=torch.float64), time.perf_counter(), 0
+    kill_at = int(os.environ.get(FAULT_ENV, "0"))
+    for i, (x, y) in enumerate(loader):
+        if i % accumulation == 0:
+            lr = lr_fn(state.step)
+            set_lr(optimizer, lr)
+        logits = engine(x.to(dtype))
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+        engine.backward(loss)
+        engine.step()
+        _accumulate(sums, loss.detach(), logits.detach(), y)
+        window_loss += loss.detach().double() / accumulation
+        if (i + 1) % accumulation:
+            continue
+        state.step += 1
+        window_steps += 1
+        if kill_at and state.step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if window_steps == every or (i + 1) == len(loader):
+            dt = time.perf_counter() - window_t0
+            monitor.step(epoch=epoch, epochs=epochs, step=state.step, step_in_epoch=(i + 1) // accumulation,
+                         steps_per_epoch=steps_per_epoch, loss=window_loss.item() / window_steps,  # host sync
+                         lr=lr, global_batch=global_batch, images_per_sec=window_steps * global_batch / dt,
+                         loss_scale=loss_scale_of(engine))
+            window_loss.zero_()
+            window_t0, window_steps = time.perf_counter(), 0
+    dist.all_reduce_sum(sums)
+    n = max(sums[3].item(), 1.0)
+    return {"train_loss": sums[0].item() / n, "train_top1": sums[1].item() / n, "train_top5": sums[2].item() / n}
+
+
+def _accumulate(sums: torch.Tensor, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+    k = min(5, logits.shape[1])
+    topk = logits.topk(k, dim=1).indices
+    hit = topk == y[:, None]
+    sums += torch.stack([loss.double() * len(y), hit[:, 0].sum().double(), hit.any(1).sum().double(),
+                         torch.tensor(float(len(y)), dtype=torch.float64)]).cpu()
+
+
+@torch.no_grad()
+def evaluate(engine, loader, dtype: torch.dtype) -> dict:
+    """Exact distributed evaluation: per-rank sums over disjoint shards, all-reduced."""
+    engine.eval()
+    sums = torch.zeros(4, dtype=torch.float64)
+    for x, y in loader:
+        logits = engine(x.to(dtype)).float()
+        _accumulate(sums, F.cross_entropy(logits, y), logits, y)
+    dist.all_reduce_sum(sums)
+    engine.train()
+    n = max(sums[3].item(), 1.0)
+    return {"val_loss": sums[0].item() / n, "val_top1": sums[1].item() / n, "val_top5": sums[2].item() / n,
+            "val_images": int(sums[3].item())}
+
+
+def sync_bn_buffers(model: torch.nn.Module) -> None:
+    """Average BN running stats over ranks (DeepSpeed broadcasts parameters, not buffers)."""
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+           and m.running_mean is not None]
+    if dist.world_size() == 1 or not bns:
+        return
+    flat = torch.cat([torch.cat([m.running_mean.float(), m.running_var.float()]) for m in bns])
+    dist.all_reduce_sum(flat).div_(dist.world_size())
+    offset = 0
+    for m in bns:
+        c = m.running_mean.numel()
+        m.running_mean.copy_(flat[offset:offset + c])
+        m.running_var.copy_(flat[offset + c:offset + 2 * c])
+        offset += 2 * c
+
+
+# ---------------------------------------------------------------- the run
+def run(cfg: TrainConfig, ds_path: str) -> dict:
+    import deepspeed
+
+    dist.setup_env_for_single_process()
+    world = dist.world_size()
+    validate(cfg, world)
+    user_ds = ds_config.load(ds_path)
+    precision = ds_config.precision(user_ds)
+    micro, accumulation = batch_arithmetic(cfg.batch.global_size, cfg.batch.micro_per_rank, world)
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    run_dir = prepare_run_dir(cfg)
+    device = torch.device("cuda", dist.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+    seed_everything(cfg.seed)
+    m = cfg.model
+    model = build_model(m.name, m.num_classes, m.in_channels, m.width, m.blocks_per_stage, m.zero_init_residual)
+    if precision == "bf16" and device.type == "cpu" and has_batchnorm(model):
+        raise ConfigError(f"{ds_path}: bf16.enabled casts BatchNorm weights to bf16, which fails on CPU. "
+                          "Use ds_configs/bf16.json (torch_autocast: bf16 compute, fp32 weights and BN).")
+    if m.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer, base_lr = build_optimizer(model, user_ds.get("optimizer"), source=ds_path)
+    engine_cfg = ds_config.for_engine(user_ds, micro, accumulation, world)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_cfg)
+
+    shard = Shard(dist.rank(), world, micro, accumulation, cfg.batch.eval_per_rank, cfg.seed)
+    train_loader, val_loader, n_train, n_val = build_data(cfg.data, shard, m.in_channels, m.num_classes, device)
+    global_batch = shard.global_batch
+    steps_per_epoch = n_train // global_batch
+    o = cfg.optim
+    peak_lr = scaled_lr(base_lr, global_batch, o.lr_reference_batch, o.lr_scaling)
+    total_steps = steps_per_epoch * cfg.epochs
+
+    def lr_fn(step: int) -> float:
+        return lr_at(step, peak_lr=peak_lr, total_steps=total_steps,
+                     warmup_steps=round(o.warmup_epochs * steps_per_epoch), decay=o.decay,
+                     end_lr_factor=o.end_lr_factor, poly_power=o.poly_power,
+                     milestone_steps=tuple(round(e * steps_per_epoch) for e in o.step_milestones),
+                     step_gamma=o.step_gamma)
+
+    state = TrainState()
+    ckpt_root = run_dir / "checkpoints"
+    tag = checkpoint.newest_complete(ckpt_root) if cfg.resume == "auto" else None
+    if tag:
+        state = TrainState(**checkpoint.load(engine, ckpt_root, tag))
+        log.info("resumed from %s: %d epochs and %d steps done", ckpt_root / tag, state.epoch, state.step)
+    elif cfg.resume == "auto":
+        log.info("resume=auto: no complete checkpoint in %s, starting fresh", ckpt_root)
+    if dist.is_main():
+        write_run_files(run_dir, cfg, engine_cfg, ds_path, world)
+    log.info("run_dir %s | world %d | precision %s | global batch %d = %d micro x %d accumulation x %d ranks | "
+             "%d train / %d val images | %d steps/epoch | base lr %.4g per %d images -> peak lr %.4g (%s rule)",
+             run_dir, world, precision, global_batch, micro, accumulation, world, n_train, n_val, steps_per_epoch,
+             base_lr, o.lr_reference_batch, peak_lr, o.lr_scaling)
+
+    monitor = Monitor(run_dir, dist.is_main(), cfg.log.tensorboard)
+    dtype = input_dtype(precision)
+    for epoch in range(state.epoch, cfg.epochs):
+        t0 = time.perf_counter()
+        metrics = train_epoch(engine, optimizer, train_loader, epoch, state, lr_fn, monitor,
+                              accumulation=accumulation, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+                              epochs=cfg.epochs, every=cfg.log.every_steps, label_smoothing=o.label_smoothing,
+                              dtype=dtype)
+        sync_bn_buffers(engine.module)  # eval and checkpoints see the same BN statistics on every rank
+        last = epoch + 1 == cfg.epochs
+        if last or (epoch + 1) % cfg.eval_every_epochs == 0:
+            metrics.update(evaluate(engine, val_loader, dtype))
+            state.best_top1 = max(state.best_top1, metrics["val_top1"])
+        metrics["epoch_time_s"] = time.perf_counter() - t0
+        state.epoch, state.train_time_s = epoch + 1, state.train_time_s + metrics["epoch_time_s"]
+        state.train_images += steps_per_epoch * global_batch
+        state.history.append({"epoch": epoch + 1, "step": state.step, **metrics})
+        monitor.epoch(epoch, cfg.epochs, metrics)
+        every = cfg.checkpoint.every_epochs
+        if last or (every and (epoch + 1) % every == 0):
+            checkpoint.save(engine, ckpt_root, epoch + 1, state.__dict__, cfg.checkpoint.keep_last)
+    monitor.close()
+    summary = make_summary(state, world, global_batch, precision)
+    if dist.is_main():
+        checkpoint.atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        log.info("summary: final top-1 %.4f, best %.4f, %d epochs, %.1f s wall, %.0f img/s -> %s",
+                 summary["final_top1"], summary["best_top1"], summary["epochs"], summary["wall_time_s"],
+                 summary["images_per_sec"], run_dir / "summary.json")
+    return summary
+
+
+def make_summary(state: TrainState, world: int, global_batch: int, precision: str) -> dict:
+    evaluated = [h for h in state.history if "val_top1" in h]
+    final = evaluated[-1]["val_top1"] if evaluated else math.nan
+    return {"final_top1": final, "best_top1": state.best_top1,
+            "final_top5": evaluated[-1]["val_top5"] if evaluated else math.nan,
+            "epochs": state.epoch, "steps": state.step, "global_batch": global_batch, "world_size": world,
+            "precision": precision, "wall_time_s": state.train_time_s,
+            "gpu_time_s": state.train_time_s * world,  # "GPU-time" = wall x ranks (METHODS.md sec. 8)
+            "images_per_sec": state.train_images / state.train_time_s if state.train_time_s else 0.0,
+            "history": state.history}
