@@ -44,8 +44,8 @@ DEEPSPEED_KEYS = frozenset({
     "compression_training", "autotuning", "pipeline", "disable_allgather", "timers", "compile",
     "use_data_before_expert_parallelism", "hybrid_engine", "dataloader_drop_last",
     "weight_quantization", "disable_python_gc", "managed_gradient_accumulation", "log_level",
-    "tensor_parallel", "expert_parallel", "nebula", "load_universal_checkpoint", "mics_shard_size",
-    "mics_hierarchical_params_gather", "zero_allow_comm_data_type_fp32", "eigenvalue",
+    "tensor_parallel", "expert_parallel", "nebula", "mics_shard_size",
+    "mics_hierarchical_params_gather", "eigenvalue",
     "progressive_layer_drop", "sparse_attention", "quantize_training", "graph_harvesting",
 })
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One entry point that sets everything up (idempotently) and then does the job.
+#   ./run.sh train [--config R] [--deepspeed_config J] [key=value ...]   train (default: Fashion-MNIST recipe)
+#   ./run.sh test  [pytest args ...]                                     run the test suite
+#   ./run.sh setup                                                       only install
+# Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3}
+VENV=${DSTRAIN_VENV:-.venv}
+FMNIST_DIR=/usr/share/datasets/fashion-mnist
+
+say() { echo "[run.sh] $*"; }
+
+setup_venv() {
+    local stamp want
+    want=$(cat requirements.txt | sha256sum | cut -d' ' -f1)
+    stamp="$VENV/.dstrain-requirements"
+    if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        say "virtual environment $VENV is up to date"
+        return
+    fi
+    say "creating $VENV and installing requirements.txt (first time: several minutes, ~6 GB with CUDA torch)"
+    "$PYTHON" -m venv "$VENV"
+    # An empty PIP_FIND_LINKS keeps pip on the package index: a local CPU-only torch wheel would
+    # not match the torchvision build from the index.
+    PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet -r requirements.txt
+    echo "$want" > "$stamp"
+}
+
+setup_fashion_mnist() {
+    if compgen -G "$FMNIST_DIR/train-images-idx3-ubyte*" > /dev/null; then
+        say "Fashion-MNIST found in $FMNIST_DIR"
+        return
+    fi
+    local sudo=""
+    [[ $(id -u) -ne 0 ]] && command -v sudo > /dev/null && sudo="sudo -n"
+    if command -v apt-get > /dev/null && { [[ $(id -u) -eq 0 ]] || [[ -n "$sudo" ]]; }; then
+        say "installing the Debian package dataset-fashion-mnist"
+        if ! { $sudo apt-get install -y -qq dataset-fashion-mnist > /dev/null 2>&1 ||
+               { $sudo apt-get update -qq > /dev/null 2>&1 &&
+                 $sudo apt-get install -y -qq dataset-fashion-mnist > /dev/null 2>&1; }; }; then
+            say "apt-get could not install dataset-fashion-mnist; the trainer will try a torchvision download"
+        fi
+    else
+        say "no apt-get (or no root): the trainer will try a torchvision download, or set data.root=DIR"
+    fi
+}
+
+cmd=${1:-}
+[[ $# -gt 0 ]] && shift
+case "$cmd" in
+    setup)
+        setup_venv; setup_fashion_mnist ;;
+    train)
+        setup_venv; setup_fashion_mnist
+        if [[ $# -eq 0 ]]; then set -- --config fashion_mnist; fi
+        exec "$VENV/bin/python" -m dstrain "$@" ;;
+    test)
+        setup_venv; setup_fashion_mnist
+        exec "$VENV/bin/python" -m pytest "$@" ;;
+    *)
+        sed -n '2,7p' "$0"; exit 2 ;;
+esac

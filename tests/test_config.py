@@ -1,0 +1,101 @@
+import dataclasses
+
+import pytest
+
+from dstrain.config import (RECIPE_DIR, ConfigError, TrainConfig, batch_arithmetic, help_lines, load_config,
+                            validate)
+
+
+def test_defaults_load_and_validate():
+    cfg = load_config()
+    validate(cfg, world_size=1)
+    assert cfg.model.name == "resnet_small" and cfg.batch.global_size == 256
+
+
+def test_yaml_then_overrides_win():
+    cfg = load_config("fashion_mnist", ["optim.warmup_epochs=0.5", "data.root=/x", "model.channels_last=true"])
+    assert cfg.optim.warmup_epochs == 0.5 and cfg.data.root == "/x" and cfg.model.channels_last is True
+    assert cfg.name == "fashion_mnist"  # from the YAML
+
+
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPE_DIR.glob("*.yaml")))
+def test_every_shipped_recipe_validates(recipe):
+    cfg = load_config(recipe)
+    validate(cfg, world_size=1)
+    validate(cfg, world_size=2)
+
+
+@pytest.mark.parametrize("override, key", [("optim.warmup_epoch=5", "optim.warmup_epoch"),
+                                           ("nonsense=1", "nonsense"), ("data.rooot=/x", "data.rooot")])
+def test_unknown_key_is_rejected_by_name(override, key):
+    with pytest.raises(ConfigError, match=f"unknown config key '{key}'"):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize("override, key", [("epochs=ten", "epochs"), ("optim.warmup_epochs=abc", "optim.warmup_epochs"),
+                                           ("model.channels_last=maybe", "model.channels_last")])
+def test_wrong_type_is_rejected_by_name(override, key):
+    with pytest.raises(ConfigError, match=f"bad value for '{key}'"):
+        load_config(None, [override])
+
+
+def test_unknown_key_in_yaml_names_file_and_key(tmp_path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text("epochs: 3\nmodel:\n  widht: 8\n")
+    with pytest.raises(ConfigError, match=r"r\.yaml: unknown config key 'model\.widht'"):
+        load_config(str(bad))
+
+
+def test_malformed_yaml(tmp_path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text("epochs: [3\n")
+    with pytest.raises(ConfigError, match="malformed YAML"):
+        load_config(str(bad))
+
+
+def test_override_without_equals():
+    with pytest.raises(ConfigError, match="is not key=value"):
+        load_config(None, ["epochs"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.warmup_epochs=10", "epochs=10"], "optim.warmup_epochs=10.0: must be >= 0 and shorter than epochs=10"),
+    (["optim.label_smoothing=1.0"], "optim.label_smoothing=1.0"),
+    (["optim.decay=linear"], "optim.decay='linear'"),
+    (["batch.global_size=255"], "not divisible by the world size 2"),
+    (["batch.global_size=256", "batch.micro_per_rank=48"], "does not divide the per-rank batch 128"),
+    (["data.dataset=imagenet"], "data.dataset='imagenet'"),
+    (["resume=latest"], "resume='latest'"),
+    (["model.name=resnet50"], "set model.in_channels=3"),
+])
+def test_validate_names_the_field(overrides, message):
+    cfg = load_config(None, overrides)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, world_size=2)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("global_size, micro, world, expected", [
+    (256, 0, 1, (256, 1)), (256, 0, 2, (128, 1)), (256, 32, 2, (32, 4)), (4096, 128, 8, (128, 4)),
+])
+def test_batch_arithmetic(global_size, micro, world, expected):
+    assert batch_arithmetic(global_size, micro, world) == expected
+
+
+def test_every_field_has_a_help_text():
+    lines = help_lines()
+    assert len(lines) > 30
+    for line in lines:
+        key, _, text = line.partition(": ")
+        assert text.strip(), f"{key} has no help text"
+    assert any(line.startswith("optim.warmup_epochs ") and "(epochs" in line for line in lines)
+    assert len(lines) == len([1 for _ in _leaves(TrainConfig)])
+
+
+def _leaves(cls):
+    for f in dataclasses.fields(cls):
+        sub = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(sub):
+            yield from _leaves(type(sub))
+        else:
+            yield f

@@ -1,0 +1,100 @@
+import numpy as np
+import pytest
+import torch
+
+from dstrain.config import ConfigError, DataConfig
+from dstrain.data import Shard, TensorLoader, build_data, epoch_order, load_fashion_mnist, read_idx, val_range
+from tests.conftest import write_idx
+
+
+@pytest.mark.parametrize("n, world", [(10000, 1), (10000, 2), (301, 2), (301, 3), (7, 8), (1, 4)])
+def test_val_shards_cover_every_image_exactly_once(n, world):
+    seen = [i for r in range(world) for i in val_range(n, r, world)]
+    assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("world, micro, acc", [(2, 8, 2), (4, 4, 2), (1, 32, 1)])
+def test_global_batches_do_not_depend_on_world_size(world, micro, acc):
+    """Every rank's share of step s, put together, is the same set of images as in a 1-rank run."""
+    n, epoch = 200, 3
+    one = epoch_order(n, Shard(0, 1, micro * acc * world, 1, seed=5), epoch)
+    per_rank = [epoch_order(n, Shard(r, world, micro, acc, seed=5), epoch) for r in range(world)]
+    steps = n // (micro * acc * world)
+    assert len(one) == steps
+    for s in range(steps):
+        together = torch.cat([torch.cat(per_rank[r][s * acc:(s + 1) * acc]) for r in range(world)])
+        assert sorted(together.tolist()) == sorted(one[s].tolist())
+    flat = torch.cat([torch.cat(b) for b in per_rank])
+    assert len(set(flat.tolist())) == len(flat)  # no image twice in an epoch
+
+
+def test_epochs_reshuffle_and_are_reproducible():
+    shard = Shard(0, 1, 10, 1, seed=1)
+    assert torch.equal(torch.cat(epoch_order(100, shard, 0)), torch.cat(epoch_order(100, shard, 0)))
+    assert not torch.equal(torch.cat(epoch_order(100, shard, 0)), torch.cat(epoch_order(100, shard, 1)))
+
+
+def test_idx_roundtrip(tmp_path):
+    arr = np.arange(2 * 3 * 4).reshape(2, 3, 4) % 256
+    write_idx(tmp_path / "a.gz", arr)
+    assert (read_idx(tmp_path / "a.gz") == arr).all()
+
+
+def test_corrupt_idx_names_the_file(tmp_path):
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"\x01\x02garbage")
+    (tmp_path / "train-labels-idx1-ubyte").write_bytes(b"\x00")
+    with pytest.raises(ConfigError, match="train-images-idx3-ubyte: unreadable idx file"):
+        load_fashion_mnist(str(tmp_path), download=False)
+
+
+def test_missing_data_directory_says_how_to_fix(tmp_path):
+    with pytest.raises(ConfigError, match="apt-get install dataset-fashion-mnist"):
+        load_fashion_mnist(str(tmp_path / "nope"), download=False)
+
+
+def test_fashion_mnist_loader_shapes_and_normalisation(fake_fmnist):
+    shard = Shard(0, 1, 32, 2, eval_batch=100, seed=0)
+    cfg = DataConfig(root=str(fake_fmnist), download=False)
+    train, val, n_train, n_val = build_data(cfg, shard, channels=1, num_classes=10)
+    assert (n_train, n_val) == (512, 301)
+    batches = list(train)
+    assert len(batches) == len(train) == (512 // 64) * 2
+    x, y = batches[0]
+    assert x.shape == (32, 1, 28, 28) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert sum(len(y) for _, y in val) == 301
+    train3, *_ = build_data(cfg, shard, channels=3, num_classes=10)
+    assert next(iter(train3))[0].shape == (32, 3, 28, 28)
+
+
+def test_augmentation_is_a_function_of_seed_epoch_and_rank(fake_fmnist):
+    cfg = DataConfig(root=str(fake_fmnist), download=False)
+    a, *_ = build_data(cfg, Shard(0, 1, 64, 1, seed=0), 1, 10)
+    b, *_ = build_data(cfg, Shard(0, 1, 64, 1, seed=0), 1, 10)
+    a.set_epoch(2)
+    b.set_epoch(2)
+    assert all(torch.equal(xa, xb) for (xa, _), (xb, _) in zip(a, b))
+
+
+def test_augmentation_pads_crops_and_flips():
+    loader = TensorLoader(torch.zeros(1, 1, 4, 4, dtype=torch.uint8), torch.zeros(1, dtype=torch.long), Shard(),
+                          True, True, 0.0, 1.0, 1)
+    x = torch.arange(16.0).reshape(1, 1, 4, 4).repeat(64, 1, 1, 1)
+    out = loader._augment(x, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape
+    # every output is a shifted (and maybe mirrored) window of the zero-padded input
+    padded = torch.nn.functional.pad(x[0, 0], (2, 2, 2, 2))
+    windows = [padded[dy:dy + 4, dx:dx + 4] for dy in range(5) for dx in range(5)]
+    windows += [w.flip(1) for w in windows]
+    assert all(any(torch.equal(o[0], w) for w in windows) for o in out)
+    assert len({tuple(o.flatten().tolist()) for o in out}) > 10
+
+
+def test_batch_larger_than_data_set_is_a_clear_error(fake_fmnist):
+    with pytest.raises(ConfigError, match="less than one global batch"):
+        build_data(DataConfig(root=str(fake_fmnist), download=False), Shard(0, 1, 1024, 1), 1, 10)
+
+
+def test_imagefolder_missing_split_is_a_clear_error(tmp_path):
+    (tmp_path / "train").mkdir()
+    with pytest.raises(ConfigError, match=r"missing .*val/"):
+        build_data(DataConfig(dataset="imagefolder", root=str(tmp_path)), Shard(), 3, 10)

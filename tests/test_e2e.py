@@ -1,0 +1,84 @@
+"""End-to-end runs through the real entry points (slow: tens of seconds each)."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TINY, deepspeed_launcher, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def final_module_state(run_dir: Path) -> dict:
+    ckpt = run_dir / "checkpoints"
+    tag = (ckpt / "latest").read_text().strip()
+    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+
+
+def test_two_rank_cpu_run_through_the_deepspeed_launcher(fake_fmnist, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}",
+                    f"run_dir={run_dir}"], launcher=deepspeed_launcher(2))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    hist = summary["history"]
+    assert summary["world_size"] == 2 and summary["epochs"] == 3 and summary["steps"] == 3 * (512 // 32)
+    assert hist[-1]["train_loss"] < 0.7 * hist[0]["train_loss"], hist
+    assert summary["final_top1"] > 0.4
+    # distributed eval: each of the 301 val images counted exactly once across the two ranks
+    assert all(h["val_images"] == 301 for h in hist)
+    assert summary["gpu_time_s"] == pytest.approx(2 * summary["wall_time_s"])
+    for name in ("config.yaml", "ds_config.json", "meta.json"):
+        assert (run_dir / name).is_file(), name
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["world_size"] == 2 and meta["git_sha"]
+    used = json.loads((run_dir / "ds_config.json").read_text())
+    assert used["train_batch_size"] == 32 and used["train_micro_batch_size_per_gpu"] == 16
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch0003"
+    assert (run_dir / "checkpoints" / "epoch0003" / "rng_rank00001.pt").is_file()
+    assert "epoch 3/3 done" in proc.stdout
+
+
+def tb_tags(run_dir: Path) -> set:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
+
+
+def test_single_process_bf16_run_logs_every_scalar(fake_fmnist, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["--deepspeed_config", "ds_configs/bf16.json", *TINY, "epochs=2", f"data.root={fake_fmnist}",
+                    f"run_dir={run_dir}"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tags = tb_tags(run_dir)
+    assert {"train/loss", "train/lr", "train/global_batch", "train/images_per_sec", "epoch/train_top1",
+            "epoch/train_top5", "epoch/val_top1", "epoch/val_top5", "epoch/val_loss", "epoch/epoch_time_s"} <= tags
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["precision"] == "autocast-bfloat16"
+    assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
+
+
+def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path):
+    common = ["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}",
+              "checkpoint.every_epochs=1"]
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    assert run_cli(common + [f"run_dir={straight}"]).returncode == 0
+    # 16 steps per epoch: killed by SIGKILL at step 21, between the epoch-1 and epoch-2 checkpoints
+    killed = run_cli(common + [f"run_dir={broken}"], env={"DSTRAIN_FAULT_KILL_AT_STEP": "21"})
+    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
+    assert (broken / "checkpoints" / "latest").read_text().strip() == "epoch0001"
+    refused = run_cli(common + [f"run_dir={broken}"])
+    assert refused.returncode == 2 and "resume=auto" in refused.stderr
+    resumed = run_cli(common + [f"run_dir={broken}", "resume=auto"])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    a, b = final_module_state(straight), final_module_state(broken)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    sa = json.loads((straight / "summary.json").read_text())
+    sb = json.loads((broken / "summary.json").read_text())
+    assert sa["final_top1"] == sb["final_top1"] and sb["steps"] == sa["steps"]
