@@ -195,9 +195,17 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     need(cfg.checkpoint.keep_last >= 0, f"checkpoint.keep_last={cfg.checkpoint.keep_last}: must be >= 0")
     need(cfg.eval_every_epochs >= 1, f"eval_every_epochs={cfg.eval_every_epochs}: must be >= 1")
     need(cfg.resume in ("", "auto"), f"resume={cfg.resume!r}: use '' (fresh run) or 'auto'")
-    if m.name != "resnet_small" and m.in_channels != 3:
-        problems.append(f"model.name={m.name} takes 3 input channels but model.in_channels={m.in_channels}; "
-                        "set model.in_channels=3 (grayscale data is repeated to 3 channels)")
+    if m.name != "resnet_small":
+        import torchvision
+
+        if m.name not in torchvision.models.list_models(module=torchvision.models):
+            problems.append(f"model.name={m.name!r}: not resnet_small nor a torchvision classification model "
+                            "(e.g. resnet18, resnet50, wide_resnet50_2)")
+        elif m.in_channels != 3:
+            problems.append(f"model.name={m.name} takes 3 input channels but model.in_channels={m.in_channels}; "
+                            "set model.in_channels=3 (grayscale data is repeated to 3 channels)")
+    if len(problems) == 1:
+        raise ConfigError(f"invalid config: {problems[0]}")
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
 

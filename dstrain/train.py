@@ -66,13 +66,17 @@ def git_sha() -> str:
         return "unknown"
 
 
-def prepare_run_dir(cfg: TrainConfig) -> Path:
-    """Choose (rank 0) and check the run directory; never reuse one silently."""
+def choose_run_dir(cfg: TrainConfig) -> Path:
+    """The run directory (named on rank 0); never reuse one silently. Creates nothing."""
     path = cfg.run_dir or f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(dist.broadcast_object(path))
     if path.exists() and any(path.iterdir()) and cfg.resume != "auto":
         raise ConfigError(f"run_dir={str(path)!r} already holds a run. Pass resume=auto to continue it, "
                           "or choose a new run_dir=...")
+    return path
+
+
+def make_run_dir(path: Path) -> None:
     if dist.is_main():
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -82,7 +86,6 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
         except OSError as err:
             raise ConfigError(f"run_dir={str(path)!r}: not writable ({err.strerror}); choose another run_dir") from None
     dist.barrier()
-    return path
 
 
 def write_run_files(run_dir: Path, cfg: TrainConfig, engine_cfg: dict, ds_path: str, world: int) -> None:
@@ -195,7 +198,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     precision = ds_config.precision(user_ds)
     micro, accumulation = batch_arithmetic(cfg.batch.global_size, cfg.batch.micro_per_rank, world)
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-    run_dir = prepare_run_dir(cfg)
+    run_dir = choose_run_dir(cfg)
     device = torch.device("cuda", dist.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -209,11 +212,12 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     if m.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer, base_lr = build_optimizer(model, user_ds.get("optimizer"), source=ds_path)
-    engine_cfg = ds_config.for_engine(user_ds, micro, accumulation, world)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_cfg)
-
     shard = Shard(dist.rank(), world, micro, accumulation, cfg.batch.eval_per_rank, cfg.seed)
     train_loader, val_loader, n_train, n_val = build_data(cfg.data, shard, m.in_channels, m.num_classes, device)
+    engine_cfg = ds_config.for_engine(user_ds, micro, accumulation, world)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_cfg)
+    make_run_dir(run_dir)  # only now: a config or data error above leaves nothing behind
+
     global_batch = shard.global_batch
     steps_per_epoch = n_train // global_batch
     o = cfg.optim

@@ -1,0 +1,58 @@
+"""Bad input through the real command line: one clear line, exit 2, no traceback, nothing written."""
+import pytest
+
+from tests.conftest import TINY, run_cli
+
+BAD_JSON = '{\n  "gradient_clipping": 0.0,\n  "optimizer": {"type": "SGD" "params": {}}\n}\n'
+
+
+def case_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(BAD_JSON)
+    return {"bad_json": str(bad)}
+
+
+CASES = [
+    # id, extra args (formatted with {data}, {bad_json}, {tmp}), text the error line must contain
+    ("missing data directory", ["data.root={tmp}/no-such-dir", "data.download=false"],
+     "apt-get install dataset-fashion-mnist"),
+    ("malformed JSON", ["--deepspeed_config", "{bad_json}"], "bad.json:3:"),
+    ("missing JSON", ["--deepspeed_config", "ds_configs/nope.json"], "ds_configs/nope.json: no such file"),
+    ("unknown key", ["optim.warmup_epoch=5"], "unknown config key 'optim.warmup_epoch'"),
+    ("wrong type", ["epochs=three"], "bad value for 'epochs'"),
+    ("fp16 without GPU", ["--deepspeed_config", "ds_configs/fp16.json"], "ds_configs/fp32.json"),
+    ("batch not divisible", ["batch.global_size=32", "batch.micro_per_rank=12"],
+     "batch.micro_per_rank=12 does not divide"),
+    ("unknown recipe", ["--config", "nope"], "no such file or recipe"),
+    ("unknown model", ["model.name=resnet_tiny"], "model.name='resnet_tiny'"),
+]
+
+
+@pytest.mark.parametrize("name, extra, expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gives_one_clear_line(name, extra, expected, fake_fmnist, tmp_path):
+    subs = {"data": str(fake_fmnist), "tmp": str(tmp_path), **case_files(tmp_path)}
+    run_dir = tmp_path / "run"
+    args = ["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}"]
+    args += [a.format(**subs) for a in extra]
+    proc = run_cli(args, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dstrain: error:")]
+    assert len(errors) == 1 and expected in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not run_dir.exists(), "a failed start must not create the run directory"
+
+
+def test_existing_run_dir_is_not_overwritten(fake_fmnist, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("precious")
+    proc = run_cli(["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}",
+                    f"run_dir={run_dir}"], timeout=120)
+    assert proc.returncode == 2 and "resume=auto" in proc.stderr
+    assert (run_dir / "summary.json").read_text() == "precious"
+
+
+def test_help_config_lists_keys_with_units():
+    proc = run_cli(["--help-config"], timeout=120)
+    assert proc.returncode == 0
+    assert "optim.warmup_epochs (float, default 0.0): linear warmup from 0 to the peak LR (epochs" in proc.stdout
