@@ -9,7 +9,9 @@ BAD_JSON = '{\n  "gradient_clipping": 0.0,\n  "optimizer": {"type": "SGD" "param
 def case_files(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(BAD_JSON)
-    return {"bad_json": str(bad)}
+    bf16 = tmp_path / "bf16_cast.json"
+    bf16.write_text('{"bf16": {"enabled": true}, "gradient_clipping": 0.0}')
+    return {"bad_json": str(bad), "bf16_cast": str(bf16)}
 
 
 CASES = [
@@ -23,6 +25,7 @@ CASES = [
     ("fp16 without GPU", ["--deepspeed_config", "ds_configs/fp16.json"], "ds_configs/fp32.json"),
     ("batch not divisible", ["batch.global_size=32", "batch.micro_per_rank=12"],
      "batch.micro_per_rank=12 does not divide"),
+    ("bf16 cast with BatchNorm on CPU", ["--deepspeed_config", "{bf16_cast}"], "Use ds_configs/bf16.json"),
     ("unknown recipe", ["--config", "nope"], "no such file or recipe"),
     ("unknown model", ["model.name=resnet_tiny"], "model.name='resnet_tiny'"),
 ]

@@ -1,0 +1,68 @@
+"""Multi-process pieces on gloo, without the launcher (torch.multiprocessing)."""
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dstrain.data import Shard, TensorLoader
+from dstrain.train import evaluate, sync_bn_buffers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.Flatten(),
+                                torch.nn.Linear(48, 4))
+    return model
+
+
+def _eval_data():
+    images = torch.randint(0, 255, (13, 1, 6, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    return images, torch.arange(13) % 4
+
+
+def _worker(rank: int, world: int, port: int, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = _model()
+    # rank-specific statistics, as after an epoch of DeepSpeed training (it syncs params, not buffers)
+    bn = model[1]
+    bn.running_mean.fill_(float(rank))
+    bn.running_var.fill_(1.0 + 2 * rank)
+    sync_bn_buffers(model)
+    out[f"mean{rank}"] = bn.running_mean.clone()
+    out[f"var{rank}"] = bn.running_var.clone()
+    # distributed eval over 13 images: each counted once
+    images, labels = _eval_data()
+    loader = TensorLoader(images, labels, Shard(rank, world, 4, 1, eval_batch=3), False, False, 0.0, 1.0, 1)
+    out[f"eval{rank}"] = evaluate(model, loader, torch.float32)
+    dist.destroy_process_group()
+
+
+def test_bn_sync_and_exact_distributed_eval():
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+        out = dict(out)
+    for r in range(2):
+        assert torch.allclose(out[f"mean{r}"], torch.full((3,), 0.5))
+        assert torch.allclose(out[f"var{r}"], torch.full((3,), 2.0))
+    assert out["eval0"] == out["eval1"]
+    assert out["eval0"]["val_images"] == 13
+    # equals a single-process evaluation of all 13 images with the synced statistics
+    model = _model()
+    model[1].running_mean.fill_(0.5)
+    model[1].running_var.fill_(2.0)
+    images, labels = _eval_data()
+    single = evaluate(model, TensorLoader(images, labels, Shard(0, 1, 4, 1, eval_batch=5), False, False, 0.0, 1.0, 1),
+                      torch.float32)
+    assert single["val_images"] == 13
+    assert single["val_top1"] == out["eval0"]["val_top1"] and single["val_top5"] == out["eval0"]["val_top5"]
+    assert abs(single["val_loss"] - out["eval0"]["val_loss"]) < 1e-6  # fp32 batch means, summed in fp64
