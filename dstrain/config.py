@@ -72,6 +72,7 @@ class BatchConfig:
 
 @dataclass
 class OptimConfig:
+    base_lr: float = f(0.0, "LR per lr_reference_batch images; 0 = optimizer.params.lr of the DeepSpeed JSON (LR)")
     lr_reference_batch: int = f(256, "the JSON optimizer lr is the LR for this global batch (images)")
     lr_scaling: str = f("linear", "peak LR from the batch: linear (lr*B/ref) | sqrt (lr*sqrt(B/ref)) | none")
     warmup_epochs: float = f(0.0, "linear warmup from 0 to the peak LR (epochs, fractions allowed)")
@@ -179,6 +180,7 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
             batch_arithmetic(b.global_size, b.micro_per_rank, world_size)
         except ConfigError as err:
             problems.append(str(err))
+    need(o.base_lr >= 0, f"optim.base_lr={o.base_lr}: must be >= 0 (0 = take the JSON's optimizer lr)")
     need(o.lr_reference_batch >= 1, f"optim.lr_reference_batch={o.lr_reference_batch}: must be >= 1")
     need(o.lr_scaling in ("linear", "sqrt", "none"),
          f"optim.lr_scaling={o.lr_scaling!r}: use linear, sqrt or none")

@@ -8,6 +8,7 @@ checkpointing apply as usual.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -64,3 +65,23 @@ def build_optimizer(model: torch.nn.Module, spec: dict | None, source: str = "op
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+@contextlib.contextmanager
+def steps_suppressed(optimizer: torch.optim.Optimizer):
+    """Make ``optimizer.step()`` a no-op inside the block.
+
+    DeepSpeed's FP16/BF16 wrapper (no ZeRO) calls the client optimizer's step once
+    with all-zero gradients during ``deepspeed.initialize``; with weight decay that
+    moves the weights and seeds the momentum before training starts. Wrapping
+    ``initialize`` in this block makes that call harmless.
+    """
+    def skipped_step(closure=None):
+        log.debug("optimizer step suppressed (DeepSpeed initialize)")
+        return None
+
+    optimizer.step = skipped_step  # instance attribute shadows the class method
+    try:
+        yield optimizer
+    finally:
+        del optimizer.step

@@ -29,7 +29,7 @@ from dstrain.config import ConfigError, TrainConfig, batch_arithmetic, to_contai
 from dstrain.data import Shard, build_data
 from dstrain.models import build_model, has_batchnorm
 from dstrain.monitor import Monitor
-from dstrain.optim import build_optimizer, set_lr
+from dstrain.optim import build_optimizer, set_lr, steps_suppressed
 from dstrain.schedule import lr_at, scaled_lr
 
 log = logging.getLogger("dstrain")
@@ -215,12 +215,14 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     shard = Shard(dist.rank(), world, micro, accumulation, cfg.batch.eval_per_rank, cfg.seed)
     train_loader, val_loader, n_train, n_val = build_data(cfg.data, shard, m.in_channels, m.num_classes, device)
     engine_cfg = ds_config.for_engine(user_ds, micro, accumulation, world)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_cfg)
+    with steps_suppressed(optimizer):  # DeepSpeed's fp16/bf16 wrapper steps once with zero grads in initialize
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_cfg)
     make_run_dir(run_dir)  # only now: a config or data error above leaves nothing behind
 
     global_batch = shard.global_batch
     steps_per_epoch = n_train // global_batch
     o = cfg.optim
+    base_lr = o.base_lr or base_lr  # the trainer config may override the JSON's lr (a CLI sweep)
     peak_lr = scaled_lr(base_lr, global_batch, o.lr_reference_batch, o.lr_scaling)
     total_steps = steps_per_epoch * cfg.epochs
 

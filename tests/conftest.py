@@ -61,6 +61,7 @@ def deepspeed_launcher(num_procs: int) -> list[str]:
     return [str(exe), "--num_gpus", str(num_procs), "--master_port", port]
 
 
-# 512 images / 32 per step = 16 steps per epoch; peak LR 0.1 x 32/16 = 0.2
-TINY = ["--config", "fashion_mnist", "model.width=8", "batch.global_size=32", "optim.lr_reference_batch=16", "epochs=3",
+# 512 images / 32 per step = 16 steps per epoch; peak LR 0.2 (no scaling)
+TINY = ["--config", "fashion_mnist", "model.width=8", "batch.global_size=32", "optim.base_lr=0.2",
+        "optim.lr_scaling=none", "epochs=3",
         "optim.warmup_epochs=0.25", "batch.eval_per_rank=64", "log.every_steps=4"]

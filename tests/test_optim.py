@@ -1,0 +1,70 @@
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from dstrain.config import ConfigError
+from dstrain.models import build_model
+from dstrain.optim import build_optimizer, param_groups, steps_suppressed
+from tests.conftest import REPO
+
+
+def test_groups_by_shape_exclude_bn_and_bias_from_weight_decay():
+    model = build_model("resnet_small", 10, 1, width=8)
+    decay, no_decay = param_groups(model, 5e-5)
+    assert decay["weight_decay"] == 5e-5 and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim > 1 for p in decay["params"]) and all(p.ndim <= 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_unknown_optimizer_type_and_missing_lr():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match="optimizer type 'Ranger' is not supported"):
+        build_optimizer(model, {"type": "Ranger", "params": {"lr": 1}}, "x.json")
+    with pytest.raises(ConfigError, match="optimizer.params.lr is missing"):
+        build_optimizer(model, {"type": "SGD", "params": {}}, "x.json")
+    with pytest.raises(ConfigError, match="optimizer.params for SGD"):
+        build_optimizer(model, {"type": "SGD", "params": {"lr": 1, "betas": [0.9, 0.9]}}, "x.json")
+
+
+def test_steps_suppressed_restores_the_real_step():
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([p], lr=1.0, weight_decay=0.5)
+    p.grad = torch.zeros(3)
+    with steps_suppressed(opt):
+        opt.step()
+    assert torch.equal(p.detach(), torch.ones(3))
+    opt.step()
+    assert torch.equal(p.detach(), torch.full((3,), 0.5))
+
+
+ZERO_STEP_PROBE = textwrap.dedent("""
+    import os, sys, torch, deepspeed
+    from dstrain.optim import steps_suppressed
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))  # no BN: bf16 cast works on CPU
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    cfg = {"train_batch_size": 2, "bf16": {"enabled": True}, "gradient_clipping": 0.0}
+    if sys.argv[1] == "guarded":
+        with steps_suppressed(opt):
+            deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+    else:
+        deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+    print("MOMENTUM_BUFFERS", len(opt.state))
+""")
+
+
+@pytest.mark.parametrize("mode, buffers", [("guarded", 0), ("unguarded", 4)])
+def test_deepspeed_initialize_zero_gradient_step_is_harmless(mode, buffers):
+    """With bf16, DeepSpeed's wrapper steps once during initialize: unguarded it seeds momentum."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    proc = subprocess.run([sys.executable, "-c", ZERO_STEP_PROBE, mode, port], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert f"MOMENTUM_BUFFERS {buffers}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
