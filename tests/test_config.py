@@ -21,8 +21,8 @@ def test_yaml_then_overrides_win():
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPE_DIR.glob("*.yaml")))
 def test_every_shipped_recipe_validates(recipe):
     cfg = load_config(recipe)
-    validate(cfg, world_size=1)
-    validate(cfg, world_size=2)
+    for world in (1, 2, 8, 64):
+        validate(cfg, world_size=world)
 
 
 @pytest.mark.parametrize("override, key", [("optim.warmup_epoch=5", "optim.warmup_epoch"),

@@ -98,3 +98,37 @@ def test_imagefolder_missing_split_is_a_clear_error(tmp_path):
     (tmp_path / "train").mkdir()
     with pytest.raises(ConfigError, match=r"missing .*val/"):
         build_data(DataConfig(dataset="imagefolder", root=str(tmp_path)), Shard(), 3, 10)
+
+
+def _jpeg_folder(root, classes=("cat", "dog", "emu"), per_class=4):
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in classes:
+            (root / split / c).mkdir(parents=True)
+            for i in range(per_class):
+                arr = rng.integers(0, 255, size=(40 + i, 50, 3), dtype=np.uint8)
+                Image.fromarray(arr).save(root / split / c / f"{i}.JPEG")
+    return root
+
+
+def test_imagefolder_shapes_labels_and_exact_val_shards(tmp_path):
+    root = _jpeg_folder(tmp_path)
+    cfg = DataConfig(dataset="imagefolder", root=str(root), image_size=32, val_resize=36, num_workers=0)
+    seen = []
+    for rank in range(2):
+        train, val, n_train, n_val = build_data(cfg, Shard(rank, 2, 2, 1, eval_batch=5), 3, 3)
+        assert (n_train, n_val) == (12, 12)
+        x, y = next(iter(train))
+        assert x.shape == (2, 3, 32, 32) and x.dtype == torch.float32
+        seen += [int(v) for _, y in val for v in y]
+    # labels follow sorted class folders (cat=0, dog=1, emu=2); each val image once over 2 ranks
+    assert sorted(seen) == [0] * 4 + [1] * 4 + [2] * 4
+
+
+def test_synthetic_batches_live_on_the_device():
+    cfg = DataConfig(dataset="synthetic", image_size=16, synthetic_train_size=64, synthetic_val_size=10)
+    train, val, n_train, n_val = build_data(cfg, Shard(0, 1, 8, 2), 3, 5)
+    assert len(train) == 64 // 16 * 2 and n_val == 10
+    x, y = next(iter(train))
+    assert x.shape == (8, 3, 16, 16) and int(y.max()) < 5
