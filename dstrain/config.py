@@ -238,12 +238,9 @@ def help_lines(cls: type = TrainConfig, prefix: str = "") -> list[str]:
     """``key (type, default): help`` for every field, nested sections flattened."""
     lines = []
     for fld in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(fld.type) or (isinstance(fld.type, str) and fld.type.endswith("Config")):
-            sub = {c.__name__: c for c in (DataConfig, ModelConfig, BatchConfig, OptimConfig, LogConfig,
-                                           CheckpointConfig)}[fld.type if isinstance(fld.type, str)
-                                                              else fld.type.__name__]
-            lines += help_lines(sub, prefix + fld.name + ".")
-            continue
         default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()
-        lines.append(f"{prefix}{fld.name} ({fld.type}, default {default!r}): {fld.metadata.get('help', '')}")
+        if dataclasses.is_dataclass(default):
+            lines += help_lines(type(default), prefix + fld.name + ".")
+        else:
+            lines.append(f"{prefix}{fld.name} ({fld.type}, default {default!r}): {fld.metadata.get('help', '')}")
     return lines

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -19,7 +19,7 @@ def setup_env_for_single_process() -> None:
     if "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ:
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 
 
 def rank() -> int:

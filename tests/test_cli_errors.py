@@ -1,4 +1,6 @@
 """Bad input through the real command line: one clear line, exit 2, no traceback, nothing written."""
+import sys
+
 import pytest
 
 from tests.conftest import TINY, run_cli
@@ -55,7 +57,9 @@ def test_existing_run_dir_is_not_overwritten(fake_fmnist, tmp_path):
     assert (run_dir / "summary.json").read_text() == "precious"
 
 
-def test_help_config_lists_keys_with_units():
-    proc = run_cli(["--help-config"], timeout=120)
+@pytest.mark.parametrize("entry", ["python -m dstrain", "python dstrain/main.py"])
+def test_help_config_lists_keys_with_units(entry):
+    launcher = [sys.executable] if entry.endswith("main.py") else None
+    proc = run_cli(["--help-config"], launcher=launcher, timeout=120)
     assert proc.returncode == 0
     assert "optim.warmup_epochs (float, default 0.0): linear warmup from 0 to the peak LR (epochs" in proc.stdout

@@ -1,19 +1,13 @@
 """Multi-process pieces on gloo, without the launcher (torch.multiprocessing)."""
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dstrain.data import Shard, TensorLoader
+from dstrain.dist import free_port
 from dstrain.train import evaluate, sync_bn_buffers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model() -> torch.nn.Module:
@@ -49,7 +43,7 @@ def _worker(rank: int, world: int, port: int, out: dict) -> None:
 def test_bn_sync_and_exact_distributed_eval():
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+        mp.spawn(_worker, args=(2, free_port(), out), nprocs=2, join=True)
         out = dict(out)
     for r in range(2):
         assert torch.allclose(out[f"mean{r}"], torch.full((3,), 0.5))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dstrain.config import ConfigError
+from dstrain.dist import free_port
 from dstrain.models import build_model
 from dstrain.optim import build_optimizer, param_groups, steps_suppressed
 from tests.conftest import REPO
@@ -61,10 +62,7 @@ ZERO_STEP_PROBE = textwrap.dedent("""
 @pytest.mark.parametrize("mode, buffers", [("guarded", 0), ("unguarded", 4)])
 def test_deepspeed_initialize_zero_gradient_step_is_harmless(mode, buffers):
     """With bf16, DeepSpeed's wrapper steps once during initialize: unguarded it seeds momentum."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     proc = subprocess.run([sys.executable, "-c", ZERO_STEP_PROBE, mode, port], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert f"MOMENTUM_BUFFERS {buffers}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
