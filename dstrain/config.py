@@ -68,6 +68,7 @@ class BatchConfig:
     global_size: int = f(256, "images per optimizer step summed over all ranks (images)")
     micro_per_rank: int = f(0, "images per forward/backward on one rank; 0 = global_size / world_size (images)")
     eval_per_rank: int = f(1000, "images per evaluation forward on one rank (images)")
+    ramp: list = f([], "batch-size ramp: later [epoch, global_size] switches, e.g. [[5, 4096]] (epochs, images)")
 
 
 @dataclass
@@ -75,12 +76,16 @@ class OptimConfig:
     base_lr: float = f(0.0, "LR per lr_reference_batch images; 0 = optimizer.params.lr of the DeepSpeed JSON (LR)")
     lr_reference_batch: int = f(256, "the JSON optimizer lr is the LR for this global batch (images)")
     lr_scaling: str = f("linear", "peak LR from the batch: linear (lr*B/ref) | sqrt (lr*sqrt(B/ref)) | none")
-    warmup_epochs: float = f(0.0, "linear warmup from 0 to the peak LR (epochs, fractions allowed)")
+    warmup_epochs: float = f(0.0, "warmup length (epochs, fractions allowed)")
+    warmup: str = f("linear", "warmup shape: linear (from 0) | gradual (from base LR, Goyal) | hybrid (exp, then linear)")
+    warmup_start_factor: float = f(1e-3, "hybrid warmup: first LR as a fraction of the peak LR (fraction)")
+    hybrid_exp_fraction: float = f(0.5, "hybrid warmup: part of the warmup that is exponential (fraction)")
     decay: str = f("cosine", "LR decay after warmup: cosine | poly | step | constant")
     end_lr_factor: float = f(0.0, "LR at the last step as a fraction of the peak LR (fraction)")
     poly_power: float = f(2.0, "poly decay exponent (dimensionless)")
     step_milestones: list = f([], "step decay: epochs at which the LR is multiplied by step_gamma (epochs)")
     step_gamma: float = f(0.1, "step decay factor per milestone (fraction)")
+    wd_follows_lr: bool = f(False, "scale weight decay by lr/peak_lr every step (Fujitsu) (bool)")
     label_smoothing: float = f(0.0, "label smoothing s: target (1-s)*onehot + s/K (fraction in [0, 1))")
 
 
@@ -176,14 +181,18 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     need(b.micro_per_rank >= 0, f"batch.micro_per_rank={b.micro_per_rank}: must be >= 0 (0 = global/world)")
     need(b.eval_per_rank >= 1, f"batch.eval_per_rank={b.eval_per_rank}: must be >= 1")
     if b.global_size >= 1 and b.micro_per_rank >= 0:
+        from dstrain.ramp import batch_plan
         try:
-            batch_arithmetic(b.global_size, b.micro_per_rank, world_size)
+            batch_plan(b.global_size, b.micro_per_rank, b.ramp, world_size, cfg.epochs)
         except ConfigError as err:
             problems.append(str(err))
     need(o.base_lr >= 0, f"optim.base_lr={o.base_lr}: must be >= 0 (0 = take the JSON's optimizer lr)")
     need(o.lr_reference_batch >= 1, f"optim.lr_reference_batch={o.lr_reference_batch}: must be >= 1")
     need(o.lr_scaling in ("linear", "sqrt", "none"),
          f"optim.lr_scaling={o.lr_scaling!r}: use linear, sqrt or none")
+    need(o.warmup in ("linear", "gradual", "hybrid"), f"optim.warmup={o.warmup!r}: use linear, gradual or hybrid")
+    need(0 < o.warmup_start_factor <= 1, f"optim.warmup_start_factor={o.warmup_start_factor}: must be in (0, 1]")
+    need(0 < o.hybrid_exp_fraction < 1, f"optim.hybrid_exp_fraction={o.hybrid_exp_fraction}: must be in (0, 1)")
     need(o.decay in ("cosine", "poly", "step", "constant"),
          f"optim.decay={o.decay!r}: use cosine, poly, step or constant")
     need(0 <= o.warmup_epochs < cfg.epochs,

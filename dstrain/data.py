@@ -255,19 +255,18 @@ class SyntheticLoader:
         g = torch.Generator().manual_seed(seed + shard.rank)
         self.x = torch.randn((batch, *shape), generator=g).to(device)
         self.y = torch.randint(0, num_classes, (batch,), generator=g).to(device)
-        if train:
-            self.batches = (n // shard.global_batch) * shard.accumulation
-        else:
-            self.batches = -(-len(val_range(n, shard.rank, shard.world)) // batch)
+        self.n, self.batch, self.train, self.shard = n, batch, train, shard
 
     def set_epoch(self, epoch: int) -> None:
         pass
 
     def __len__(self) -> int:
-        return self.batches
+        if self.train:  # read at each epoch: a batch-size ramp changes shard.accumulation
+            return (self.n // self.shard.global_batch) * self.shard.accumulation
+        return -(-len(val_range(self.n, self.shard.rank, self.shard.world)) // self.batch)
 
     def __iter__(self):
-        for _ in range(self.batches):
+        for _ in range(len(self)):
             yield self.x, self.y
 
 

@@ -98,6 +98,10 @@ def check(raw: dict, path: str | Path, cuda_available: bool | None = None) -> di
     opt = cfg.get("optimizer")
     if opt is not None and (not isinstance(opt, dict) or "type" not in opt):
         raise ConfigError(f"{path}: 'optimizer' must be an object with a 'type' (e.g. \"SGD\") and 'params'")
+    if opt is not None and str(opt["type"]).lower() in ("lars", "lamb") and stage != 0:
+        raise ConfigError(f"{path}: optimizer {opt['type']} is layer-wise and needs zero_optimization.stage 0 "
+                          f"(stage {stage} hands it flat partitions, so per-layer norms are meaningless). "
+                          "Set \"zero_optimization\": {\"stage\": 0}.")
     if "gradient_clipping" not in cfg:
         log.warning("%s sets no gradient_clipping: DeepSpeed 0.19 then clips at 1.0. "
                     "Set \"gradient_clipping\": 0.0 to disable clipping explicitly.", path)

@@ -14,35 +14,80 @@ import logging
 import torch
 
 from dstrain.config import ConfigError
+from dstrain.lamb import LAMB
+from dstrain.lars import LARS
 
 log = logging.getLogger("dstrain")
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(model: torch.nn.Module, weight_decay: float, exclude_bn_bias: bool = True,
+                 layerwise: bool = False) -> list[dict]:
+    """Two groups by tensor shape: ``ndim > 1`` (conv/FC weights) and ``ndim <= 1`` (BN, biases).
+
+    The second gets no weight decay and, for layer-wise optimizers (``layerwise``),
+    ``lars_exclude=True``: no trust ratio. Shape, not name: torchvision's downsample
+    BN is called ``downsample.1``.
+    """
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
-            (no_decay if p.ndim <= 1 else decay).append(p)
-    log.info("param groups: %d tensors with weight decay %.3g, %d BN/bias tensors without",
-             len(decay), weight_decay, len(no_decay))
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+            (no_decay if (exclude_bn_bias and p.ndim <= 1) else decay).append(p)
+    log.info("param groups: %d tensors (%d values) with weight decay %.3g%s, %d BN/bias tensors (%d values) "
+             "without", len(decay), sum(p.numel() for p in decay), weight_decay,
+             " and layer-wise adaptation" if layerwise else "", len(no_decay), sum(p.numel() for p in no_decay))
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+        if layerwise:
+            groups[-1]["lars_exclude"] = True
+    return groups
 
 
 def _sgd(groups, lr, momentum=0.0, weight_decay=0.0, nesterov=False, dampening=0.0):
-    return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov, dampening=dampening)
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov, dampening=dampening, foreach=True)
 
 
 def _adamw(groups, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=True)
 
 
 def _adam(groups, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-    return torch.optim.Adam(groups, lr=lr, betas=tuple(betas), eps=eps)
+    return torch.optim.Adam(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=True)
 
 
-# JSON "type" (lower-cased) -> builder(groups, **params). Issue 3 adds LARS and LAMB here.
-OPTIMIZERS = {"sgd": _sgd, "adamw": _adamw, "adam": _adam}
+def _lars(groups, lr, momentum=0.9, weight_decay=1e-4, trust_coefficient=0.001, eps=0.0, larc_clip=False):
+    return LARS(groups, lr=lr, momentum=momentum, trust_coefficient=trust_coefficient, eps=eps, larc_clip=larc_clip)
+
+
+def fused_lamb_available() -> bool:
+    """DeepSpeed's FusedLamb is a CUDA op: usable only where it can be built or loaded."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        from deepspeed.ops.op_builder import FusedLambBuilder
+        return bool(FusedLambBuilder().is_compatible())
+    except Exception:  # no builder, no compiler, wrong CUDA...
+        return False
+
+
+def _lamb(groups, lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_coeff=10.0, min_coeff=0.01,
+          bias_correction=True):
+    if fused_lamb_available():
+        from deepspeed.ops.lamb import FusedLamb
+        log.info("Lamb: DeepSpeed FusedLamb (CUDA op); note it applies the trust ratio to BN/bias tensors too")
+        return FusedLamb([{k: v for k, v in g.items() if k != "lars_exclude"} for g in groups], lr=lr,
+                         betas=tuple(betas), eps=eps, max_coeff=max_coeff, min_coeff=min_coeff,
+                         bias_correction=bias_correction)
+    log.info("Lamb: DeepSpeed's fused op is not available here (no CUDA); using dstrain's multi-tensor LAMB "
+             "with the same formula and coefficient clamping")
+    return LAMB(groups, lr=lr, betas=tuple(betas), eps=eps, max_coeff=max_coeff, min_coeff=min_coeff,
+                bias_correction=bias_correction)
+
+
+# JSON "type" (lower-cased) -> builder(groups, **params).
+OPTIMIZERS = {"sgd": _sgd, "adamw": _adamw, "adam": _adam, "lars": _lars, "lamb": _lamb}
+LAYERWISE = {"lars", "lamb"}  # need ZeRO stage 0: per-tensor norms are meaningless on flat partitions
+OUR_KEYS = ("exclude_bn_bias",)  # params the trainer consumes; not passed to the optimizer
 
 
 def build_optimizer(model: torch.nn.Module, spec: dict | None, source: str = "optimizer") -> tuple[torch.optim.Optimizer, float]:
@@ -55,16 +100,22 @@ def build_optimizer(model: torch.nn.Module, spec: dict | None, source: str = "op
     params = dict(spec.get("params", {}))
     if "lr" not in params:
         raise ConfigError(f"{source}: optimizer.params.lr is missing (the LR per optim.lr_reference_batch images)")
+    exclude = bool(params.pop("exclude_bn_bias", True))
+    groups = param_groups(model, float(params.get("weight_decay", 0.0)), exclude, layerwise=kind in LAYERWISE)
     try:
-        opt = OPTIMIZERS[kind](param_groups(model, float(params.get("weight_decay", 0.0))), **params)
-    except TypeError as err:
+        opt = OPTIMIZERS[kind](groups, **params)
+    except (TypeError, ValueError) as err:
         raise ConfigError(f"{source}: optimizer.params for {spec['type']}: {err}") from None
     return opt, float(params["lr"])
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def apply_schedule(optimizer: torch.optim.Optimizer, lr: float, wd_factor: float | None = None) -> None:
+    """Set this step's LR on every group; with ``wd_factor``, scale each group's initial weight decay."""
     for group in optimizer.param_groups:
         group["lr"] = lr
+        if wd_factor is not None:
+            initial = group.setdefault("initial_weight_decay", group["weight_decay"])
+            group["weight_decay"] = initial * wd_factor
 
 
 @contextlib.contextmanager

@@ -25,11 +25,13 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from dstrain import checkpoint, dist, ds_config
-from dstrain.config import ConfigError, TrainConfig, batch_arithmetic, to_container, validate
+from dstrain.config import ConfigError, OptimConfig, TrainConfig, validate
 from dstrain.data import Shard, build_data
 from dstrain.models import build_model, has_batchnorm
 from dstrain.monitor import Monitor
-from dstrain.optim import build_optimizer, set_lr, steps_suppressed
+from dstrain.losses import smoothed_cross_entropy
+from dstrain.optim import apply_schedule, build_optimizer, steps_suppressed
+from dstrain.ramp import BatchStage, batch_at, batch_plan
 from dstrain.schedule import lr_at, scaled_lr
 
 log = logging.getLogger("dstrain")
@@ -111,25 +113,27 @@ def loss_scale_of(engine) -> float | None:
 
 
 # ---------------------------------------------------------------- loop pieces
-def train_epoch(engine, optimizer, loader, epoch: int, state: TrainState, lr_fn, monitor: Monitor, *,
-                accumulation: int, global_batch: int, steps_per_epoch: int, epochs: int, every: int,
-                label_smoothing: float, dtype: torch.dtype) -> dict:
+def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state: TrainState, lr_fn, monitor: Monitor,
+                *, epochs: int, every: int, label_smoothing: float, dtype: torch.dtype) -> dict:
     engine.train()
     loader.set_epoch(epoch)  # DeepSpeed never calls set_epoch; our loaders reshuffle from (seed, epoch)
+    acc, steps = stage.accumulation, len(loader) // stage.accumulation
     sums = torch.zeros(4, dtype=torch.float64)  # loss*n, top1, top5, n  (this epoch, this rank)
     window_loss, window_t0, window_steps = torch.zeros((), dtype=torch.float64), time.perf_counter(), 0
     kill_at = int(os.environ.get(FAULT_ENV, "0"))
     for i, (x, y) in enumerate(loader):
-        if i % accumulation == 0:
-            lr = lr_fn(state.step)
-            set_lr(optimizer, lr)
+        if i % acc == 0:
+            lr = lr_fn(epoch + (i // acc + 1) / steps, stage.global_size)
+            apply_schedule(optimizer, *lr)
+        # we own the boundary: DeepSpeed's micro-step counter drifts when a ramp changes accumulation
+        engine.set_gradient_accumulation_boundary((i + 1) % acc == 0)
         logits = engine(x.to(dtype))
-        loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+        loss = smoothed_cross_entropy(logits, y, label_smoothing)
         engine.backward(loss)
         engine.step()
         _accumulate(sums, loss.detach(), logits.detach(), y)
-        window_loss += loss.detach().double() / accumulation
-        if (i + 1) % accumulation:
+        window_loss += loss.detach().double() / acc
+        if (i + 1) % acc:
             continue
         state.step += 1
         window_steps += 1
@@ -137,10 +141,10 @@ def train_epoch(engine, optimizer, loader, epoch: int, state: TrainState, lr_fn,
             os.kill(os.getpid(), signal.SIGKILL)
         if window_steps == every or (i + 1) == len(loader):
             dt = time.perf_counter() - window_t0
-            monitor.step(epoch=epoch, epochs=epochs, step=state.step, step_in_epoch=(i + 1) // accumulation,
-                         steps_per_epoch=steps_per_epoch, loss=window_loss.item() / window_steps,  # host sync
-                         lr=lr, global_batch=global_batch, images_per_sec=window_steps * global_batch / dt,
-                         loss_scale=loss_scale_of(engine))
+            monitor.step(epoch=epoch, epochs=epochs, step=state.step, step_in_epoch=(i + 1) // acc,
+                         steps_per_epoch=steps, loss=window_loss.item() / window_steps,  # host sync
+                         lr=lr[0], global_batch=stage.global_size,
+                         images_per_sec=window_steps * stage.global_size / dt, loss_scale=loss_scale_of(engine))
             window_loss.zero_()
             window_t0, window_steps = time.perf_counter(), 0
     dist.all_reduce_sum(sums)
@@ -188,6 +192,18 @@ def sync_bn_buffers(model: torch.nn.Module) -> None:
 
 
 # ---------------------------------------------------------------- the run
+def make_lr_fn(o: OptimConfig, base_lr: float, epochs: int):
+    """(lr, peak_lr) for the step ending at progress t (epochs) at global batch B: the LR schedule in one place."""
+    def lr_fn(t: float, global_batch: int) -> tuple[float, float]:
+        peak = scaled_lr(base_lr, global_batch, o.lr_reference_batch, o.lr_scaling)
+        lr = lr_at(t, base_lr=base_lr, peak_lr=peak, epochs=epochs, warmup_epochs=o.warmup_epochs,
+                   warmup=o.warmup, start_factor=o.warmup_start_factor, hybrid_exp_fraction=o.hybrid_exp_fraction,
+                   decay=o.decay, end_lr_factor=o.end_lr_factor, poly_power=o.poly_power,
+                   milestones=tuple(o.step_milestones), gamma=o.step_gamma)
+        return lr, (lr / peak if o.wd_follows_lr and peak > 0 else None)
+    return lr_fn
+
+
 def run(cfg: TrainConfig, ds_path: str) -> dict:
     import deepspeed
 
@@ -196,7 +212,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     validate(cfg, world)
     user_ds = ds_config.load(ds_path)
     precision = ds_config.precision(user_ds)
-    micro, accumulation = batch_arithmetic(cfg.batch.global_size, cfg.batch.micro_per_rank, world)
+    plan = batch_plan(cfg.batch.global_size, cfg.batch.micro_per_rank, cfg.batch.ramp, world, cfg.epochs)
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     run_dir = choose_run_dir(cfg)
     device = torch.device("cuda", dist.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
@@ -211,28 +227,21 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
                           "Use ds_configs/bf16.json (torch_autocast: bf16 compute, fp32 weights and BN).")
     if m.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer, base_lr = build_optimizer(model, user_ds.get("optimizer"), source=ds_path)
-    shard = Shard(dist.rank(), world, micro, accumulation, cfg.batch.eval_per_rank, cfg.seed)
+    optimizer, json_lr = build_optimizer(model, user_ds.get("optimizer"), source=ds_path)
+    first = plan[0]
+    shard = Shard(dist.rank(), world, first.micro, first.accumulation, cfg.batch.eval_per_rank, cfg.seed)
     train_loader, val_loader, n_train, n_val = build_data(cfg.data, shard, m.in_channels, m.num_classes, device)
-    engine_cfg = ds_config.for_engine(user_ds, micro, accumulation, world)
+    if n_train < max(s.global_size for s in plan):
+        raise ConfigError(f"batch.ramp: global size {max(s.global_size for s in plan)} exceeds the {n_train} "
+                          "training images; lower it or use more data")
+    engine_cfg = ds_config.for_engine(user_ds, first.micro, first.accumulation, world)
     with steps_suppressed(optimizer):  # DeepSpeed's fp16/bf16 wrapper steps once with zero grads in initialize
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_cfg)
     make_run_dir(run_dir)  # only now: a config or data error above leaves nothing behind
 
-    global_batch = shard.global_batch
-    steps_per_epoch = n_train // global_batch
     o = cfg.optim
-    base_lr = o.base_lr or base_lr  # the trainer config may override the JSON's lr (a CLI sweep)
-    peak_lr = scaled_lr(base_lr, global_batch, o.lr_reference_batch, o.lr_scaling)
-    total_steps = steps_per_epoch * cfg.epochs
-
-    def lr_fn(step: int) -> float:
-        return lr_at(step, peak_lr=peak_lr, total_steps=total_steps,
-                     warmup_steps=round(o.warmup_epochs * steps_per_epoch), decay=o.decay,
-                     end_lr_factor=o.end_lr_factor, poly_power=o.poly_power,
-                     milestone_steps=tuple(round(e * steps_per_epoch) for e in o.step_milestones),
-                     step_gamma=o.step_gamma)
-
+    base_lr = o.base_lr or json_lr  # the trainer config may override the JSON's lr (a CLI sweep)
+    lr_fn = make_lr_fn(o, base_lr, cfg.epochs)
     state = TrainState()
     ckpt_root = run_dir / "checkpoints"
     tag = checkpoint.newest_complete(ckpt_root) if cfg.resume == "auto" else None
@@ -243,17 +252,25 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         log.info("resume=auto: no complete checkpoint in %s, starting fresh", ckpt_root)
     if dist.is_main():
         write_run_files(run_dir, cfg, engine_cfg, ds_path, world)
-    log.info("run_dir %s | world %d | precision %s | global batch %d = %d micro x %d accumulation x %d ranks | "
-             "%d train / %d val images | %d steps/epoch | base lr %.4g per %d images -> peak lr %.4g (%s rule)",
-             run_dir, world, precision, global_batch, micro, accumulation, world, n_train, n_val, steps_per_epoch,
-             base_lr, o.lr_reference_batch, peak_lr, o.lr_scaling)
+    log.info("run_dir %s | world %d | precision %s | %d train / %d val images | base lr %.4g per %d images "
+             "(%s scaling rule)", run_dir, world, precision, n_train, n_val, base_lr, o.lr_reference_batch,
+             o.lr_scaling)
+    for s in plan:
+        log.info("from epoch %d: global batch %d = %d micro x %d accumulation x %d ranks, %d steps/epoch, "
+                 "peak lr %.4g", s.epoch + 1, s.global_size, s.micro, s.accumulation, world,
+                 n_train // s.global_size, scaled_lr(base_lr, s.global_size, o.lr_reference_batch, o.lr_scaling))
 
     monitor = Monitor(run_dir, dist.is_main(), cfg.log.tensorboard)
     dtype = input_dtype(precision)
     for epoch in range(state.epoch, cfg.epochs):
         t0 = time.perf_counter()
-        metrics = train_epoch(engine, optimizer, train_loader, epoch, state, lr_fn, monitor,
-                              accumulation=accumulation, global_batch=global_batch, steps_per_epoch=steps_per_epoch,
+        stage = batch_at(epoch, plan)
+        if stage.accumulation != engine.gradient_accumulation_steps():  # batch-size ramp (also after a resume)
+            engine.set_train_batch_size(stage.global_size)
+            log.info("epoch %d: global batch -> %d (%d accumulation steps)", epoch + 1, stage.global_size,
+                     stage.accumulation)
+        shard.accumulation = stage.accumulation  # the loaders cut this epoch's global batches from it
+        metrics = train_epoch(engine, optimizer, train_loader, epoch, stage, state, lr_fn, monitor,
                               epochs=cfg.epochs, every=cfg.log.every_steps, label_smoothing=o.label_smoothing,
                               dtype=dtype)
         sync_bn_buffers(engine.module)  # eval and checkpoints see the same BN statistics on every rank
@@ -261,16 +278,18 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         if last or (epoch + 1) % cfg.eval_every_epochs == 0:
             metrics.update(evaluate(engine, val_loader, dtype))
             state.best_top1 = max(state.best_top1, metrics["val_top1"])
-        metrics["epoch_time_s"] = time.perf_counter() - t0
+        steps = n_train // stage.global_size
+        metrics.update(epoch_time_s=time.perf_counter() - t0, global_batch=stage.global_size, steps_per_epoch=steps,
+                       peak_lr=scaled_lr(base_lr, stage.global_size, o.lr_reference_batch, o.lr_scaling))
         state.epoch, state.train_time_s = epoch + 1, state.train_time_s + metrics["epoch_time_s"]
-        state.train_images += steps_per_epoch * global_batch
+        state.train_images += steps * stage.global_size
         state.history.append({"epoch": epoch + 1, "step": state.step, **metrics})
         monitor.epoch(epoch, cfg.epochs, metrics)
         every = cfg.checkpoint.every_epochs
         if last or (every and (epoch + 1) % every == 0):
             checkpoint.save(engine, ckpt_root, epoch + 1, state.__dict__, cfg.checkpoint.keep_last)
     monitor.close()
-    summary = make_summary(state, world, global_batch, precision)
+    summary = make_summary(state, world, batch_at(cfg.epochs - 1, plan).global_size, precision)
     if dist.is_main():
         checkpoint.atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         log.info("summary: final top-1 %.4f, best %.4f, %d epochs, %.1f s wall, %.0f img/s -> %s",

@@ -39,7 +39,7 @@ def test_two_rank_cpu_run_through_the_deepspeed_launcher(fake_fmnist, tmp_path):
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch0003"
     assert (run_dir / "checkpoints" / "epoch0003" / "rng_rank00001.pt").is_file()
     assert "epoch 3/3 done" in proc.stdout
-    assert "base lr 0.2 per 256 images -> peak lr 0.2 (none rule)" in proc.stdout  # optim.base_lr overrides the JSON
+    assert "base lr 0.2 per 256 images (none scaling rule)" in proc.stdout  # optim.base_lr overrides the JSON
 
 
 def tb_tags(run_dir: Path) -> set:
