@@ -5,7 +5,7 @@ The CPU stand-in for DeepSpeed's fused ``Lamb`` (a CUDA op), with the formula of
 
     m = b1*m + (1-b1)*g ;  v = b2*v + (1-b2)*g^2
     r = (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * w
-    ratio = ||w|| / ||r||        # 1 if either norm is 0; clamped to [min_coeff, max_coeff]
+    ratio = clamp(||w|| / ||r||, min_coeff, max_coeff)   # 1 if either norm is 0
     w = w - lr * ratio * r
 
 A group with ``"lars_exclude": True`` (BN, biases) gets no weight decay and ratio 1
@@ -64,8 +64,8 @@ class LAMB(torch.optim.Optimizer):
                 torch._foreach_add_(update, params, alpha=group["weight_decay"])
             w_norm = torch.stack(torch._foreach_norm(params))
             r_norm = torch.stack(torch._foreach_norm(update))
-            ratio = torch.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm, torch.ones_like(w_norm))
-            ratio = ratio.clamp(group["min_coeff"], group["max_coeff"])
+            clamped = (w_norm / r_norm).clamp(group["min_coeff"], group["max_coeff"])
+            ratio = torch.where((w_norm > 0) & (r_norm > 0), clamped, torch.ones_like(w_norm))
             torch._foreach_mul_(update, (ratio * -group["lr"]).unbind(0))
             torch._foreach_add_(params, update)
         return loss

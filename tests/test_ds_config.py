@@ -79,3 +79,11 @@ def test_known_keys_exist_in_the_installed_deepspeed():
     quoted = set(re.findall(r"[\"']([a-z_0-9]+)[\"']", src))
     missing = sorted(k for k in ds_config.DEEPSPEED_KEYS if k not in quoted)
     assert not missing, f"not found in deepspeed {deepspeed.__version__}: {missing}"
+
+
+@pytest.mark.parametrize("kind", ["LARS", "Lamb"])
+def test_layerwise_optimizers_need_zero_stage_0(kind):
+    cfg = {"optimizer": {"type": kind, "params": {"lr": 1}}, "zero_optimization": {"stage": 1},
+           "gradient_clipping": 0.0}
+    with pytest.raises(ConfigError, match=f"optimizer {kind} is layer-wise and needs zero_optimization.stage 0"):
+        ds_config.check(cfg, "x.json")

@@ -48,7 +48,11 @@ ZERO_STEP_PROBE = textwrap.dedent("""
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))  # no BN: bf16 cast works on CPU
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    if sys.argv[3] == "lars":
+        from dstrain.lars import LARS
+        opt = LARS(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
     cfg = {"train_batch_size": 2, "bf16": {"enabled": True}, "gradient_clipping": 0.0}
     if sys.argv[1] == "guarded":
         with steps_suppressed(opt):
@@ -59,10 +63,32 @@ ZERO_STEP_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "lars"])
 @pytest.mark.parametrize("mode, buffers", [("guarded", 0), ("unguarded", 4)])
-def test_deepspeed_initialize_zero_gradient_step_is_harmless(mode, buffers):
+def test_deepspeed_initialize_zero_gradient_step_is_harmless(mode, buffers, optimizer):
     """With bf16, DeepSpeed's wrapper steps once during initialize: unguarded it seeds momentum."""
     port = str(free_port())
-    proc = subprocess.run([sys.executable, "-c", ZERO_STEP_PROBE, mode, port], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", ZERO_STEP_PROBE, mode, port, optimizer], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert f"MOMENTUM_BUFFERS {buffers}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "ds_configs").glob("*.json")), ids=lambda p: p.stem)
+def test_every_shipped_optimizer_block_builds(path):
+    from dstrain import ds_config
+    spec = ds_config.read_json(path).get("optimizer")
+    opt, lr = build_optimizer(build_model("resnet_small", 10, 1, width=8), spec, str(path))
+    assert lr == spec["params"]["lr"]
+    kind = spec["type"].lower()
+    expected = {"lars": "LARS", "lamb": "LAMB", "sgd": "SGD"}[kind]
+    assert type(opt).__name__ == expected  # no GPU here: LAMB falls back to dstrain's
+    if kind in ("lars", "lamb"):
+        assert [g.get("lars_exclude", False) for g in opt.param_groups] == [False, True]
+    assert [g["weight_decay"] for g in opt.param_groups][1] == 0.0
+
+
+def test_lamb_fallback_is_announced(caplog):
+    import logging
+    with caplog.at_level(logging.INFO, logger="dstrain"):
+        build_optimizer(torch.nn.Linear(2, 2), {"type": "Lamb", "params": {"lr": 0.01}})
+    assert "using dstrain's multi-tensor LAMB" in caplog.text

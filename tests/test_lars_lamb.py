@@ -1,0 +1,138 @@
+"""LARS and LAMB against their formulas (hand-sized tensors) and LARS against timm's Lars."""
+import math
+
+import pytest
+import torch
+
+from dstrain.lamb import LAMB
+from dstrain.lars import LARS
+from dstrain.models import build_model
+from dstrain.optim import param_groups
+
+
+def _lars_reference(ws, gs_per_step, lr, m, wd, eta, eps, larc=False, exclude=False):
+    """METHODS.md sec. 2, one tensor at a time in float64."""
+    ws = [w.double().clone() for w in ws]
+    vs = [torch.zeros_like(w) for w in ws]
+    for gs in gs_per_step:
+        for k, (w, g) in enumerate(zip(ws, gs)):
+            g = g.double()
+            if exclude:
+                trust, decay = 1.0, 0.0
+            else:
+                wn, gn = w.norm().item(), g.norm().item()
+                trust = eta * wn / (gn + wd * wn + eps) if wn > 0 and gn > 0 else 1.0
+                if larc:
+                    trust = min(trust / lr, 1.0)
+                decay = wd
+            vs[k] = m * vs[k] + lr * trust * (g + decay * w)
+            ws[k] = w - vs[k]
+    return ws
+
+
+def _run(opt_cls, ws, gs_per_step, group_extra=None, **kw):
+    params = [torch.nn.Parameter(w.clone()) for w in ws]
+    opt = opt_cls([{"params": params, **(group_extra or {})}], **kw)
+    for gs in gs_per_step:
+        for p, g in zip(params, gs):
+            p.grad = g.clone()
+        opt.step()
+    return [p.detach() for p in params]
+
+
+HAND_W = [torch.tensor([[1.0, -2.0], [0.5, 3.0]]), torch.tensor([0.3, -0.4, 1.2]), torch.zeros(2)]
+HAND_G = [[torch.tensor([[0.1, 0.2], [-0.3, 0.05]]), torch.tensor([1.0, -1.0, 0.5]), torch.tensor([0.2, 0.1])],
+          [torch.tensor([[-0.2, 0.1], [0.0, 0.4]]), torch.tensor([0.0, 0.0, 0.0]), torch.tensor([0.1, -0.3])],
+          [torch.tensor([[0.3, -0.1], [0.2, 0.2]]), torch.tensor([0.2, 0.1, -0.7]), torch.tensor([0.0, 0.5])]]
+
+
+@pytest.mark.parametrize("larc", [False, True])
+def test_lars_matches_the_formula_on_hand_sized_tensors(larc):
+    kw = dict(lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02, eps=1e-9, larc_clip=larc)
+    got = _run(LARS, HAND_W, HAND_G, **kw)
+    want = _lars_reference(HAND_W, HAND_G, lr=0.5, m=0.9, wd=0.01, eta=0.02, eps=1e-9, larc=larc)
+    for g, w in zip(got, want):
+        assert torch.allclose(g.double(), w, atol=1e-6), (g, w)
+    # zero weights (third tensor) and a zero gradient (second tensor, step 2) take trust 1
+    assert not torch.equal(got[2], HAND_W[2])
+
+
+def test_lars_excluded_group_is_plain_momentum_sgd():
+    got = _run(LARS, HAND_W, HAND_G, group_extra={"lars_exclude": True, "weight_decay": 0.0}, lr=0.5, momentum=0.9)
+    want = _lars_reference(HAND_W, HAND_G, lr=0.5, m=0.9, wd=0.0, eta=0.001, eps=0.0, exclude=True)
+    sgd = _run(torch.optim.SGD, HAND_W, HAND_G, lr=0.5, momentum=0.9)
+    for g, w, s in zip(got, want, sgd):
+        assert torch.allclose(g.double(), w, atol=1e-6) and torch.allclose(g, s, atol=1e-6)
+
+
+def test_lars_matches_timm_on_a_small_model_over_several_steps():
+    timm_optim = pytest.importorskip("timm.optim")
+    torch.manual_seed(0)
+    ours_model = build_model("resnet_small", 10, 1, width=8, zero_init_residual=False)
+    timm_model = build_model("resnet_small", 10, 1, width=8, zero_init_residual=False)
+    timm_model.load_state_dict(ours_model.state_dict())
+    ours = LARS(param_groups(ours_model, 5e-4, layerwise=True), lr=0.8, momentum=0.9, trust_coefficient=0.01,
+                eps=1e-8)
+    timm_groups = param_groups(timm_model, 5e-4)  # timm skips adaptation where weight_decay == 0
+    theirs = timm_optim.Lars(timm_groups, lr=0.8, momentum=0.9, trust_coeff=0.01, eps=1e-8, foreach=False)
+    x = torch.randn(16, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(16) % 10
+    for _ in range(5):
+        for model, opt in ((ours_model, ours), (timm_model, theirs)):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    for (name, a), (_, b) in zip(ours_model.named_parameters(), timm_model.named_parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
+
+
+def _lamb_reference(ws, gs_per_step, lr, b1, b2, eps, wd, exclude=False, lo=0.0, hi=math.inf):
+    """METHODS.md sec. 3 in float64, optional DeepSpeed-style ratio clamp."""
+    ws = [w.double().clone() for w in ws]
+    ms = [torch.zeros_like(w) for w in ws]
+    vs = [torch.zeros_like(w) for w in ws]
+    for t, gs in enumerate(gs_per_step, start=1):
+        for k, g in enumerate(gs):
+            g = g.double()
+            ms[k] = b1 * ms[k] + (1 - b1) * g
+            vs[k] = b2 * vs[k] + (1 - b2) * g * g
+            r = (ms[k] / (1 - b1 ** t)) / ((vs[k] / (1 - b2 ** t)).sqrt() + eps)
+            if exclude:
+                ratio = 1.0
+            else:
+                r = r + wd * ws[k]
+                wn, rn = ws[k].norm().item(), r.norm().item()
+                ratio = min(max(wn / rn, lo), hi) if wn > 0 and rn > 0 else 1.0
+            ws[k] = ws[k] - lr * ratio * r
+    return ws
+
+
+@pytest.mark.parametrize("lo, hi", [(0.0, math.inf), (0.01, 10.0), (0.5, 0.6)])
+def test_lamb_matches_the_formula(lo, hi):
+    got = _run(LAMB, HAND_W, HAND_G, lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, min_coeff=lo,
+               max_coeff=hi)
+    want = _lamb_reference(HAND_W, HAND_G, lr=0.1, b1=0.9, b2=0.999, eps=1e-6, wd=0.01, lo=lo, hi=hi)
+    for g, w in zip(got, want):
+        assert torch.allclose(g.double(), w, atol=1e-6), (g, w)
+
+
+def test_lamb_excluded_group_has_no_decay_and_no_adaptation():
+    got = _run(LAMB, HAND_W, HAND_G, group_extra={"lars_exclude": True, "weight_decay": 0.0}, lr=0.1)
+    want = _lamb_reference(HAND_W, HAND_G, lr=0.1, b1=0.9, b2=0.999, eps=1e-6, wd=0.0, exclude=True)
+    for g, w in zip(got, want):
+        assert torch.allclose(g.double(), w, atol=1e-6)
+
+
+def test_lars_lowers_the_loss_of_a_small_problem():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    opt = LARS(param_groups(model, 1e-4, layerwise=True), lr=0.5, momentum=0.9, trust_coefficient=0.05)
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    losses = []
+    for _ in range(100):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]

@@ -1,0 +1,75 @@
+"""Batch-size ramp: the plan, its errors, and DeepSpeed's accumulation boundary after a switch."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dstrain.config import ConfigError
+from dstrain.dist import free_port
+from dstrain.ramp import BatchStage, batch_at, batch_plan
+from tests.conftest import REPO
+
+
+def test_plan_keeps_the_micro_batch_and_changes_accumulation():
+    plan = batch_plan(1024, 0, [[5, 4096], [8, 8192]], world=4, epochs=10)
+    assert plan == [BatchStage(0, 1024, 256, 1), BatchStage(5, 4096, 256, 4), BatchStage(8, 8192, 256, 8)]
+    assert [batch_at(e, plan).global_size for e in range(10)] == [1024] * 5 + [4096] * 3 + [8192] * 2
+
+
+def test_paper_style_ramp_with_epoch_zero_entry():
+    assert batch_plan(1024, 128, [[0, 1024], [5, 4096]], world=2)[1] == BatchStage(5, 4096, 128, 16)
+
+
+@pytest.mark.parametrize("ramp, message", [
+    ([[5, 4096], [3, 8192]], "epochs must increase strictly"),
+    ([[0, 2048]], "disagrees with batch.global_size=1024"),
+    ([[5, 4000]], "not a multiple of micro batch 256 x 4 ranks = 1024"),
+    ([[5]], "must be [epoch, global_size]"),
+    ([[12, 4096]], "never happens with epochs=10"),
+    ([[2.5, 4096]], "two integers"),
+])
+def test_invalid_ramps_are_clear_errors(ramp, message):
+    with pytest.raises(ConfigError) as err:
+        batch_plan(1024, 0, ramp, world=4, epochs=10)
+    assert message in str(err.value)
+
+
+BOUNDARY_PROBE = textwrap.dedent("""
+    import os, sys, torch, deepspeed
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    cfg = {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "gradient_clipping": 0.0}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+    x = torch.randn(20, 3, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(20, 1, generator=torch.Generator().manual_seed(2))
+    def micro(i, boundary):
+        if sys.argv[1] == "driven":
+            engine.set_gradient_accumulation_boundary(boundary)
+        loss = torch.nn.functional.mse_loss(engine(x[2 * i:2 * i + 2]), y[2 * i:2 * i + 2])
+        engine.backward(loss)
+        engine.step()
+    for i in range(4):                  # stage 1: batch 2, four steps: the micro-step counter is now 4
+        micro(i, True)
+    w_before = model.weight.detach().clone()
+    engine.set_train_batch_size(6)      # stage 2: batch 6 = 3 micro batches
+    for i in range(4, 7):               # 4 is not a multiple of 3: DeepSpeed's counter would step after 2
+        micro(i, i == 6)
+    xs, ys = x[8:14], y[8:14]
+    w = w_before.clone().requires_grad_(True)
+    torch.nn.functional.mse_loss(xs @ w.t(), ys).backward()   # exact mean over the 6 new images
+    expected = w_before - 1.0 * w.grad
+    print("EXACT", torch.allclose(model.weight.detach(), expected, atol=1e-6))
+""")
+
+
+@pytest.mark.parametrize("mode, exact", [("driven", True), ("deepspeed_counter", False)])
+def test_first_step_after_a_switch_averages_exactly_the_new_batch(mode, exact):
+    """Driving the boundary ourselves (as the trainer does) gives the exact step; DeepSpeed's counter does not."""
+    proc = subprocess.run([sys.executable, "-c", BOUNDARY_PROBE, mode, str(free_port())], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert f"EXACT {exact}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
