@@ -62,12 +62,13 @@ def test_single_process_bf16_run_logs_every_scalar(fake_fmnist, tmp_path):
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
 
 
-def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["batch.micro_per_rank=16", "batch.ramp=[[1,64]]"]], ids=["plain", "ramp"])
+def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path, extra):
+    """Killed at step 21: in epoch 2 (plain: steps 17-32; ramp: batch 64 from epoch 2, steps 17-24)."""
     common = ["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}",
-              "checkpoint.every_epochs=1"]
+              "checkpoint.every_epochs=1", *extra]
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     assert run_cli(common + [f"run_dir={straight}"]).returncode == 0
-    # 16 steps per epoch: killed by SIGKILL at step 21, between the epoch-1 and epoch-2 checkpoints
     killed = run_cli(common + [f"run_dir={broken}"], env={"DSTRAIN_FAULT_KILL_AT_STEP": "21"})
     assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
     assert (broken / "checkpoints" / "latest").read_text().strip() == "epoch0001"
@@ -83,3 +84,38 @@ def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path):
     sa = json.loads((straight / "summary.json").read_text())
     sb = json.loads((broken / "summary.json").read_text())
     assert sa["final_top1"] == sb["final_top1"] and sb["steps"] == sa["steps"]
+
+
+def test_lars_warmup_smoothing_and_ramp_follow_the_plan_on_two_ranks(fake_fmnist, tmp_path):
+    """LARS + hybrid warmup + label smoothing + a two-step ramp through `deepspeed --num_gpus 2`."""
+    from omegaconf import OmegaConf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from dstrain.train import make_lr_fn
+
+    run_dir = tmp_path / "run"
+    proc = run_cli(["--deepspeed_config", "ds_configs/lars_fp32.json", *TINY, f"data.root={fake_fmnist}",
+                    f"run_dir={run_dir}", "optim.base_lr=40", "optim.lr_scaling=linear", "optim.warmup=hybrid",
+                    "optim.warmup_epochs=1.5", "optim.decay=poly", "optim.label_smoothing=0.1",
+                    "batch.micro_per_rank=16", "batch.ramp=[[2,64]]", "log.every_steps=1"],
+                   launcher=deepspeed_launcher(2))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "epoch 3: global batch -> 64 (2 accumulation steps)" in proc.stdout
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    lr_fn = make_lr_fn(cfg.optim, 40.0, 3)
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    batches = {e.step: e.value for e in acc.Scalars("train/global_batch")}
+    lrs = {e.step: e.value for e in acc.Scalars("train/lr")}
+    plan = [(0, 32, 16), (1, 32, 16), (2, 64, 8)]  # (epoch, global batch, steps): 512 images
+    step = 0
+    for epoch, batch, steps in plan:
+        for k in range(steps):
+            step += 1
+            assert batches[step] == batch, (step, batches[step])
+            assert lrs[step] == pytest.approx(lr_fn(epoch + (k + 1) / steps, batch)[0], rel=1e-5), step
+    assert max(batches) == step == 40
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [h["global_batch"] for h in summary["history"]] == [32, 32, 64]
+    assert [h["steps_per_epoch"] for h in summary["history"]] == [16, 16, 8]
+    assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
