@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from dstrain.multitensor import chunks
+
 
 class LAMB(torch.optim.Optimizer):
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
@@ -36,7 +38,6 @@ class LAMB(torch.optim.Optimizer):
             if not params:
                 continue
             grads = [p.grad for p in params]
-            b1, b2 = group["betas"]
             exp_avg, exp_avg_sq = [], []
             for p in params:  # state lookup only
                 state = self.state[p]
@@ -48,24 +49,30 @@ class LAMB(torch.optim.Optimizer):
                 exp_avg.append(state["exp_avg"])
                 exp_avg_sq.append(state["exp_avg_sq"])
             t = self.state[params[0]]["step"]
-            torch._foreach_lerp_(exp_avg, grads, 1 - b1)                 # m = b1*m + (1-b1)*g
-            torch._foreach_mul_(exp_avg_sq, b2)
-            torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - b2)
-            c1, c2 = (1 - b1 ** t, 1 - b2 ** t) if group["bias_correction"] else (1.0, 1.0)
-            denom = torch._foreach_div(exp_avg_sq, c2)
-            torch._foreach_sqrt_(denom)
-            torch._foreach_add_(denom, group["eps"])
-            update = torch._foreach_div(exp_avg, c1)
-            torch._foreach_div_(update, denom)                           # r without weight decay
-            if group["lars_exclude"]:
-                torch._foreach_add_(params, update, alpha=-group["lr"])
-                continue
-            if group["weight_decay"]:
-                torch._foreach_add_(update, params, alpha=group["weight_decay"])
-            w_norm = torch.stack(torch._foreach_norm(params))
-            r_norm = torch.stack(torch._foreach_norm(update))
-            clamped = (w_norm / r_norm).clamp(group["min_coeff"], group["max_coeff"])
-            ratio = torch.where((w_norm > 0) & (r_norm > 0), clamped, torch.ones_like(w_norm))
-            torch._foreach_mul_(update, (ratio * -group["lr"]).unbind(0))
-            torch._foreach_add_(params, update)
+            for lo, hi in chunks(params):
+                self._update(params[lo:hi], grads[lo:hi], exp_avg[lo:hi], exp_avg_sq[lo:hi], t, group)
         return loss
+
+    @staticmethod
+    def _update(params, grads, exp_avg, exp_avg_sq, t: int, group: dict) -> None:
+        b1, b2 = group["betas"]
+        torch._foreach_lerp_(exp_avg, grads, 1 - b1)                 # m = b1*m + (1-b1)*g
+        torch._foreach_mul_(exp_avg_sq, b2)
+        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - b2)
+        c1, c2 = (1 - b1 ** t, 1 - b2 ** t) if group["bias_correction"] else (1.0, 1.0)
+        denom = torch._foreach_div(exp_avg_sq, c2)
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, group["eps"])
+        update = torch._foreach_div(exp_avg, c1)
+        torch._foreach_div_(update, denom)                           # r without weight decay
+        if group["lars_exclude"]:
+            torch._foreach_add_(params, update, alpha=-group["lr"])
+            return
+        if group["weight_decay"]:
+            torch._foreach_add_(update, params, alpha=group["weight_decay"])
+        w_norm = torch.stack(torch._foreach_norm(params))
+        r_norm = torch.stack(torch._foreach_norm(update))
+        clamped = (w_norm / r_norm).clamp(group["min_coeff"], group["max_coeff"])
+        ratio = torch.where((w_norm > 0) & (r_norm > 0), clamped, torch.ones_like(w_norm))
+        torch._foreach_mul_(update, (ratio * -group["lr"]).unbind(0))
+        torch._foreach_add_(params, update)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from dstrain.multitensor import chunks
+
 
 class LARS(torch.optim.Optimizer):
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 1e-4,
@@ -37,38 +39,37 @@ class LARS(torch.optim.Optimizer):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            grads = [p.grad for p in params]
-            lr, wd, m = group["lr"], group["weight_decay"], group["momentum"]
-            if group["lars_exclude"]:
-                wd = 0.0
-                update = torch._foreach_mul(grads, lr)
-            else:
-                update = self._adapted_update(params, grads, lr, wd, group)
-            if m:
-                bufs = []
+            bufs = []
+            if group["momentum"]:
                 for p in params:  # state lookup only; no tensor math per parameter
                     state = self.state[p]
                     if "momentum_buffer" not in state:
                         state["momentum_buffer"] = torch.zeros_like(p)
                     bufs.append(state["momentum_buffer"])
-                torch._foreach_mul_(bufs, m)
-                torch._foreach_add_(bufs, update)
-                update = bufs
-            torch._foreach_sub_(params, update)
+            for lo, hi in chunks(params):
+                self._update(params[lo:hi], [p.grad for p in params[lo:hi]], bufs[lo:hi], group)
         return loss
 
     @staticmethod
-    def _adapted_update(params, grads, lr: float, wd: float, group: dict) -> list[torch.Tensor]:
-        """lr * trust * (g + wd * w) for every tensor of the group."""
-        w_norm = torch.stack(torch._foreach_norm(params))
-        g_norm = torch.stack(torch._foreach_norm(grads))
-        trust = group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm + group["eps"])
-        trust = torch.where((w_norm > 0) & (g_norm > 0), trust, torch.ones_like(trust))
-        if group["larc_clip"] and lr > 0:
-            trust = torch.clamp(trust / lr, max=1.0)
-        scale = (trust * lr).unbind(0)  # 0-d tensors: no host sync
-        if not wd:
-            return torch._foreach_mul(grads, scale)
-        update = torch._foreach_add(grads, params, alpha=wd)
-        torch._foreach_mul_(update, scale)
-        return update
+    def _update(params, grads, bufs, group: dict) -> None:
+        lr, wd = group["lr"], group["weight_decay"]
+        if group["lars_exclude"]:
+            update = torch._foreach_mul(grads, lr)
+        else:
+            w_norm = torch.stack(torch._foreach_norm(params))
+            g_norm = torch.stack(torch._foreach_norm(grads))
+            trust = group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm + group["eps"])
+            trust = torch.where((w_norm > 0) & (g_norm > 0), trust, torch.ones_like(trust))
+            if group["larc_clip"] and lr > 0:
+                trust = torch.clamp(trust / lr, max=1.0)
+            scale = (trust * lr).unbind(0)  # 0-d tensors: no host sync
+            if wd:
+                update = torch._foreach_add(grads, params, alpha=wd)
+                torch._foreach_mul_(update, scale)
+            else:
+                update = torch._foreach_mul(grads, scale)
+        if bufs:
+            torch._foreach_mul_(bufs, group["momentum"])
+            torch._foreach_add_(bufs, update)
+            update = bufs
+        torch._foreach_sub_(params, update)
