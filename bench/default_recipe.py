@@ -43,7 +43,9 @@ def main() -> int:
             return proc.returncode
         summary = json.loads((run_dir / "summary.json").read_text())
         log_tail = [line for line in proc.stdout.splitlines() if "done:" in line or "summary:" in line]
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    sys.path.insert(0, str(REPO))
+    from dstrain.train import git_sha
+    sha = git_sha()  # "-dirty" when the working tree differs from the commit
     result = {
         "command": "python -m dstrain --config fashion_mnist " + " ".join(extra),
         "git_sha": sha, "date": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ sys.path.insert(0, str(REPO))
 from dstrain.lamb import LAMB  # noqa: E402
 from dstrain.lars import LARS  # noqa: E402
 from dstrain.optim import param_groups  # noqa: E402
+from dstrain.train import git_sha  # noqa: E402
 
 
 def make_optimizers(model):
@@ -79,8 +79,7 @@ def main() -> int:
     params = list(model.parameters())
     result = {
         "command": "python bench/optimizer_step.py " + " ".join(sys.argv[1:]),
-        "git_sha": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                  text=True).stdout.strip(),
+        "git_sha": git_sha(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "cpu_threads": torch.get_num_threads(), "cores": os.cpu_count(), "torch": torch.__version__,

@@ -136,3 +136,16 @@ def test_lars_lowers_the_loss_of_a_small_problem():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_cpu_chunking_gives_the_same_step(monkeypatch):
+    """Tiny chunks (one tensor or less each) must not change the result."""
+    import dstrain.multitensor as mt
+    whole_lars = _run(LARS, HAND_W, HAND_G, lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02)
+    whole_lamb = _run(LAMB, HAND_W, HAND_G, lr=0.1, weight_decay=0.01)
+    monkeypatch.setattr(mt, "CPU_CHUNK_VALUES", 3)
+    assert mt.chunks([torch.zeros(4), torch.zeros(2), torch.zeros(1), torch.zeros(5)]) == [(0, 1), (1, 3), (3, 4)]
+    chunked_lars = _run(LARS, HAND_W, HAND_G, lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02)
+    chunked_lamb = _run(LAMB, HAND_W, HAND_G, lr=0.1, weight_decay=0.01)
+    for a, b in zip(whole_lars + whole_lamb, chunked_lars + chunked_lamb):
+        assert torch.equal(a, b)
