@@ -118,13 +118,14 @@ def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state:
     engine.train()
     loader.set_epoch(epoch)  # DeepSpeed never calls set_epoch; our loaders reshuffle from (seed, epoch)
     acc, steps = stage.accumulation, len(loader) // stage.accumulation
-    sums = torch.zeros(4, dtype=torch.float64)  # loss*n, top1, top5, n  (this epoch, this rank)
-    window_loss, window_t0, window_steps = torch.zeros((), dtype=torch.float64), time.perf_counter(), 0
+    device = next(engine.module.parameters()).device
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss*n, top1, top5, n (this epoch, this rank)
+    window_loss, window_t0, window_steps = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter(), 0
     kill_at = int(os.environ.get(FAULT_ENV, "0"))
     for i, (x, y) in enumerate(loader):
         if i % acc == 0:
-            lr = lr_fn(epoch + (i // acc + 1) / steps, stage.global_size)
-            apply_schedule(optimizer, *lr)
+            lr, wd_factor = lr_fn(epoch + (i // acc + 1) / steps, stage.global_size)
+            apply_schedule(optimizer, lr, wd_factor)
         # we own the boundary: DeepSpeed's micro-step counter drifts when a ramp changes accumulation
         engine.set_gradient_accumulation_boundary((i + 1) % acc == 0)
         logits = engine(x.to(dtype))
@@ -143,36 +144,36 @@ def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state:
             dt = time.perf_counter() - window_t0
             monitor.step(epoch=epoch, epochs=epochs, step=state.step, step_in_epoch=(i + 1) // acc,
                          steps_per_epoch=steps, loss=window_loss.item() / window_steps,  # host sync
-                         lr=lr[0], global_batch=stage.global_size,
+                         lr=lr, global_batch=stage.global_size,
                          images_per_sec=window_steps * stage.global_size / dt, loss_scale=loss_scale_of(engine))
             window_loss.zero_()
             window_t0, window_steps = time.perf_counter(), 0
-    dist.all_reduce_sum(sums)
-    n = max(sums[3].item(), 1.0)
-    return {"train_loss": sums[0].item() / n, "train_top1": sums[1].item() / n, "train_top5": sums[2].item() / n}
+    loss_sum, top1, top5, n = dist.all_reduce_sum(sums).tolist()  # host sync, once per epoch
+    n = max(n, 1.0)
+    return {"train_loss": loss_sum / n, "train_top1": top1 / n, "train_top5": top5 / n}
 
 
 def _accumulate(sums: torch.Tensor, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
-    k = min(5, logits.shape[1])
-    topk = logits.topk(k, dim=1).indices
-    hit = topk == y[:, None]
-    sums += torch.stack([loss.double() * len(y), hit[:, 0].sum().double(), hit.any(1).sum().double(),
-                         torch.tensor(float(len(y)), dtype=torch.float64)]).cpu()
+    """Add (loss*n, top-1 hits, top-5 hits, n) on the device: no host sync per step."""
+    hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]
+    sums[0] += loss.double() * len(y)
+    sums[1] += hit[:, 0].sum()
+    sums[2] += hit.any(1).sum()
+    sums[3] += len(y)
 
 
 @torch.no_grad()
 def evaluate(engine, loader, dtype: torch.dtype) -> dict:
     """Exact distributed evaluation: per-rank sums over disjoint shards, all-reduced."""
     engine.eval()
-    sums = torch.zeros(4, dtype=torch.float64)
+    sums = torch.zeros(4, dtype=torch.float64, device=next(engine.parameters()).device)
     for x, y in loader:
         logits = engine(x.to(dtype)).float()
         _accumulate(sums, F.cross_entropy(logits, y), logits, y)
-    dist.all_reduce_sum(sums)
+    loss_sum, top1, top5, n = dist.all_reduce_sum(sums).tolist()
     engine.train()
-    n = max(sums[3].item(), 1.0)
-    return {"val_loss": sums[0].item() / n, "val_top1": sums[1].item() / n, "val_top5": sums[2].item() / n,
-            "val_images": int(sums[3].item())}
+    return {"val_loss": loss_sum / max(n, 1.0), "val_top1": top1 / max(n, 1.0), "val_top5": top5 / max(n, 1.0),
+            "val_images": int(n)}
 
 
 def sync_bn_buffers(model: torch.nn.Module) -> None:
@@ -193,8 +194,9 @@ def sync_bn_buffers(model: torch.nn.Module) -> None:
 
 # ---------------------------------------------------------------- the run
 def make_lr_fn(o: OptimConfig, base_lr: float, epochs: int):
-    """(lr, peak_lr) for the step ending at progress t (epochs) at global batch B: the LR schedule in one place."""
-    def lr_fn(t: float, global_batch: int) -> tuple[float, float]:
+    """lr_fn(t, B) -> (LR, weight-decay factor or None) for the step ending at progress t (epochs) at
+    global batch B: the whole LR schedule in one place."""
+    def lr_fn(t: float, global_batch: int) -> tuple[float, float | None]:
         peak = scaled_lr(base_lr, global_batch, o.lr_reference_batch, o.lr_scaling)
         lr = lr_at(t, base_lr=base_lr, peak_lr=peak, epochs=epochs, warmup_epochs=o.warmup_epochs,
                    warmup=o.warmup, start_factor=o.warmup_start_factor, hybrid_exp_fraction=o.hybrid_exp_fraction,
