@@ -28,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--deepspeed", action="store_true", help=argparse.SUPPRESS)  # accepted for compatibility
     p.add_argument("--help-config", action="store_true", help="list every trainer config key with its unit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="trainer config overrides")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)  # options and key=value overrides in any order
 
 
 def setup_logging() -> None:

@@ -49,24 +49,28 @@ def tb_tags(run_dir: Path) -> set:
     return set(acc.Tags()["scalars"])
 
 
-def test_single_process_bf16_run_logs_every_scalar(fake_fmnist, tmp_path):
+def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(["--deepspeed_config", "ds_configs/bf16.json", *TINY, "epochs=2", f"data.root={fake_fmnist}",
-                    f"run_dir={run_dir}"])
+    proc = run_cli(["--deepspeed_config", "ds_configs/lamb_bf16.json", *TINY, "epochs=2", "optim.base_lr=0.01",
+                    f"data.root={fake_fmnist}", f"run_dir={run_dir}"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tags = tb_tags(run_dir)
     assert {"train/loss", "train/lr", "train/global_batch", "train/images_per_sec", "epoch/train_top1",
             "epoch/train_top5", "epoch/val_top1", "epoch/val_top5", "epoch/val_loss", "epoch/epoch_time_s"} <= tags
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["precision"] == "autocast-bfloat16"
+    assert "using dstrain's multi-tensor LAMB" in proc.stdout
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
 
 
-@pytest.mark.parametrize("extra", [[], ["batch.micro_per_rank=16", "batch.ramp=[[1,64]]"]], ids=["plain", "ramp"])
+@pytest.mark.parametrize("extra", [
+    ["--deepspeed_config", "ds_configs/fp32.json"],
+    ["--deepspeed_config", "ds_configs/lars_fp32.json", "optim.base_lr=20", "batch.micro_per_rank=16",
+     "batch.ramp=[[1,64]]", "optim.wd_follows_lr=true"],
+], ids=["sgd", "lars-ramp"])
 def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path, extra):
-    """Killed at step 21: in epoch 2 (plain: steps 17-32; ramp: batch 64 from epoch 2, steps 17-24)."""
-    common = ["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}",
-              "checkpoint.every_epochs=1", *extra]
+    """Killed at step 21: in epoch 2 (sgd: steps 17-32; lars-ramp: batch 64 from epoch 2, steps 17-24)."""
+    common = [*TINY, f"data.root={fake_fmnist}", "checkpoint.every_epochs=1", *extra]
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     assert run_cli(common + [f"run_dir={straight}"]).returncode == 0
     killed = run_cli(common + [f"run_dir={broken}"], env={"DSTRAIN_FAULT_KILL_AT_STEP": "21"})

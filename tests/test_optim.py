@@ -92,3 +92,15 @@ def test_lamb_fallback_is_announced(caplog):
     with caplog.at_level(logging.INFO, logger="dstrain"):
         build_optimizer(torch.nn.Linear(2, 2), {"type": "Lamb", "params": {"lr": 0.01}})
     assert "using dstrain's multi-tensor LAMB" in caplog.text
+
+
+def test_apply_schedule_scales_weight_decay_from_its_initial_value():
+    from dstrain.optim import apply_schedule
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    opt, _ = build_optimizer(model, {"type": "LARS", "params": {"lr": 1.0, "weight_decay": 1e-4}})
+    apply_schedule(opt, 0.5, 0.5)
+    apply_schedule(opt, 0.25, 0.25)  # relative to the initial value, not compounding
+    assert [g["lr"] for g in opt.param_groups] == [0.25, 0.25]
+    assert [g["weight_decay"] for g in opt.param_groups] == [pytest.approx(2.5e-5), 0.0]
+    apply_schedule(opt, 0.1)  # without a factor the weight decay stays where it is
+    assert opt.param_groups[0]["weight_decay"] == pytest.approx(2.5e-5)
