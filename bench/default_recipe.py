@@ -1,8 +1,10 @@
-"""Measure the default recipe (what `./run.sh train` runs): accuracy and wall time.
+"""Measure a recipe end to end (default: what `./run.sh train` runs): accuracy and wall time.
 
-    .venv/bin/python bench/default_recipe.py            # writes bench/results/default_recipe.json
+    .venv/bin/python bench/default_recipe.py                  # -> bench/results/default_recipe.json
+    .venv/bin/python bench/default_recipe.py --config fashion_mnist_lars [key=value ...]
+                                                              # -> bench/results/recipe_fashion_mnist_lars.json
 
-Runs `python -m dstrain --config fashion_mnist` in a fresh run directory, then records
+Runs `python -m dstrain --config RECIPE [overrides]` in a fresh run directory, then records
 the summary, the whole command's wall time (start-up included), the machine and the git SHA.
 """
 from __future__ import annotations
@@ -30,11 +32,15 @@ def cpu_model() -> str:
 
 
 def main() -> int:
-    out = REPO / "bench" / "results" / "default_recipe.json"
     extra = sys.argv[1:]
+    recipe = "fashion_mnist"
+    if extra[:1] == ["--config"] and len(extra) > 1:
+        recipe, extra = extra[1], extra[2:]
+    name = "default_recipe" if recipe == "fashion_mnist" and not extra else f"recipe_{recipe}"
+    out = REPO / "bench" / "results" / f"{name}.json"
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "dstrain", "--config", "fashion_mnist", f"run_dir={run_dir}", *extra]
+        cmd = [sys.executable, "-m", "dstrain", "--config", recipe, f"run_dir={run_dir}", *extra]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -47,7 +53,7 @@ def main() -> int:
     from dstrain.train import git_sha
     sha = git_sha()  # "-dirty" when the working tree differs from the commit
     result = {
-        "command": "python -m dstrain --config fashion_mnist " + " ".join(extra),
+        "command": f"python -m dstrain --config {recipe} " + " ".join(extra),
         "git_sha": sha, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None, "python": platform.python_version()},
         "final_top1": summary["final_top1"], "best_top1": summary["best_top1"], "epochs": summary["epochs"],

@@ -25,9 +25,10 @@ def test_every_shipped_recipe_validates(recipe):
         validate(cfg, world_size=world)
 
 
-def test_imagenet_recipe_validates_at_cluster_scale():
-    cfg = load_config("imagenet_resnet50")
-    for world in (32, 64):
+@pytest.mark.parametrize("recipe, worlds", [("imagenet_resnet50", (32, 64)), ("imagenet_resnet50_lars", (128, 256))])
+def test_imagenet_recipes_validate_at_cluster_scale(recipe, worlds):
+    cfg = load_config(recipe)
+    for world in worlds:
         validate(cfg, world_size=world)
 
 
