@@ -62,4 +62,4 @@ def test_help_config_lists_keys_with_units(entry):
     launcher = [sys.executable] if entry.endswith("main.py") else None
     proc = run_cli(["--help-config"], launcher=launcher, timeout=120)
     assert proc.returncode == 0
-    assert "optim.warmup_epochs (float, default 0.0): linear warmup from 0 to the peak LR (epochs" in proc.stdout
+    assert "optim.warmup_epochs (float, default 0.0): warmup length (epochs, fractions allowed)" in proc.stdout
