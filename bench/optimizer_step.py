@@ -30,6 +30,18 @@ from dstrain.optim import param_groups  # noqa: E402
 from dstrain.train import git_sha  # noqa: E402
 
 
+class UnchunkedLARS(LARS):
+    """dstrain's LARS with the CPU chunking switched off: shows what the chunking buys."""
+
+    def step(self, closure=None):
+        import dstrain.multitensor as mt
+        saved, mt.CPU_CHUNK_VALUES = mt.CPU_CHUNK_VALUES, float("inf")
+        try:
+            return super().step(closure)
+        finally:
+            mt.CPU_CHUNK_VALUES = saved
+
+
 def make_optimizers(model):
     import timm.optim
 
@@ -40,6 +52,8 @@ def make_optimizers(model):
         "sgd_foreach": torch.optim.SGD(groups(), lr=0.1, momentum=0.9, foreach=True),
         "sgd_per_tensor": torch.optim.SGD(groups(), lr=0.1, momentum=0.9, foreach=False),
         "dstrain_lars": LARS(groups(layerwise=True), lr=0.1, momentum=0.9, trust_coefficient=0.001),
+        "dstrain_lars_unchunked": UnchunkedLARS(groups(layerwise=True), lr=0.1, momentum=0.9,
+                                                trust_coefficient=0.001),
         "timm_lars_per_tensor": timm.optim.Lars(groups(), lr=0.1, momentum=0.9, trust_coeff=0.001, foreach=False),
         "timm_lars_foreach": timm.optim.Lars(groups(), lr=0.1, momentum=0.9, trust_coeff=0.001, foreach=True),
         "adamw_foreach": torch.optim.AdamW(groups(), lr=1e-3, foreach=True),
