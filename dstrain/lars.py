@@ -10,8 +10,11 @@ Per parameter tensor, with weight decay ``beta`` and trust coefficient ``eta``::
 A parameter group with ``"lars_exclude": True`` (the trainer puts tensors with
 ``ndim <= 1`` there: BN gamma/beta and biases) gets no weight decay and trust 1,
 i.e. plain momentum SGD. The whole step is a fixed number of foreach calls per
-group, independent of the number of tensors, so its cost stays close to
-``torch.optim.SGD(foreach=True)``.
+group and chunk (see ``dstrain/multitensor.py``), whatever the number of tensors.
+
+timm's ``Lars`` applies the LR after the momentum (``v = m*v + trust*g; w -= lr*v``);
+this is the paper's form, with the LR inside the momentum. The two agree while the
+LR is constant and differ while it changes (warmup, decay).
 """
 from __future__ import annotations
 
