@@ -106,6 +106,10 @@ def input_dtype(precision: str) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
 
 
+def memory_format(channels_last: bool) -> torch.memory_format:
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
 def loss_scale_of(engine) -> float | None:
     opt = engine.optimizer
     scale = getattr(opt, "cur_scale", None)
@@ -116,7 +120,8 @@ def loss_scale_of(engine) -> float | None:
 
 # ---------------------------------------------------------------- loop pieces
 def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state: TrainState, lr_fn, monitor: Monitor,
-                *, epochs: int, every: int, label_smoothing: float, dtype: torch.dtype) -> dict:
+                *, epochs: int, every: int, label_smoothing: float, dtype: torch.dtype,
+                fmt: torch.memory_format = torch.contiguous_format) -> dict:
     engine.train()
     loader.set_epoch(epoch)  # DeepSpeed never calls set_epoch; our loaders reshuffle from (seed, epoch)
     acc, steps = stage.accumulation, len(loader) // stage.accumulation
@@ -130,7 +135,7 @@ def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state:
             apply_schedule(optimizer, lr, wd_factor)
         # we own the boundary: DeepSpeed's micro-step counter drifts when a ramp changes accumulation
         engine.set_gradient_accumulation_boundary((i + 1) % acc == 0)
-        logits = engine(x.to(dtype))
+        logits = engine(x.to(dtype=dtype, memory_format=fmt))
         loss = smoothed_cross_entropy(logits, y, label_smoothing)
         engine.backward(loss)
         engine.step()
@@ -165,12 +170,12 @@ def _accumulate(sums: torch.Tensor, loss: torch.Tensor, logits: torch.Tensor, y:
 
 
 @torch.no_grad()
-def evaluate(engine, loader, dtype: torch.dtype) -> dict:
+def evaluate(engine, loader, dtype: torch.dtype, fmt: torch.memory_format = torch.contiguous_format) -> dict:
     """Exact distributed evaluation: per-rank sums over disjoint shards, all-reduced."""
     engine.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=next(engine.parameters()).device)
     for x, y in loader:
-        logits = engine(x.to(dtype)).float()
+        logits = engine(x.to(dtype=dtype, memory_format=fmt)).float()
         _accumulate(sums, F.cross_entropy(logits, y), logits, y)
     loss_sum, top1, top5, n = dist.all_reduce_sum(sums).tolist()
     engine.train()
@@ -229,8 +234,6 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     if precision == "bf16" and device.type == "cpu" and has_batchnorm(model):
         raise ConfigError(f"{ds_path}: bf16.enabled casts BatchNorm weights to bf16, which fails on CPU. "
                           "Use ds_configs/bf16.json (torch_autocast: bf16 compute, fp32 weights and BN).")
-    if m.channels_last:
-        model = model.to(memory_format=torch.channels_last)
     optimizer, json_lr = build_optimizer(model, user_ds.get("optimizer"), source=ds_path)
     first = plan[0]
     shard = Shard(dist.rank(), world, first.micro, first.accumulation, cfg.batch.eval_per_rank, cfg.seed)
@@ -241,6 +244,8 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     engine_cfg = ds_config.for_engine(user_ds, first.micro, first.accumulation, world)
     with steps_suppressed(optimizer):  # DeepSpeed's fp16/bf16 wrapper steps once with zero grads in initialize
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_cfg)
+    if m.channels_last:  # after initialize: DeepSpeed's parameter broadcast needs NCHW-contiguous tensors
+        engine.module.to(memory_format=torch.channels_last)
     make_run_dir(run_dir)  # only now: a config or data error above leaves nothing behind
 
     o = cfg.optim
@@ -265,7 +270,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
                  n_train // s.global_size, scaled_lr(base_lr, s.global_size, o.lr_reference_batch, o.lr_scaling))
 
     monitor = Monitor(run_dir, dist.is_main(), cfg.log.tensorboard)
-    dtype = input_dtype(precision)
+    dtype, fmt = input_dtype(precision), memory_format(m.channels_last)
     for epoch in range(state.epoch, cfg.epochs):
         t0 = time.perf_counter()
         stage = batch_at(epoch, plan)
@@ -276,11 +281,11 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         shard.accumulation = stage.accumulation  # the loaders cut this epoch's global batches from it
         metrics = train_epoch(engine, optimizer, train_loader, epoch, stage, state, lr_fn, monitor,
                               epochs=cfg.epochs, every=cfg.log.every_steps, label_smoothing=o.label_smoothing,
-                              dtype=dtype)
+                              dtype=dtype, fmt=fmt)
         sync_bn_buffers(engine.module)  # eval and checkpoints see the same BN statistics on every rank
         last = epoch + 1 == cfg.epochs
         if last or (epoch + 1) % cfg.eval_every_epochs == 0:
-            metrics.update(evaluate(engine, val_loader, dtype))
+            metrics.update(evaluate(engine, val_loader, dtype, fmt))
             state.best_top1 = max(state.best_top1, metrics["val_top1"])
         steps = n_train // stage.global_size
         metrics.update(epoch_time_s=time.perf_counter() - t0, global_batch=stage.global_size, steps_per_epoch=steps,

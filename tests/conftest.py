@@ -64,4 +64,4 @@ def deepspeed_launcher(num_procs: int) -> list[str]:
 # 512 images / 32 per step = 16 steps per epoch; peak LR 0.2 (no scaling)
 TINY = ["--config", "fashion_mnist", "model.width=8", "batch.global_size=32", "optim.base_lr=0.2",
         "optim.lr_scaling=none", "epochs=3",
-        "optim.warmup_epochs=0.25", "batch.eval_per_rank=64", "log.every_steps=4"]
+        "optim.warmup_epochs=0.25", "batch.eval_per_rank=64", "log.every_steps=4", "model.channels_last=false"]

@@ -66,8 +66,8 @@ def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
 @pytest.mark.parametrize("extra", [
     ["--deepspeed_config", "ds_configs/fp32.json"],
     ["--deepspeed_config", "ds_configs/lars_fp32.json", "optim.base_lr=20", "batch.micro_per_rank=16",
-     "batch.ramp=[[1,64]]", "optim.wd_follows_lr=true"],
-], ids=["sgd", "lars-ramp"])
+     "batch.ramp=[[1,64]]", "optim.wd_follows_lr=true", "model.channels_last=true"],
+], ids=["sgd", "lars-ramp-channels-last"])
 def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path, extra):
     """Killed at step 21: in epoch 2 (sgd: steps 17-32; lars-ramp: batch 64 from epoch 2, steps 17-24)."""
     common = [*TINY, f"data.root={fake_fmnist}", "checkpoint.every_epochs=1", *extra]
@@ -101,7 +101,7 @@ def test_lars_warmup_smoothing_and_ramp_follow_the_plan_on_two_ranks(fake_fmnist
     proc = run_cli(["--deepspeed_config", "ds_configs/lars_fp32.json", *TINY, f"data.root={fake_fmnist}",
                     f"run_dir={run_dir}", "optim.base_lr=40", "optim.lr_scaling=linear", "optim.warmup=hybrid",
                     "optim.warmup_epochs=1.5", "optim.decay=poly", "optim.label_smoothing=0.1",
-                    "batch.micro_per_rank=16", "batch.ramp=[[2,64]]", "log.every_steps=1"],
+                    "batch.micro_per_rank=16", "batch.ramp=[[2,64]]", "log.every_steps=1", "model.channels_last=true"],
                    launcher=deepspeed_launcher(2))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "epoch 3: global batch -> 64 (2 accumulation steps)" in proc.stdout
