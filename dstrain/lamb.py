@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from dstrain.multitensor import chunks
+from dstrain.multitensor import GroupwiseOptimizer, chunks
 
 
-class LAMB(torch.optim.Optimizer):
+class LAMB(GroupwiseOptimizer):
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
                  max_coeff: float = 10.0, min_coeff: float = 0.01, bias_correction: bool = True):
         if lr < 0 or eps < 0 or weight_decay < 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1:
@@ -27,31 +27,21 @@ class LAMB(torch.optim.Optimizer):
                         min_coeff=min_coeff, bias_correction=bias_correction, lars_exclude=False)
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = [p.grad for p in params]
-            exp_avg, exp_avg_sq = [], []
-            for p in params:  # state lookup only
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                exp_avg.append(state["exp_avg"])
-                exp_avg_sq.append(state["exp_avg_sq"])
-            t = self.state[params[0]]["step"]
-            for lo, hi in chunks(params):
-                self._update(params[lo:hi], grads[lo:hi], exp_avg[lo:hi], exp_avg_sq[lo:hi], t, group)
-        return loss
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        grads = [p.grad for p in params]
+        exp_avg, exp_avg_sq = [], []
+        for p in params:  # state lookup only
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
+            exp_avg.append(state["exp_avg"])
+            exp_avg_sq.append(state["exp_avg_sq"])
+        t = self.state[params[0]]["step"]
+        for lo, hi in chunks(params):
+            self._update(params[lo:hi], grads[lo:hi], exp_avg[lo:hi], exp_avg_sq[lo:hi], t, group)
 
     @staticmethod
     def _update(params, grads, exp_avg, exp_avg_sq, t: int, group: dict) -> None:

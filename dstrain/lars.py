@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from dstrain.multitensor import chunks
+from dstrain.multitensor import GroupwiseOptimizer, chunks
 
 
-class LARS(torch.optim.Optimizer):
+class LARS(GroupwiseOptimizer):
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 1e-4,
                  trust_coefficient: float = 0.001, eps: float = 0.0, larc_clip: bool = False):
         if lr < 0 or momentum < 0 or weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
@@ -32,26 +32,16 @@ class LARS(torch.optim.Optimizer):
                         eps=eps, larc_clip=larc_clip, lars_exclude=False)
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            bufs = []
-            if group["momentum"]:
-                for p in params:  # state lookup only; no tensor math per parameter
-                    state = self.state[p]
-                    if "momentum_buffer" not in state:
-                        state["momentum_buffer"] = torch.zeros_like(p)
-                    bufs.append(state["momentum_buffer"])
-            for lo, hi in chunks(params):
-                self._update(params[lo:hi], [p.grad for p in params[lo:hi]], bufs[lo:hi], group)
-        return loss
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        bufs = []
+        if group["momentum"]:
+            for p in params:  # state lookup only; no tensor math per parameter
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                bufs.append(state["momentum_buffer"])
+        for lo, hi in chunks(params):
+            self._update(params[lo:hi], [p.grad for p in params[lo:hi]], bufs[lo:hi], group)
 
     @staticmethod
     def _update(params, grads, bufs, group: dict) -> None:
