@@ -239,10 +239,6 @@ def batch_arithmetic(global_size: int, micro_per_rank: int, world_size: int) -> 
     return micro, per_rank // micro
 
 
-def to_container(cfg: TrainConfig) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[arg-type]
-
-
 def help_lines(cls: type = TrainConfig, prefix: str = "") -> list[str]:
     """``key (type, default): help`` for every field, nested sections flattened."""
     lines = []

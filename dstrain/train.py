@@ -27,9 +27,9 @@ from omegaconf import OmegaConf
 from dstrain import checkpoint, dist, ds_config
 from dstrain.config import ConfigError, OptimConfig, TrainConfig, validate
 from dstrain.data import Shard, build_data
+from dstrain.losses import smoothed_cross_entropy
 from dstrain.models import build_model, has_batchnorm
 from dstrain.monitor import Monitor
-from dstrain.losses import smoothed_cross_entropy
 from dstrain.optim import apply_schedule, build_optimizer, steps_suppressed
 from dstrain.ramp import BatchStage, batch_at, batch_plan
 from dstrain.schedule import lr_at, scaled_lr
