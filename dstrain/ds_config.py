@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from dstrain.config import ConfigError
+from dstrain.optim import LAYERWISE
 
 log = logging.getLogger("dstrain")
 
@@ -98,7 +99,7 @@ def check(raw: dict, path: str | Path, cuda_available: bool | None = None) -> di
     opt = cfg.get("optimizer")
     if opt is not None and (not isinstance(opt, dict) or "type" not in opt):
         raise ConfigError(f"{path}: 'optimizer' must be an object with a 'type' (e.g. \"SGD\") and 'params'")
-    if opt is not None and str(opt["type"]).lower() in ("lars", "lamb") and stage != 0:
+    if opt is not None and str(opt["type"]).lower() in LAYERWISE and stage != 0:
         raise ConfigError(f"{path}: optimizer {opt['type']} is layer-wise and needs zero_optimization.stage 0 "
                           f"(stage {stage} hands it flat partitions, so per-layer norms are meaningless). "
                           "Set \"zero_optimization\": {\"stage\": 0}.")

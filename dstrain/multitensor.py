@@ -23,6 +23,7 @@ class GroupwiseOptimizer(torch.optim.Optimizer):
     def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
         raise NotImplementedError
 
+
 CPU_CHUNK_VALUES = 1 << 17  # 512 KiB of fp32 per tensor list: a chunk's working set fits a 2 MiB L2
 
 

@@ -57,6 +57,7 @@ def _adam(groups, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
     return torch.optim.Adam(groups, lr=lr, betas=tuple(betas), eps=eps)
 
 
+# weight_decay is accepted by every builder but already set per group by param_groups().
 def _lars(groups, lr, momentum=0.9, weight_decay=1e-4, trust_coefficient=0.001, eps=0.0, larc_clip=False):
     return LARS(groups, lr=lr, momentum=momentum, trust_coefficient=trust_coefficient, eps=eps, larc_clip=larc_clip)
 
@@ -89,7 +90,6 @@ def _lamb(groups, lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_coeff
 # JSON "type" (lower-cased) -> builder(groups, **params).
 OPTIMIZERS = {"sgd": _sgd, "adamw": _adamw, "adam": _adam, "lars": _lars, "lamb": _lamb}
 LAYERWISE = {"lars", "lamb"}  # need ZeRO stage 0: per-tensor norms are meaningless on flat partitions
-OUR_KEYS = ("exclude_bn_bias",)  # params the trainer consumes; not passed to the optimizer
 
 
 def build_optimizer(model: torch.nn.Module, spec: dict | None, source: str = "optimizer") -> tuple[torch.optim.Optimizer, float]:

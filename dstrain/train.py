@@ -179,8 +179,8 @@ def evaluate(engine, loader, dtype: torch.dtype, fmt: torch.memory_format = torc
         _accumulate(sums, F.cross_entropy(logits, y), logits, y)
     loss_sum, top1, top5, n = dist.all_reduce_sum(sums).tolist()
     engine.train()
-    return {"val_loss": loss_sum / max(n, 1.0), "val_top1": top1 / max(n, 1.0), "val_top5": top5 / max(n, 1.0),
-            "val_images": int(n)}
+    d = max(n, 1.0)
+    return {"val_loss": loss_sum / d, "val_top1": top1 / d, "val_top5": top5 / d, "val_images": int(n)}
 
 
 def sync_bn_buffers(model: torch.nn.Module) -> None:
@@ -238,8 +238,9 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     first = plan[0]
     shard = Shard(dist.rank(), world, first.micro, first.accumulation, cfg.batch.eval_per_rank, cfg.seed)
     train_loader, val_loader, n_train, n_val = build_data(cfg.data, shard, m.in_channels, m.num_classes, device)
-    if n_train < max(s.global_size for s in plan):
-        raise ConfigError(f"batch.ramp: global size {max(s.global_size for s in plan)} exceeds the {n_train} "
+    largest = max(s.global_size for s in plan)
+    if n_train < largest:
+        raise ConfigError(f"batch.ramp: global size {largest} exceeds the {n_train} "
                           "training images; lower it or use more data")
     engine_cfg = ds_config.for_engine(user_ds, first.micro, first.accumulation, world)
     with steps_suppressed(optimizer):  # DeepSpeed's fp16/bf16 wrapper steps once with zero grads in initialize
@@ -251,6 +252,9 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     o = cfg.optim
     base_lr = o.base_lr or json_lr  # the trainer config may override the JSON's lr (a CLI sweep)
     lr_fn = make_lr_fn(o, base_lr, cfg.epochs)
+
+    def peak_lr(global_batch: int) -> float:  # logged per stage and per epoch
+        return scaled_lr(base_lr, global_batch, o.lr_reference_batch, o.lr_scaling)
     state = TrainState()
     ckpt_root = run_dir / "checkpoints"
     tag = checkpoint.newest_complete(ckpt_root) if cfg.resume == "auto" else None
@@ -267,7 +271,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     for s in plan:
         log.info("from epoch %d: global batch %d = %d micro x %d accumulation x %d ranks, %d steps/epoch, "
                  "peak lr %.4g", s.epoch + 1, s.global_size, s.micro, s.accumulation, world,
-                 n_train // s.global_size, scaled_lr(base_lr, s.global_size, o.lr_reference_batch, o.lr_scaling))
+                 n_train // s.global_size, peak_lr(s.global_size))
 
     monitor = Monitor(run_dir, dist.is_main(), cfg.log.tensorboard)
     dtype, fmt = input_dtype(precision), memory_format(m.channels_last)
@@ -289,7 +293,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
             state.best_top1 = max(state.best_top1, metrics["val_top1"])
         steps = n_train // stage.global_size
         metrics.update(epoch_time_s=time.perf_counter() - t0, global_batch=stage.global_size, steps_per_epoch=steps,
-                       peak_lr=scaled_lr(base_lr, stage.global_size, o.lr_reference_batch, o.lr_scaling))
+                       peak_lr=peak_lr(stage.global_size))
         state.epoch, state.train_time_s = epoch + 1, state.train_time_s + metrics["epoch_time_s"]
         state.train_images += steps * stage.global_size
         state.history.append({"epoch": epoch + 1, "step": state.step, **metrics})
