@@ -38,14 +38,22 @@ def f(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's name
 
 @dataclass
 class DataConfig:
-    dataset: str = f("fashion_mnist", "data set: fashion_mnist | imagefolder | synthetic")
+    dataset: str = f("fashion_mnist", "data set: fashion_mnist (idx files) | imagefolder (root/{train,val}/<class>/*)")
+    loader: str = f("auto", "auto (DALI for image folders when installed, else torchvision) | dali | torchvision "
+                            "| synthetic (random device batches of the data set's shape, no files read)")
     root: str = f("", "data directory (path); empty = /usr/share/datasets/fashion-mnist for fashion_mnist")
     download: bool = f(True, "fashion_mnist only: download with torchvision when root has no idx files (bool)")
     augment: bool = f(True, "apply training augmentation (bool)")
     image_size: int = f(224, "imagefolder/synthetic: training crop and val crop side (pixels)")
     val_resize: int = f(256, "imagefolder: shorter side before the val center crop (pixels)")
-    num_workers: int = f(4, "imagefolder: DataLoader worker processes per rank (count)")
-    pin_memory: bool = f(True, "imagefolder: pin host memory for faster H2D copies (bool)")
+    random_area: list[float] = f([0.08, 1.0], "imagefolder: random-resized-crop area range (fraction of the image); "
+                                       "Fujitsu used [0.05, 0.9]")
+    random_aspect_ratio: list[float] = f([0.75, 1.3333333], "imagefolder: random-resized-crop aspect-ratio range (w/h)")
+    num_workers: int = f(4, "imagefolder: DALI CPU threads, or torchvision DataLoader worker processes, "
+                            "per rank (count)")
+    prefetch: int = f(2, "imagefolder: batches prepared ahead (DALI prefetch queue depth / DataLoader "
+                         "prefetch_factor per worker) (batches)")
+    pin_memory: bool = f(True, "torchvision loader: pin host memory for faster H2D copies (bool)")
     limit_train: int = f(0, "use only the first N training images, 0 = all (images)")
     limit_val: int = f(0, "use only the first N validation images, 0 = all (images)")
     synthetic_train_size: int = f(12800, "synthetic: training images per epoch (images)")
@@ -172,8 +180,19 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
 
     d, m, b, o = cfg.data, cfg.model, cfg.batch, cfg.optim
     need(cfg.epochs >= 1, f"epochs={cfg.epochs}: must be >= 1")
-    need(d.dataset in ("fashion_mnist", "imagefolder", "synthetic"),
-         f"data.dataset={d.dataset!r}: use fashion_mnist, imagefolder or synthetic")
+    need(d.dataset in ("fashion_mnist", "imagefolder"), f"data.dataset={d.dataset!r}: use fashion_mnist or "
+         "imagefolder" + (" (synthetic data is data.loader=synthetic)" if d.dataset == "synthetic" else ""))
+    need(d.loader in ("auto", "dali", "torchvision", "synthetic"),
+         f"data.loader={d.loader!r}: use auto, dali, torchvision or synthetic")
+    area, aspect = list(d.random_area), list(d.random_aspect_ratio)
+    need(len(area) == 2 and 0 < area[0] <= area[1] <= 1,
+         f"data.random_area={area}: must be [min, max] with 0 < min <= max <= 1")
+    need(len(aspect) == 2 and 0 < aspect[0] <= aspect[1],
+         f"data.random_aspect_ratio={aspect}: must be [min, max] with 0 < min <= max")
+    need(d.image_size >= 1 and d.val_resize >= d.image_size,
+         f"data.image_size={d.image_size}, data.val_resize={d.val_resize}: need 1 <= image_size <= val_resize")
+    need(d.num_workers >= 0 and d.prefetch >= 1,
+         f"data.num_workers={d.num_workers}, data.prefetch={d.prefetch}: need num_workers >= 0, prefetch >= 1")
     need(d.limit_train >= 0 and d.limit_val >= 0, "data.limit_train/limit_val must be >= 0 (0 = all)")
     need(m.num_classes >= 2, f"model.num_classes={m.num_classes}: must be >= 2")
     need(m.in_channels >= 1, f"model.in_channels={m.in_channels}: must be >= 1")

@@ -124,7 +124,8 @@ def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state:
                 fmt: torch.memory_format = torch.contiguous_format) -> dict:
     engine.train()
     loader.set_epoch(epoch)  # DeepSpeed never calls set_epoch; our loaders reshuffle from (seed, epoch)
-    acc, steps = stage.accumulation, len(loader) // stage.accumulation
+    n_micro = len(loader)  # once: a folder loader's len() draws the epoch's permutation
+    acc, steps = stage.accumulation, n_micro // stage.accumulation
     device = next(engine.module.parameters()).device
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss*n, top1, top5, n (this epoch, this rank)
     window_loss, window_t0, window_steps = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter(), 0
@@ -147,7 +148,7 @@ def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state:
         window_steps += 1
         if kill_at and state.step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
-        if window_steps == every or (i + 1) == len(loader):
+        if window_steps == every or (i + 1) == n_micro:
             dt = time.perf_counter() - window_t0
             monitor.step(epoch=epoch, epochs=epochs, step=state.step, step_in_epoch=(i + 1) // acc,
                          steps_per_epoch=steps, loss=window_loss.item() / window_steps,  # host sync
@@ -237,7 +238,9 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     optimizer, json_lr = build_optimizer(model, user_ds.get("optimizer"), source=ds_path)
     first = plan[0]
     shard = Shard(dist.rank(), world, first.micro, first.accumulation, cfg.batch.eval_per_rank, cfg.seed)
-    train_loader, val_loader, n_train, n_val = build_data(cfg.data, shard, m.in_channels, m.num_classes, device)
+    dtype, fmt = input_dtype(precision), memory_format(m.channels_last)
+    data = build_data(cfg.data, shard, m.in_channels, m.num_classes, device, dtype, m.channels_last)
+    train_loader, val_loader, n_train, n_val = data.train, data.val, data.n_train, data.n_val
     largest = max(s.global_size for s in plan)
     if n_train < largest:
         raise ConfigError(f"batch.ramp: global size {largest} exceeds the {n_train} "
@@ -265,16 +268,15 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         log.info("resume=auto: no complete checkpoint in %s, starting fresh", ckpt_root)
     if dist.is_main():
         write_run_files(run_dir, cfg, engine_cfg, ds_path, world)
-    log.info("run_dir %s | world %d | precision %s | %d train / %d val images | base lr %.4g per %d images "
-             "(%s scaling rule)", run_dir, world, precision, n_train, n_val, base_lr, o.lr_reference_batch,
-             o.lr_scaling)
+    log.info("run_dir %s | world %d | precision %s | %s loader, %d train / %d val images | base lr %.4g per %d "
+             "images (%s scaling rule)", run_dir, world, precision, data.loader, n_train, n_val, base_lr,
+             o.lr_reference_batch, o.lr_scaling)
     for s in plan:
         log.info("from epoch %d: global batch %d = %d micro x %d accumulation x %d ranks, %d steps/epoch, "
                  "peak lr %.4g", s.epoch + 1, s.global_size, s.micro, s.accumulation, world,
                  n_train // s.global_size, peak_lr(s.global_size))
 
     monitor = Monitor(run_dir, dist.is_main(), cfg.log.tensorboard)
-    dtype, fmt = input_dtype(precision), memory_format(m.channels_last)
     for epoch in range(state.epoch, cfg.epochs):
         t0 = time.perf_counter()
         stage = batch_at(epoch, plan)

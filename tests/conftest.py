@@ -65,3 +65,44 @@ def deepspeed_launcher(num_procs: int) -> list[str]:
 TINY = ["--config", "fashion_mnist", "model.width=8", "batch.global_size=32", "optim.base_lr=0.2",
         "optim.lr_scaling=none", "epochs=3",
         "optim.warmup_epochs=0.25", "batch.eval_per_rank=64", "log.every_steps=4", "model.channels_last=false"]
+
+
+# ---------------------------------------------------------------- image folders
+CLASS_RED = (30, 130, 230)       # class c is painted with red level CLASS_RED[c]
+FILE_GREEN_STEP, FILE_GREEN_BASE = 28, 16  # file i of a class has green level BASE + i * STEP
+
+
+def make_jpeg_folder(root: Path, per_class: int = 8, val_per_class: int = 3, size=(48, 64)) -> Path:
+    """root/{train,val}/{ant,bee,cat}/NNN.JPEG, each a flat colour that encodes (class, file index).
+
+    A decoded, cropped, resized image keeps its colour, so a test can recover
+    from pixels alone which file (and class) a sample came from.
+    """
+    from PIL import Image
+
+    for split, n in (("train", per_class), ("val", val_per_class)):
+        for c, name in enumerate(("ant", "bee", "cat")):
+            (root / split / name).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                h, w = size[0] + 4 * i, size[1]
+                colour = np.array([CLASS_RED[c], FILE_GREEN_BASE + i * FILE_GREEN_STEP, 90], np.uint8)
+                rgb = np.zeros((h, w, 3), np.uint8) + colour
+                Image.fromarray(rgb).save(root / split / name / f"{i:03d}.JPEG", quality=95)
+    return root
+
+
+def decode_colour(x, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) -> list[tuple[int, int]]:
+    """(class, file index) of each image of an NCHW batch made by make_jpeg_folder."""
+    import torch
+
+    rgb = x.float().mean(dim=(2, 3)) * torch.tensor(std) + torch.tensor(mean)
+    out = []
+    for r, g, _ in (rgb * 255).tolist():
+        c = min(range(3), key=lambda k: abs(CLASS_RED[k] - r))
+        out.append((c, round((g - FILE_GREEN_BASE) / FILE_GREEN_STEP)))
+    return out
+
+
+@pytest.fixture(scope="session")
+def jpeg_folder(tmp_path_factory) -> Path:
+    return make_jpeg_folder(tmp_path_factory.mktemp("imagefolder"))

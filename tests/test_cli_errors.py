@@ -30,6 +30,12 @@ CASES = [
     ("bf16 cast with BatchNorm on CPU", ["--deepspeed_config", "{bf16_cast}"], "Use ds_configs/bf16.json"),
     ("unknown recipe", ["--config", "nope"], "no such file or recipe"),
     ("unknown model", ["model.name=resnet_tiny"], "model.name='resnet_tiny'"),
+    ("image folder without a root", ["data.dataset=imagefolder", "data.root=''"], "needs data.root=DIR"),
+    ("image folder without val/", ["data.dataset=imagefolder", "data.root={tmp}"], "missing"),
+    ("DALI for Fashion-MNIST", ["data.loader=dali"], "served from memory"),
+    ("unknown loader", ["data.loader=ffcv"], "data.loader='ffcv'"),
+    ("impossible crop area", ["data.random_area=[0.5,0.1]"], "data.random_area=[0.5, 0.1]"),
+    ("synthetic as a data set", ["data.dataset=synthetic"], "data.loader=synthetic"),
 ]
 
 

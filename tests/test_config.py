@@ -2,8 +2,7 @@ import dataclasses
 
 import pytest
 
-from dstrain.config import (RECIPE_DIR, ConfigError, TrainConfig, batch_arithmetic, help_lines, load_config,
-                            validate)
+from dstrain.config import RECIPE_DIR, ConfigError, TrainConfig, batch_arithmetic, help_lines, load_config, validate
 
 
 def test_defaults_load_and_validate():

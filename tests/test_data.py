@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from dstrain.config import ConfigError, DataConfig
-from dstrain.data import Shard, TensorLoader, build_data, epoch_order, load_fashion_mnist, read_idx, val_range
+from dstrain.data import Shard, build_data, epoch_order, val_range
+from dstrain.data.fashion_mnist import TensorLoader, load_fashion_mnist, read_idx
 from tests.conftest import write_idx
 
 
@@ -55,21 +56,22 @@ def test_missing_data_directory_says_how_to_fix(tmp_path):
 def test_fashion_mnist_loader_shapes_and_normalisation(fake_fmnist):
     shard = Shard(0, 1, 32, 2, eval_batch=100, seed=0)
     cfg = DataConfig(root=str(fake_fmnist), download=False)
-    train, val, n_train, n_val = build_data(cfg, shard, channels=1, num_classes=10)
-    assert (n_train, n_val) == (512, 301)
+    data = build_data(cfg, shard, channels=1, num_classes=10)
+    train, val = data.train, data.val
+    assert (data.n_train, data.n_val, data.loader) == (512, 301, "tensor")
     batches = list(train)
     assert len(batches) == len(train) == (512 // 64) * 2
     x, y = batches[0]
     assert x.shape == (32, 1, 28, 28) and x.dtype == torch.float32 and y.dtype == torch.int64
     assert sum(len(y) for _, y in val) == 301
-    train3, *_ = build_data(cfg, shard, channels=3, num_classes=10)
+    train3 = build_data(cfg, shard, channels=3, num_classes=10).train
     assert next(iter(train3))[0].shape == (32, 3, 28, 28)
 
 
 def test_augmentation_is_a_function_of_seed_epoch_and_rank(fake_fmnist):
     cfg = DataConfig(root=str(fake_fmnist), download=False)
-    a, *_ = build_data(cfg, Shard(0, 1, 64, 1, seed=0), 1, 10)
-    b, *_ = build_data(cfg, Shard(0, 1, 64, 1, seed=0), 1, 10)
+    a = build_data(cfg, Shard(0, 1, 64, 1, seed=0), 1, 10).train
+    b = build_data(cfg, Shard(0, 1, 64, 1, seed=0), 1, 10).train
     a.set_epoch(2)
     b.set_epoch(2)
     assert all(torch.equal(xa, xb) for (xa, _), (xb, _) in zip(a, b))
@@ -77,7 +79,7 @@ def test_augmentation_is_a_function_of_seed_epoch_and_rank(fake_fmnist):
 
 def test_augmentation_pads_crops_and_flips():
     loader = TensorLoader(torch.zeros(1, 1, 4, 4, dtype=torch.uint8), torch.zeros(1, dtype=torch.long), Shard(),
-                          True, True, 0.0, 1.0, 1)
+                          "train", True, 0.0, 1.0, 1)
     x = torch.arange(16.0).reshape(1, 1, 4, 4).repeat(64, 1, 1, 1)
     out = loader._augment(x, torch.Generator().manual_seed(0))
     assert out.shape == x.shape
@@ -92,43 +94,3 @@ def test_augmentation_pads_crops_and_flips():
 def test_batch_larger_than_data_set_is_a_clear_error(fake_fmnist):
     with pytest.raises(ConfigError, match="less than one global batch"):
         build_data(DataConfig(root=str(fake_fmnist), download=False), Shard(0, 1, 1024, 1), 1, 10)
-
-
-def test_imagefolder_missing_split_is_a_clear_error(tmp_path):
-    (tmp_path / "train").mkdir()
-    with pytest.raises(ConfigError, match=r"missing .*val/"):
-        build_data(DataConfig(dataset="imagefolder", root=str(tmp_path)), Shard(), 3, 10)
-
-
-def _jpeg_folder(root, classes=("cat", "dog", "emu"), per_class=4):
-    from PIL import Image
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for c in classes:
-            (root / split / c).mkdir(parents=True)
-            for i in range(per_class):
-                arr = rng.integers(0, 255, size=(40 + i, 50, 3), dtype=np.uint8)
-                Image.fromarray(arr).save(root / split / c / f"{i}.JPEG")
-    return root
-
-
-def test_imagefolder_shapes_labels_and_exact_val_shards(tmp_path):
-    root = _jpeg_folder(tmp_path)
-    cfg = DataConfig(dataset="imagefolder", root=str(root), image_size=32, val_resize=36, num_workers=0)
-    seen = []
-    for rank in range(2):
-        train, val, n_train, n_val = build_data(cfg, Shard(rank, 2, 2, 1, eval_batch=5), 3, 3)
-        assert (n_train, n_val) == (12, 12)
-        x, y = next(iter(train))
-        assert x.shape == (2, 3, 32, 32) and x.dtype == torch.float32
-        seen += [int(v) for _, y in val for v in y]
-    # labels follow sorted class folders (cat=0, dog=1, emu=2); each val image once over 2 ranks
-    assert sorted(seen) == [0] * 4 + [1] * 4 + [2] * 4
-
-
-def test_synthetic_batches_live_on_the_device():
-    cfg = DataConfig(dataset="synthetic", image_size=16, synthetic_train_size=64, synthetic_val_size=10)
-    train, val, n_train, n_val = build_data(cfg, Shard(0, 1, 8, 2), 3, 5)
-    assert len(train) == 64 // 16 * 2 and n_val == 10
-    x, y = next(iter(train))
-    assert x.shape == (8, 3, 16, 16) and int(y.max()) < 5

@@ -5,7 +5,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dstrain.data import Shard, TensorLoader
+from dstrain.data import Shard
+from dstrain.data.fashion_mnist import TensorLoader
 from dstrain.dist import free_port
 from dstrain.train import evaluate, sync_bn_buffers
 
@@ -35,7 +36,7 @@ def _worker(rank: int, world: int, port: int, out: dict) -> None:
     out[f"var{rank}"] = bn.running_var.clone()
     # distributed eval over 13 images: each counted once
     images, labels = _eval_data()
-    loader = TensorLoader(images, labels, Shard(rank, world, 4, 1, eval_batch=3), False, False, 0.0, 1.0, 1)
+    loader = TensorLoader(images, labels, Shard(rank, world, 4, 1, eval_batch=3), "val", False, 0.0, 1.0, 1)
     out[f"eval{rank}"] = evaluate(model, loader, torch.float32)
     dist.destroy_process_group()
 
@@ -55,7 +56,7 @@ def test_bn_sync_and_exact_distributed_eval():
     model[1].running_mean.fill_(0.5)
     model[1].running_var.fill_(2.0)
     images, labels = _eval_data()
-    single = evaluate(model, TensorLoader(images, labels, Shard(0, 1, 4, 1, eval_batch=5), False, False, 0.0, 1.0, 1),
+    single = evaluate(model, TensorLoader(images, labels, Shard(0, 1, 4, 1, eval_batch=5), "val", False, 0.0, 1.0, 1),
                       torch.float32)
     assert single["val_images"] == 13
     assert single["val_top1"] == out["eval0"]["val_top1"] and single["val_top5"] == out["eval0"]["val_top5"]

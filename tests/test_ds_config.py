@@ -1,9 +1,9 @@
 import re
 from pathlib import Path
 
+import deepspeed
 import pytest
 
-import deepspeed
 from dstrain import ds_config
 from dstrain.config import ConfigError
 

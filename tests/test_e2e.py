@@ -123,3 +123,34 @@ def test_lars_warmup_smoothing_and_ramp_follow_the_plan_on_two_ranks(fake_fmnist
     assert [h["global_batch"] for h in summary["history"]] == [32, 32, 64]
     assert [h["steps_per_epoch"] for h in summary["history"]] == [16, 16, 8]
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
+
+
+FOLDER = ["--config", "fashion_mnist", "data.dataset=imagefolder", "model.in_channels=3", "model.num_classes=3",
+          "model.width=8", "data.image_size=16", "data.val_resize=20", "data.num_workers=1",
+          "batch.global_size=12", "batch.eval_per_rank=4", "optim.base_lr=0.1", "epochs=2", "log.every_steps=1"]
+
+
+@pytest.mark.parametrize("loader, ranks", [("dali", 2), ("torchvision", 1)])
+def test_image_folder_run(loader, ranks, jpeg_folder, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(["--deepspeed_config", "ds_configs/fp32.json", *FOLDER, f"data.loader={loader}",
+                    f"data.root={jpeg_folder}", f"run_dir={run_dir}", "model.channels_last=true"],
+                   launcher=deepspeed_launcher(ranks) if ranks > 1 else None)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"{loader} loader, 24 train / 9 val images" in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 * 2 and summary["world_size"] == ranks
+    assert all(h["val_images"] == 9 for h in summary["history"])  # each val image once across ranks
+
+
+def test_corrupt_image_stops_the_run_with_one_line(tmp_path):
+    from tests.conftest import make_jpeg_folder
+    root = make_jpeg_folder(tmp_path / "data", per_class=4, val_per_class=1)
+    bad = root / "train" / "cat" / "002.JPEG"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    proc = run_cli(["--deepspeed_config", "ds_configs/fp32.json", *FOLDER, "data.loader=dali", f"data.root={root}",
+                    f"run_dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dstrain: error:")]
+    assert errors == [f"dstrain: error: corrupt image: {bad} " + errors[0].split(f"{bad} ", 1)[1]]
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,135 @@
+"""Data: one loader interface over Fashion-MNIST (in memory), image folders (DALI or torchvision), synthetic.
+
+Every loader has ``set_epoch(e)``, ``set_augment(flag)``, ``len()`` (micro
+batches this rank reads this epoch) and yields ``(images, labels)`` on the
+training device; which images each rank reads is decided in one place,
+:mod:`dstrain.data.sharding`. :func:`build_data` is the entry point.
+
+``data.loader``
+  auto         DALI for image folders when nvidia-dali is installed, else torchvision;
+               the in-memory tensor loader for Fashion-MNIST
+  dali         DALI pipelines (GPU decode when training on a GPU, CPU otherwise)
+  torchvision  PIL + torchvision transforms in DataLoader workers (image folders);
+               for Fashion-MNIST, the in-memory tensor loader
+  synthetic    random device-resident batches with the data set's shape; reads no files
+
+Batch-size ramp: the micro batch stays fixed and the ramp raises the number of
+accumulation steps (dstrain/ramp.py), so no loader or pipeline is rebuilt; each
+epoch's index lists are cut again from the shard's current accumulation.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from dstrain.config import ConfigError, DataConfig
+from dstrain.data.fashion_mnist import FASHION_MNIST_MEAN, FASHION_MNIST_STD, TensorLoader, load_fashion_mnist
+from dstrain.data.folder import CorruptImageError, ImageList, limited, scan_folder
+from dstrain.data.sharding import Shard, epoch_order, index_lists, polish_order, val_range
+
+__all__ = ["Data", "Shard", "build_data", "resolve_loader", "epoch_order", "index_lists", "polish_order",
+           "val_range", "CorruptImageError"]
+log = logging.getLogger("dstrain")
+FASHION_MNIST_SIDE = 28
+
+
+@dataclass
+class Data:
+    """The loaders of one run. ``polish(limit)`` builds the polish loader on demand (Final Polishing)."""
+    train: Any
+    val: Any
+    n_train: int
+    n_val: int
+    loader: str                                  # the loader actually used (auto resolved)
+    polish: Callable[[int], Any]                 # limit (images, 0 = all) -> loader over training images
+
+
+def resolve_loader(cfg: DataConfig) -> str:
+    """data.loader with ``auto`` resolved; a DALI request without DALI installed is an error."""
+    from dstrain.data.dali import dali_available
+
+    if cfg.loader == "auto":
+        return "dali" if cfg.dataset == "imagefolder" and dali_available() else (
+            "tensor" if cfg.dataset == "fashion_mnist" else "torchvision")
+    if cfg.loader == "dali":
+        if cfg.dataset == "fashion_mnist":
+            raise ConfigError("data.loader=dali reads image folders; Fashion-MNIST is served from memory. "
+                              "Use data.loader=auto (or torchvision) with data.dataset=fashion_mnist.")
+        if not dali_available():
+            raise ConfigError("data.loader=dali but nvidia-dali is not installed: "
+                              "`pip install nvidia-dali-cuda130` (or set data.loader=torchvision)")
+    if cfg.loader == "torchvision" and cfg.dataset == "fashion_mnist":
+        return "tensor"
+    return cfg.loader
+
+
+def build_data(cfg: DataConfig, shard: Shard, channels: int, num_classes: int, device="cpu",
+               dtype: torch.dtype = torch.float32, channels_last: bool = False) -> Data:
+    """The train/val loaders for ``cfg``, sharded for this rank (see dstrain.data.sharding)."""
+    kind = resolve_loader(cfg)
+    if kind == "synthetic":
+        side = FASHION_MNIST_SIDE if cfg.dataset == "fashion_mnist" else cfg.image_size
+        shape, n_train, n_val = (channels, side, side), cfg.synthetic_train_size, cfg.synthetic_val_size
+        common = dict(shape=shape, num_classes=num_classes, shard=shard, device=device, dtype=dtype,
+                      channels_last=channels_last)
+        from dstrain.data.synthetic import SyntheticLoader
+
+        data = Data(SyntheticLoader(n_train, mode="train", **common), SyntheticLoader(n_val, mode="val", **common),
+                    n_train, n_val, kind, lambda limit: SyntheticLoader(limit or n_train, mode="polish", **common))
+    elif kind == "tensor":
+        data = _fashion_mnist(cfg, shard, channels, num_classes, device)
+    else:
+        data = _folder(cfg, kind, shard, channels, num_classes, device, dtype, channels_last)
+    if data.n_train < shard.global_batch:
+        raise ConfigError(f"data: {data.n_train} training images is less than one global batch "
+                          f"(batch.global_size={shard.global_batch}); lower batch.global_size or use more data")
+    return data
+
+
+def _fashion_mnist(cfg: DataConfig, shard: Shard, channels: int, num_classes: int, device) -> Data:
+    splits = load_fashion_mnist(cfg.root, cfg.download)
+    (xt, yt), (xv, yv) = splits["train"], splits["val"]
+    if cfg.limit_train:
+        xt, yt = xt[:cfg.limit_train], yt[:cfg.limit_train]
+    if cfg.limit_val:
+        xv, yv = xv[:cfg.limit_val], yv[:cfg.limit_val]
+    if int(yt.max()) >= num_classes:
+        raise ConfigError(f"model.num_classes={num_classes} but Fashion-MNIST has 10 classes")
+    common = dict(mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD, channels=channels, device=device)
+    return Data(TensorLoader(xt, yt, shard, "train", cfg.augment, **common),
+                TensorLoader(xv, yv, shard, "val", False, **common), len(xt), len(xv), "tensor",
+                lambda limit: TensorLoader(xt, yt, shard, "polish", False, limit=limit, **common))
+
+
+def _folder(cfg: DataConfig, kind: str, shard: Shard, channels: int, num_classes: int, device,
+            dtype: torch.dtype, channels_last: bool) -> Data:
+    train_images, val_images = scan_folder(cfg.root)
+    if len(train_images.classes) > num_classes:
+        raise ConfigError(f"model.num_classes={num_classes} but {cfg.root}/train has "
+                          f"{len(train_images.classes)} class folders; set model.num_classes="
+                          f"{len(train_images.classes)}")
+    train_images, val_images = limited(train_images, cfg.limit_train), limited(val_images, cfg.limit_val)
+    if kind == "dali":
+        from dstrain.data.dali import DaliLoader
+
+        def make(images: ImageList, mode: str, augment: bool, limit: int = 0):
+            return DaliLoader(images, shard, mode, augment=augment, image_size=cfg.image_size,
+                              val_resize=cfg.val_resize, area=cfg.random_area, aspect=cfg.random_aspect_ratio,
+                              channels=channels, num_threads=cfg.num_workers, prefetch=cfg.prefetch,
+                              device=device, dtype=dtype, channels_last=channels_last, limit=limit)
+    else:
+        from dstrain.data.folder import TorchvisionLoader, torchvision_transforms
+
+        transforms = torchvision_transforms(cfg.image_size, cfg.val_resize, cfg.random_area,
+                                            cfg.random_aspect_ratio, channels)
+
+        def make(images: ImageList, mode: str, augment: bool, limit: int = 0):
+            return TorchvisionLoader(images, shard, mode, transforms, augment=augment, num_workers=cfg.num_workers,
+                                     pin_memory=cfg.pin_memory, prefetch=cfg.prefetch, device=device, limit=limit)
+    log.info("data: %s loader, %d train / %d val images in %d classes from %s", kind, len(train_images),
+             len(val_images), len(train_images.classes), cfg.root)
+    return Data(make(train_images, "train", cfg.augment), make(val_images, "val", False), len(train_images),
+                len(val_images), kind, lambda limit: make(train_images, "polish", False, limit))

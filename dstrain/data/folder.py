@@ -1,0 +1,199 @@
+"""ImageNet-style folders: the file scan shared by both loaders, and the torchvision loader.
+
+``root/train/<class>/*.JPEG`` and ``root/val/<class>/*.JPEG``. Class indices
+follow the sorted class-folder names (the torchvision ``ImageFolder`` rule), and
+files are listed once, sorted, by :func:`scan_split`; the DALI and torchvision
+loaders both read that list, so they agree on every label by construction.
+Files whose extension is not an image extension are skipped and counted in the
+log; a file that has an image extension but does not decode stops the run with
+:class:`CorruptImageError`, naming the file.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dstrain.config import ConfigError
+from dstrain.data.sharding import Shard, index_lists
+
+log = logging.getLogger("dstrain")
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+GRAY_MEAN, GRAY_STD = (0.5,), (0.5,)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+class CorruptImageError(ConfigError):
+    """An image file that does not decode. The message starts with ``corrupt image: <path>``."""
+
+
+def corrupt_image_message(path: str, reason: str) -> str:
+    return (f"corrupt image: {path} ({reason}). Replace or delete the file "
+            "(`python -m dstrain.data.check ROOT` lists every undecodable file).")
+
+
+@dataclass
+class ImageList:
+    """One split of a folder data set: files, their labels, the class names."""
+    files: list[str]
+    labels: np.ndarray   # int64, one per file
+    classes: list[str]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+def scan_split(root: Path, split: str, classes: list[str] | None = None) -> ImageList:
+    """List ``root/split/<class>/**`` image files; labels index the sorted class names."""
+    folder = root / split
+    if not folder.is_dir():
+        raise ConfigError(f"data.root={str(root)!r}: missing {folder}/ (expected {root}/train/<class>/*.JPEG "
+                          f"and {root}/val/<class>/*.JPEG). Set data.root to an ImageNet-style folder.")
+    found = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+    if not found:
+        raise ConfigError(f"{folder}: no class folders (expected {folder}/<class>/*.JPEG)")
+    if classes is not None and found != classes:
+        extra, missing = sorted(set(found) - set(classes)), sorted(set(classes) - set(found))
+        raise ConfigError(f"{folder}: class folders differ from train/ (only here: {extra[:5]}, "
+                          f"missing here: {missing[:5]}); both splits need the same classes")
+    files, labels, skipped, empty = [], [], 0, []
+    for label, name in enumerate(found):
+        before = len(files)
+        for dirpath, dirnames, filenames in sorted(os.walk(folder / name, followlinks=True)):
+            dirnames.sort()
+            for fname in sorted(filenames):
+                if fname.lower().endswith(IMAGE_EXTENSIONS):
+                    files.append(os.path.join(dirpath, fname))
+                    labels.append(label)
+                else:
+                    skipped += 1
+        if len(files) == before:
+            empty.append(name)
+    if not files:
+        raise ConfigError(f"{folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
+    if skipped:
+        log.warning("%s: skipped %d files without an image extension", folder, skipped)
+    if empty:
+        log.warning("%s: %d class folders hold no images (%s)", folder, len(empty), ", ".join(empty[:5]))
+    return ImageList(files, np.asarray(labels, dtype=np.int64), found)
+
+
+def scan_folder(root: str) -> tuple[ImageList, ImageList]:
+    if not root:
+        raise ConfigError("data.dataset=imagefolder needs data.root=DIR (holding train/<class>/ and val/<class>/)")
+    base = Path(root)
+    train = scan_split(base, "train")
+    return train, scan_split(base, "val", train.classes)
+
+
+def limited(images: ImageList, n: int) -> ImageList:
+    """The first n images (0 = all)."""
+    return ImageList(images.files[:n], images.labels[:n], images.classes) if n else images
+
+
+# ---------------------------------------------------------------- torchvision loader
+class ImageDataset(torch.utils.data.Dataset):
+    """PIL decode + a torchvision transform; undecodable files raise CorruptImageError naming the file."""
+
+    def __init__(self, images: ImageList, transform):
+        self.images, self.transform = images, transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        path = self.images.files[i]
+        try:
+            with Image.open(path) as img:
+                img = img.convert("RGB")
+        except (OSError, ValueError, SyntaxError) as err:  # what PIL raises for bad or truncated files
+            raise CorruptImageError(corrupt_image_message(path, str(err) or type(err).__name__)) from None
+        return self.transform(img), int(self.images.labels[i])
+
+
+def torchvision_transforms(image_size: int, val_resize: int, area: tuple[float, float],
+                           aspect: tuple[float, float], channels: int):
+    """(train transform, val transform): RandomResizedCrop + flip, or resize + center crop."""
+    import torchvision.transforms as T
+
+    tail = ([T.Grayscale(num_output_channels=channels)] if channels != 3 else []) + [
+        T.ToTensor(), T.Normalize(IMAGENET_MEAN if channels == 3 else GRAY_MEAN * channels,
+                                  IMAGENET_STD if channels == 3 else GRAY_STD * channels)]
+    train = T.Compose([T.RandomResizedCrop(image_size, scale=tuple(area), ratio=tuple(aspect)),
+                       T.RandomHorizontalFlip()] + tail)
+    val = T.Compose([T.Resize(val_resize), T.CenterCrop(image_size)] + tail)
+    return train, val
+
+
+class ShardBatchSampler(torch.utils.data.Sampler):
+    """Batches of indices from dstrain.data.sharding; owns the epoch (no reference back to the loader:
+    a cycle would leave the DataLoader's workers to the garbage collector, whose shutdown waits 5 s)."""
+
+    def __init__(self, n: int, shard: Shard, mode: str, limit: int):
+        self.n, self.shard, self.mode, self.limit, self.epoch = n, shard, mode, limit, 0
+
+    def batches(self) -> list[torch.Tensor]:
+        return index_lists(self.n, self.shard, self.mode, self.epoch, self.limit)
+
+    def __iter__(self):
+        return iter([batch.tolist() for batch in self.batches()])
+
+    def __len__(self) -> int:
+        return len(self.batches())
+
+
+class TorchvisionLoader:
+    """torchvision transforms in DataLoader workers, batches cut by dstrain.data.sharding.
+
+    ``set_augment(False)`` swaps in the val transform; the DataLoader (and its
+    persistent workers, which hold a copy of the data set) is rebuilt then.
+    """
+
+    def __init__(self, images: ImageList, shard: Shard, mode: str, transforms, *, augment: bool, num_workers: int,
+                 pin_memory: bool, prefetch: int, device, limit: int = 0):
+        self.images, self.mode = images, mode
+        self.sampler = ShardBatchSampler(len(images), shard, mode, limit)
+        self.train_tf, self.val_tf = transforms
+        self.num_workers, self.prefetch = num_workers, prefetch
+        self.device = torch.device(device)
+        self.pin_memory = pin_memory and self.device.type == "cuda"
+        self.augment, self._loader = augment and mode == "train", None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.epoch = epoch
+
+    def set_augment(self, augment: bool) -> None:
+        augment = augment and self.mode == "train"
+        if augment != self.augment:
+            self.augment, self._loader = augment, None
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def _make_loader(self):
+        dataset = ImageDataset(self.images, self.train_tf if self.augment else self.val_tf)
+        workers = dict(persistent_workers=True, prefetch_factor=self.prefetch) if self.num_workers > 0 else {}
+        return torch.utils.data.DataLoader(dataset, batch_sampler=self.sampler, num_workers=self.num_workers,
+                                           pin_memory=self.pin_memory, **workers)
+
+    def __iter__(self):
+        if self._loader is None:
+            self._loader = self._make_loader()
+        try:
+            for x, y in self._loader:
+                yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        except CorruptImageError as err:  # from a worker: the message carries the worker's traceback
+            raise CorruptImageError(first_corrupt_line(str(err))) from None
+
+
+def first_corrupt_line(text: str) -> str:
+    match = re.search(r"corrupt image: .*", text)
+    return match.group(0) if match else text

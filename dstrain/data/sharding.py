@@ -1,0 +1,85 @@
+"""Which images each rank reads: one rule shared by every loader.
+
+Training: each epoch draws one permutation of the data set from ``(seed,
+epoch)``, cuts it into global batches (the last, incomplete one is dropped), and
+rank ``r`` takes the ``r``-th slice of every global batch, split into micro
+batches. A run therefore sees the same global batches on any number of ranks,
+a resumed run sees the same images as an uninterrupted one, and a batch-size
+ramp (which changes ``Shard.accumulation``) needs no new loader: the index lists
+are cut again from the current shard at the start of each epoch.
+
+Validation: contiguous, disjoint shards; every val image is evaluated exactly
+once across ranks.
+
+Polish (training images with the val transform, used by Final Polishing): one
+fixed, seed-determined permutation that does not change between epochs (so the
+first N images are a class-balanced sample even when files are sorted by
+class), optionally cut to N images, then split like validation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MODES = ("train", "val", "polish")
+
+
+@dataclass
+class Shard:
+    """Where this rank stands in the data-parallel world, and its batch sizes.
+
+    Mutable on purpose: the trainer sets ``accumulation`` at each batch-size
+    ramp stage and the loaders read it when an epoch starts.
+    """
+    rank: int = 0
+    world: int = 1
+    micro: int = 32          # images per forward on this rank
+    accumulation: int = 1    # micro batches per optimizer step
+    eval_batch: int = 1000   # images per eval forward on this rank
+    seed: int = 0
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro * self.accumulation * self.world
+
+
+def epoch_order(n: int, shard: Shard, epoch: int, shuffle: bool = True) -> list[torch.Tensor]:
+    """This rank's micro-batch index lists for one training epoch."""
+    g = torch.Generator().manual_seed(shard.seed * 100_003 + epoch)
+    order = torch.randperm(n, generator=g) if shuffle else torch.arange(n)
+    per_rank = shard.micro * shard.accumulation
+    steps = n // shard.global_batch
+    out = []
+    for s in range(steps):
+        start = s * shard.global_batch + shard.rank * per_rank
+        mine = order[start:start + per_rank]
+        out.extend(mine.split(shard.micro))
+    return out
+
+
+def val_range(n: int, rank: int, world: int) -> range:
+    """Contiguous, disjoint shard: the union over ranks is every index exactly once."""
+    return range(rank * n // world, (rank + 1) * n // world)
+
+
+def polish_order(n: int, shard: Shard, limit: int = 0) -> torch.Tensor:
+    """This rank's indices of the polish set: the first ``limit`` (0 = all) of a fixed permutation."""
+    g = torch.Generator().manual_seed(shard.seed * 100_003 + 99_991)
+    order = torch.randperm(n, generator=g)[:limit or n]
+    r = val_range(len(order), shard.rank, shard.world)
+    return order[r.start:r.stop]
+
+
+def index_lists(n: int, shard: Shard, mode: str, epoch: int = 0, limit: int = 0) -> list[torch.Tensor]:
+    """This rank's batches of indices for ``mode`` (train | val | polish)."""
+    if mode == "train":
+        return epoch_order(n, shard, epoch)
+    if mode == "val":
+        r = val_range(n, shard.rank, shard.world)
+        idx = torch.arange(r.start, r.stop)
+    elif mode == "polish":
+        idx = polish_order(n, shard, limit)
+    else:
+        raise ValueError(f"mode {mode!r}: use one of {MODES}")
+    return list(idx.split(shard.eval_batch)) if len(idx) else []  # split() of an empty tensor gives [empty]
