@@ -9,7 +9,7 @@ sharding, with the same work per image: decode, random-resized-crop to 224
 (area 0.08-1, aspect 3/4-4/3), horizontal flip, normalise, float32 NCHW.
 DALI gets ``--threads`` CPU threads; torchvision gets ``--threads`` DataLoader
 worker processes. The folder holds ImageNet-like 500x375 JPEGs (quality 90,
-smooth random content plus noise, ~100 KB each). One warm-up epoch per loader
+smooth random content plus pixel noise, ~100 KB each like ImageNet's). One warm-up epoch per loader
 (page cache, worker start-up), then the two loaders alternate for ``--epochs``
 timed epochs each; the ratio is DALI images/s over torchvision images/s in
 this one run.
@@ -49,7 +49,7 @@ def make_folder(root: Path, n: int, classes: int, size=(375, 500), seed: int = 0
             grid = rng.uniform(-1, 1, (cells * h // w + 1, cells + 1, 3)).astype(np.float32)
             img += amp * np.asarray(Image.fromarray(grid[..., 0]).resize((w, h), Image.BICUBIC))[..., None] \
                 * np.array([1.0, 0.8, 0.6], np.float32)
-        img += 128 + rng.normal(0, 6, img.shape)
+        img += 128 + rng.normal(0, 20, img.shape)  # detail: ~100 KB files, like ImageNet's
         Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(cls / f"img{i:06d}.JPEG", quality=90)
     (root / "val").mkdir(exist_ok=True)
     for cls in sorted((root / "train").iterdir()):
@@ -99,12 +99,71 @@ def measure(root: Path, batch: int, threads: int, epochs: int, device: str) -> d
         seconds, images = sum(t for t, _ in runs), sum(k for _, k in runs)
         out[name] = {"images_per_sec": round(images / seconds, 1), "epoch_s": [round(t, 3) for t, _ in runs],
                      "images_per_epoch": runs[0][1]}
-    build_t0 = time.perf_counter()
-    loaders["dali"]._build(loaders["dali"]._batches(), seed=1)  # what each training epoch pays for a fresh pipeline
+    dali = loaders["dali"]
+    build_t0 = time.perf_counter()  # what each training epoch pays for its own pipeline
+    dali._build(dali.images.files, dali.images.labels.tolist(), batch, seed=1)
     out["dali"]["pipeline_build_s"] = round(time.perf_counter() - build_t0, 3)
     out["ratio_dali_over_torchvision"] = round(out["dali"]["images_per_sec"] / out["torchvision"]["images_per_sec"], 2)
     out["files_in_folder"] = n
     return out
+
+
+def stage_profile(files: list[str], n: int = 256, batch: int = 32) -> dict:
+    """Single-thread cost per image of each stage (ms): where the loaders spend their time.
+
+    torchvision: timed stage by stage in this process. DALI: three 1-thread
+    pipelines that stop after decode+crop, after resize, after normalize; each
+    stage's cost is the difference between consecutive pipelines.
+    """
+    import torch
+    import torchvision.transforms as T
+    from nvidia.dali import fn, pipeline_def, types
+    from PIL import Image
+
+    files = files[:n]
+    torch.set_num_threads(1)
+    rrc, to_tensor = T.RandomResizedCrop(224), T.ToTensor()
+    normalize = T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    tv = dict.fromkeys(("decode", "random_resized_crop", "to_tensor", "normalize"), 0.0)
+    for path in files:
+        t0 = time.perf_counter()
+        img = Image.open(path).convert("RGB")
+        t1 = time.perf_counter()
+        img = rrc(img)
+        t2 = time.perf_counter()
+        x = to_tensor(img)
+        t3 = time.perf_counter()
+        normalize(x)
+        t4 = time.perf_counter()
+        for key, dt in zip(tv, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            tv[key] += dt
+
+    def dali_ms(stop: str) -> float:
+        @pipeline_def(batch_size=batch, num_threads=1, device_id=None, prefetch_queue_depth=1)
+        def pipe():
+            encoded, _ = fn.readers.file(files=files, labels=list(range(len(files))))
+            img = fn.decoders.image_random_crop(encoded, device="cpu", output_type=types.RGB)
+            if stop != "decode":
+                img = fn.resize(img, size=[224, 224])
+            if stop == "normalize":
+                img = fn.crop_mirror_normalize(img, mirror=fn.random.coin_flip(), mean=[124.0, 116.0, 104.0],
+                                               std=[58.0, 57.0, 57.0], dtype=types.FLOAT, output_layout="CHW")
+            return img
+        p = pipe()
+        p.build()
+        p.run()  # warm-up
+        steps = len(files) // batch - 1
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            p.run()
+        return (time.perf_counter() - t0) / (steps * batch) * 1000
+
+    cum = [dali_ms(stop) for stop in ("decode", "resize", "normalize")]
+    ms = lambda v: round(v, 3)  # noqa: E731
+    return {"torchvision_ms_per_image": {k: ms(v / len(files) * 1000) for k, v in tv.items()},
+            "dali_ms_per_image": {"decode_random_crop": ms(cum[0]), "resize": ms(cum[1] - cum[0]),
+                                  "crop_mirror_normalize": ms(cum[2] - cum[1])},
+            "images": len(files), "threads": 1}
 
 
 def machine() -> dict:
@@ -144,6 +203,7 @@ def main() -> int:
                       "transform": "decode + random-resized-crop 224 (0.08-1, 3/4-4/3) + flip + normalize, fp32 NCHW"},
         }
         results = {"cpu": measure(root, args.batch, args.threads, args.epochs, "cpu")}
+        results["cpu"]["stage_profile"] = stage_profile(sorted(str(p) for p in (root / "train").rglob("*.JPEG")))
         if torch.cuda.is_available():
             results["gpu"] = measure(root, args.batch, args.threads, args.epochs, "cuda")
     out_dir = REPO / "bench" / "results"
