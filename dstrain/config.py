@@ -110,6 +110,18 @@ class CheckpointConfig:
 
 
 @dataclass
+class PolishConfig:
+    enabled: bool = f(False, "after the last epoch refit BN statistics on un-augmented training images, evaluate "
+                             "before/after, save RUN_DIR/polished/ (bool)")
+    images: int = f(10240, "polish set size: training images (val transform) the BN statistics are re-estimated "
+                           "from, rounded down to whole batches; 0 = the whole training set (images)")
+    batches: int = f(0, "polish set size in refit batches over all ranks instead of images; 0 = use images (batches)")
+    batch_per_rank: int = f(0, "images per refit forward on one rank; 0 = the last training micro batch (images)")
+    last_epochs_without_augmentation: int = f(0, "train the final K epochs on un-augmented images with normal "
+                                                 "optimizer steps (Fujitsu: 5 of 90) (epochs)")
+
+
+@dataclass
 class TrainConfig:
     name: str = f("run", "recipe name, used in the default run directory (text)")
     epochs: int = f(10, "training epochs (epochs)")
@@ -124,6 +136,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    polish: PolishConfig = field(default_factory=PolishConfig)
 
 
 def _omegaconf_message(err: OmegaConfBaseException, source: str) -> str:
@@ -225,6 +238,13 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     need(cfg.checkpoint.keep_last >= 0, f"checkpoint.keep_last={cfg.checkpoint.keep_last}: must be >= 0")
     need(cfg.eval_every_epochs >= 1, f"eval_every_epochs={cfg.eval_every_epochs}: must be >= 1")
     need(cfg.resume in ("", "auto"), f"resume={cfg.resume!r}: use '' (fresh run) or 'auto'")
+    pc = cfg.polish
+    need(min(pc.images, pc.batches, pc.batch_per_rank) >= 0,
+         f"polish.images={pc.images}, polish.batches={pc.batches}, polish.batch_per_rank={pc.batch_per_rank}: "
+         "must be >= 0 (0 = default)")
+    need(0 <= pc.last_epochs_without_augmentation <= cfg.epochs,
+         f"polish.last_epochs_without_augmentation={pc.last_epochs_without_augmentation}: must be in "
+         f"[0, epochs={cfg.epochs}]")
     if m.name != "resnet_small":
         import torchvision
 

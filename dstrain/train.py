@@ -24,13 +24,14 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from dstrain import checkpoint, dist, ds_config
+from dstrain import checkpoint, dist, ds_config, polish
 from dstrain.config import ConfigError, OptimConfig, TrainConfig, validate
 from dstrain.data import Shard, build_data
 from dstrain.losses import smoothed_cross_entropy
 from dstrain.models import build_model, has_batchnorm
 from dstrain.monitor import Monitor
 from dstrain.optim import apply_schedule, build_optimizer, steps_suppressed
+from dstrain.polish import augment_at
 from dstrain.ramp import BatchStage, batch_at, batch_plan
 from dstrain.schedule import lr_at, scaled_lr
 
@@ -285,6 +286,11 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
             log.info("epoch %d: global batch -> %d (%d accumulation steps)", epoch + 1, stage.global_size,
                      stage.accumulation)
         shard.accumulation = stage.accumulation  # the loaders cut this epoch's global batches from it
+        augment = augment_at(epoch, cfg.epochs, cfg.polish.last_epochs_without_augmentation, cfg.data.augment)
+        train_loader.set_augment(augment)
+        if cfg.data.augment and not augment:
+            log.info("epoch %d/%d: un-augmented training images (polish.last_epochs_without_augmentation=%d)",
+                     epoch + 1, cfg.epochs, cfg.polish.last_epochs_without_augmentation)
         metrics = train_epoch(engine, optimizer, train_loader, epoch, stage, state, lr_fn, monitor,
                               epochs=cfg.epochs, every=cfg.log.every_steps, label_smoothing=o.label_smoothing,
                               dtype=dtype, fmt=fmt)
@@ -295,7 +301,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
             state.best_top1 = max(state.best_top1, metrics["val_top1"])
         steps = n_train // stage.global_size
         metrics.update(epoch_time_s=time.perf_counter() - t0, global_batch=stage.global_size, steps_per_epoch=steps,
-                       peak_lr=peak_lr(stage.global_size))
+                       peak_lr=peak_lr(stage.global_size), augment=int(augment))
         state.epoch, state.train_time_s = epoch + 1, state.train_time_s + metrics["epoch_time_s"]
         state.train_images += steps * stage.global_size
         state.history.append({"epoch": epoch + 1, "step": state.step, **metrics})
@@ -303,14 +309,43 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         every = cfg.checkpoint.every_epochs
         if last or (every and (epoch + 1) % every == 0):
             checkpoint.save(engine, ckpt_root, epoch + 1, state.__dict__, cfg.checkpoint.keep_last)
+    polish_info = None
+    if cfg.polish.enabled:
+        polish_info = polish_step(engine, data, cfg, state, run_dir, monitor, world, batch_at(cfg.epochs - 1, plan),
+                                  dtype, fmt)
     monitor.close()
     summary = make_summary(state, world, batch_at(cfg.epochs - 1, plan).global_size, precision)
+    if polish_info:
+        summary["polish"] = polish_info
     if dist.is_main():
         checkpoint.atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         log.info("summary: final top-1 %.4f, best %.4f, %d epochs, %.1f s wall, %.0f img/s -> %s",
                  summary["final_top1"], summary["best_top1"], summary["epochs"], summary["wall_time_s"],
                  summary["images_per_sec"], run_dir / "summary.json")
     return summary
+
+
+def polish_step(engine, data, cfg: TrainConfig, state: TrainState, run_dir: Path, monitor: Monitor, world: int,
+                last: BatchStage, dtype: torch.dtype, fmt: torch.memory_format) -> dict | None:
+    """Final Polishing after the last epoch: BN refit, evaluation, RUN_DIR/polished/ (the checkpoints stay)."""
+    if (run_dir / polish.POLISHED_DIR / "polish.json").is_file():
+        log.info("polish: %s already exists (a resumed, finished run); not polishing again", run_dir / "polished")
+        return json.loads((run_dir / polish.POLISHED_DIR / "polish.json").read_text())
+    before = next(h for h in reversed(state.history) if "val_top1" in h)  # the last epoch is always evaluated
+    pc = cfg.polish
+    after = polish.polish_model(engine.module, engine, data.polish, lambda: evaluate(engine, data.val, dtype, fmt),
+                                images=pc.images, batches=pc.batches, batch_per_rank=pc.batch_per_rank or last.micro,
+                                world=world, dtype=dtype, fmt=fmt)
+    info = polish.summarize(before, after, state.train_time_s)
+    monitor.scalars("polish", {"val_top1_before": before["val_top1"], "val_top1_after": after["val_top1"],
+                               "val_loss_before": before["val_loss"], "val_loss_after": after["val_loss"],
+                               "refit_s": after["refit_s"]}, state.epoch)
+    log.info("polish: top-1 %.4f -> %.4f (%+.4f), %.1f s = %.2f%% of the training time", before["val_top1"],
+             after["val_top1"], info["top1_gain"], after["refit_s"], 100 * (info["refit_fraction_of_training"] or 0))
+    if dist.is_main():
+        polish.save_polished(run_dir, engine.module, {"checkpoint": f"epoch{state.epoch:04d}", **info})
+    dist.barrier()
+    return info
 
 
 def make_summary(state: TrainState, world: int, global_batch: int, precision: str) -> dict:

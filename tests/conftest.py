@@ -45,13 +45,13 @@ def fake_fmnist(tmp_path_factory) -> Path:
     return make_fake_fashion_mnist(tmp_path_factory.mktemp("fmnist"))
 
 
-def run_cli(args: list[str], launcher: list[str] | None = None, env: dict | None = None,
-            timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run the trainer as a user would: `python -m dstrain ...` or `<launcher> dstrain/main.py ...`."""
+def run_cli(args: list[str], launcher: list[str] | None = None, env: dict | None = None, timeout: int = 300,
+            module: str = "dstrain", script: str = "dstrain/main.py") -> subprocess.CompletedProcess:
+    """Run a command as a user would: `python -m dstrain ...` or `<launcher> dstrain/main.py ...`."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         full_env.pop(var, None)
-    cmd = (launcher + ["dstrain/main.py"]) if launcher else [sys.executable, "-m", "dstrain"]
+    cmd = (launcher + [script]) if launcher else [sys.executable, "-m", module]
     return subprocess.run(cmd + args, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 

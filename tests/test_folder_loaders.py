@@ -108,7 +108,7 @@ def test_dali_train_crops_are_random_and_val_is_the_center_crop(tmp_path):
 @pytest.mark.parametrize("loader", LOADERS)
 def test_set_augment_false_gives_the_val_transform_on_training_images(jpeg_folder, loader):
     data = build_data(cfg_for(jpeg_folder, loader), Shard(0, 1, 4, 1, eval_batch=4), 3, 3)
-    polish = data.polish(0)
+    polish = data.polish(0, 4)
     data.train.set_augment(False)
     for (x, _), (p, _) in zip(data.train, polish):
         assert x.shape == p.shape == (4, 3, 16, 16)
@@ -118,13 +118,16 @@ def test_set_augment_false_gives_the_val_transform_on_training_images(jpeg_folde
 
 @pytest.mark.parametrize("loader", LOADERS)
 def test_polish_set_is_fixed_balanced_and_split_exactly_across_ranks(jpeg_folder, loader):
+    """12 images = 3 batches of 4, dealt 1 + 2 to two ranks: the same batches as one rank reads."""
     cfg = cfg_for(jpeg_folder, loader)
-    per_rank = [samples(build_data(cfg, Shard(r, 2, 3, 1, eval_batch=4, seed=2), 3, 3).polish(12)) for r in range(2)]
+    per_rank = [samples(build_data(cfg, Shard(r, 2, 3, 1, seed=2), 3, 3).polish(12, 4)) for r in range(2)]
+    assert (len(per_rank[0]), len(per_rank[1])) == (4, 8)
     together = per_rank[0] + per_rank[1]
     assert len(together) == len(set(together)) == 12
     assert len({c for c, _ in together}) == 3  # a permutation, not the first 12 files (= classes 0 and 1 only)
-    single = samples(build_data(cfg, Shard(0, 1, 3, 1, eval_batch=5, seed=2), 3, 3).polish(12))
-    assert single == together  # same images, same order, however many ranks
+    single = samples(build_data(cfg, Shard(0, 1, 3, 1, seed=2), 3, 3).polish(12, 4))
+    assert single == together  # same batches, same order, however many ranks
+    assert len(samples(build_data(cfg, Shard(0, 1, 3, 1, seed=2), 3, 3).polish(14, 4))) == 12  # whole batches
 
 
 @pytest.mark.parametrize("loader", LOADERS)

@@ -20,7 +20,7 @@ epoch's index lists are cut again from the shard's current accumulation.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -28,9 +28,9 @@ import torch
 from dstrain.config import ConfigError, DataConfig
 from dstrain.data.fashion_mnist import FASHION_MNIST_MEAN, FASHION_MNIST_STD, TensorLoader, load_fashion_mnist
 from dstrain.data.folder import CorruptImageError, ImageList, limited, scan_folder
-from dstrain.data.sharding import Shard, epoch_order, index_lists, polish_order, val_range
+from dstrain.data.sharding import Shard, epoch_order, index_lists, polish_batches, val_range
 
-__all__ = ["Data", "Shard", "build_data", "resolve_loader", "epoch_order", "index_lists", "polish_order",
+__all__ = ["Data", "Shard", "build_data", "resolve_loader", "epoch_order", "index_lists", "polish_batches",
            "val_range", "CorruptImageError"]
 log = logging.getLogger("dstrain")
 FASHION_MNIST_SIDE = 28
@@ -38,13 +38,13 @@ FASHION_MNIST_SIDE = 28
 
 @dataclass
 class Data:
-    """The loaders of one run. ``polish(limit)`` builds the polish loader on demand (Final Polishing)."""
+    """The loaders of one run. ``polish(limit, batch)`` builds the polish loader on demand (Final Polishing)."""
     train: Any
     val: Any
     n_train: int
     n_val: int
     loader: str                                  # the loader actually used (auto resolved)
-    polish: Callable[[int], Any]                 # limit (images, 0 = all) -> loader over training images
+    polish: Callable[[int, int], Any]            # (limit images, 0 = all; batch per rank) -> polish loader
 
 
 def resolve_loader(cfg: DataConfig) -> str:
@@ -78,7 +78,8 @@ def build_data(cfg: DataConfig, shard: Shard, channels: int, num_classes: int, d
         from dstrain.data.synthetic import SyntheticLoader
 
         data = Data(SyntheticLoader(n_train, mode="train", **common), SyntheticLoader(n_val, mode="val", **common),
-                    n_train, n_val, kind, lambda limit: SyntheticLoader(limit or n_train, mode="polish", **common))
+                    n_train, n_val, kind, lambda limit, batch: SyntheticLoader(
+                        limit or n_train, mode="polish", **{**common, "shard": replace(shard, eval_batch=batch)}))
     elif kind == "tensor":
         data = _fashion_mnist(cfg, shard, channels, num_classes, device)
     else:
@@ -101,7 +102,8 @@ def _fashion_mnist(cfg: DataConfig, shard: Shard, channels: int, num_classes: in
     common = dict(mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD, channels=channels, device=device)
     return Data(TensorLoader(xt, yt, shard, "train", cfg.augment, **common),
                 TensorLoader(xv, yv, shard, "val", False, **common), len(xt), len(xv), "tensor",
-                lambda limit: TensorLoader(xt, yt, shard, "polish", False, limit=limit, **common))
+                lambda limit, batch: TensorLoader(xt, yt, replace(shard, eval_batch=batch), "polish", False,
+                                                  limit=limit, **common))
 
 
 def _folder(cfg: DataConfig, kind: str, shard: Shard, channels: int, num_classes: int, device,
@@ -115,7 +117,7 @@ def _folder(cfg: DataConfig, kind: str, shard: Shard, channels: int, num_classes
     if kind == "dali":
         from dstrain.data.dali import DaliLoader
 
-        def make(images: ImageList, mode: str, augment: bool, limit: int = 0):
+        def make(images: ImageList, mode: str, augment: bool, limit: int = 0, shard: Shard = shard):
             return DaliLoader(images, shard, mode, augment=augment, image_size=cfg.image_size,
                               val_resize=cfg.val_resize, area=cfg.random_area, aspect=cfg.random_aspect_ratio,
                               channels=channels, num_threads=cfg.num_workers, prefetch=cfg.prefetch,
@@ -126,10 +128,11 @@ def _folder(cfg: DataConfig, kind: str, shard: Shard, channels: int, num_classes
         transforms = torchvision_transforms(cfg.image_size, cfg.val_resize, cfg.random_area,
                                             cfg.random_aspect_ratio, channels)
 
-        def make(images: ImageList, mode: str, augment: bool, limit: int = 0):
+        def make(images: ImageList, mode: str, augment: bool, limit: int = 0, shard: Shard = shard):
             return TorchvisionLoader(images, shard, mode, transforms, augment=augment, num_workers=cfg.num_workers,
                                      pin_memory=cfg.pin_memory, prefetch=cfg.prefetch, device=device, limit=limit)
     log.info("data: %s loader, %d train / %d val images in %d classes from %s", kind, len(train_images),
              len(val_images), len(train_images.classes), cfg.root)
     return Data(make(train_images, "train", cfg.augment), make(val_images, "val", False), len(train_images),
-                len(val_images), kind, lambda limit: make(train_images, "polish", False, limit))
+                len(val_images), kind,
+                lambda limit, batch: make(train_images, "polish", False, limit, replace(shard, eval_batch=batch)))

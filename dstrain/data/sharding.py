@@ -14,7 +14,8 @@ once across ranks.
 Polish (training images with the val transform, used by Final Polishing): one
 fixed, seed-determined permutation that does not change between epochs (so the
 first N images are a class-balanced sample even when files are sorted by
-class), optionally cut to N images, then split like validation.
+class), optionally cut to N images, cut into whole batches, and the batches
+dealt to ranks in contiguous runs (see :func:`polish_batches`).
 """
 from __future__ import annotations
 
@@ -63,23 +64,31 @@ def val_range(n: int, rank: int, world: int) -> range:
     return range(rank * n // world, (rank + 1) * n // world)
 
 
-def polish_order(n: int, shard: Shard, limit: int = 0) -> torch.Tensor:
-    """This rank's indices of the polish set: the first ``limit`` (0 = all) of a fixed permutation."""
+def polish_batches(n: int, shard: Shard, limit: int = 0) -> list[torch.Tensor]:
+    """This rank's batches of the polish set (``shard.eval_batch`` images each).
+
+    The first ``limit`` (0 = all) images of a fixed permutation are cut into
+    whole batches (a short last batch is dropped unless it is the only one)
+    *before* the batches are dealt to ranks: every batch, hence every
+    batch-normalised activation of a BN refit, is the same on any number of ranks.
+    """
     g = torch.Generator().manual_seed(shard.seed * 100_003 + 99_991)
     order = torch.randperm(n, generator=g)[:limit or n]
-    r = val_range(len(order), shard.rank, shard.world)
-    return order[r.start:r.stop]
+    batches = list(order.split(shard.eval_batch)) if len(order) else []
+    if len(batches) > 1 and len(batches[-1]) < shard.eval_batch:
+        batches.pop()
+    mine = val_range(len(batches), shard.rank, shard.world)
+    return batches[mine.start:mine.stop]
 
 
 def index_lists(n: int, shard: Shard, mode: str, epoch: int = 0, limit: int = 0) -> list[torch.Tensor]:
     """This rank's batches of indices for ``mode`` (train | val | polish)."""
     if mode == "train":
         return epoch_order(n, shard, epoch)
-    if mode == "val":
-        r = val_range(n, shard.rank, shard.world)
-        idx = torch.arange(r.start, r.stop)
-    elif mode == "polish":
-        idx = polish_order(n, shard, limit)
-    else:
+    if mode == "polish":
+        return polish_batches(n, shard, limit)
+    if mode != "val":
         raise ValueError(f"mode {mode!r}: use one of {MODES}")
+    r = val_range(n, shard.rank, shard.world)
+    idx = torch.arange(r.start, r.stop)
     return list(idx.split(shard.eval_batch)) if len(idx) else []  # split() of an empty tensor gives [empty]
