@@ -38,8 +38,9 @@ def batches(sizes=(8, 8, 8, 5), seed: int = 1):
     return [torch.randn(n, 1, 12, 12, generator=g) * 2 + 0.5 for n in sizes]
 
 
-def reference_stats(model: nn.Module, xs) -> dict:
-    """Each BN layer's inputs over all batches (BN layers normalising with batch statistics), in float64."""
+def reference_stats(model: nn.Module, xs, forward=None) -> dict:
+    """Each BN layer's inputs over all batches (BN layers normalising with batch statistics), in float64.
+    (The pass updates the model's running statistics with BN's own momentum.)"""
     seen = {m: [] for m in bn_layers(model)}
     hooks = [m.register_forward_pre_hook(lambda mod, inp: seen[mod].append(inp[0].detach().double()))
              for m in seen]
@@ -48,7 +49,7 @@ def reference_stats(model: nn.Module, xs) -> dict:
         m.train()
     with torch.no_grad():
         for x in xs:
-            model(x)
+            (forward or model)(x)
     for h in hooks:
         h.remove()
     out = {}
@@ -111,22 +112,10 @@ def test_bf16_autocast_forward_accumulates_in_fp32():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return model(x)
     refit_bn(model, iter(xs), forward=forward, reduce=None)
-    refit_mean = bn_layers(model)[0].running_mean.clone()  # the pass below updates running stats (momentum 0.1)
-    seen = {m: [] for m in bn_layers(model)}
-    hooks = [m.register_forward_pre_hook(lambda mod, inp: seen[mod].append(inp[0].detach().double()))
-             for m in seen]
-    model.eval()
-    for m in seen:
-        m.train()
-    with torch.no_grad():
-        for x in xs:
-            forward(x)
-    for h in hooks:
-        h.remove()
-    conv_bn = bn_layers(model)[0]
-    flat = torch.cat([p.transpose(0, 1).reshape(p.shape[1], -1) for p in seen[conv_bn]], dim=1)
-    assert seen[conv_bn][0].dtype == torch.float64  # bf16 activations, compared exactly in float64
-    assert torch.allclose(refit_mean.double(), flat.mean(1), rtol=1e-5, atol=1e-6)
+    refit = [(m.running_mean.clone(), m.running_var.clone()) for m in bn_layers(model)]
+    for (mean, var), (ref_mean, ref_var) in zip(refit, reference_stats(model, xs, forward).values()):
+        assert torch.allclose(mean.double(), ref_mean, rtol=1e-5, atol=1e-6)  # bf16 activations, FP32/FP64 sums
+        assert torch.allclose(var.double(), ref_var, rtol=1e-5, atol=1e-6)
 
 
 def test_model_without_batchnorm_is_a_warned_no_op(caplog):
