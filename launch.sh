@@ -1,36 +1,19 @@
 #!/usr/bin/env bash
-# Launch dstrain across the nodes of a PBS (ABCI 3.0) or Slurm job, or on this machine.
+# Launch dstrain on this machine or across the nodes of a PBS (ABCI 3.0), Slurm or UGE job.
 #
-#   qsub -l select=4 -l walltime=2:00:00 -- ./launch.sh --deepspeed_config ds_configs/bf16.json \
-#        --config fashion_mnist batch.global_size=4096
-#   ./launch.sh ...                       # outside a scheduler: all local GPUs (or 1 CPU rank)
+#   ./launch.sh [--dry-run] [--launcher auto|pdsh|openmpi] [--iface ib0] [--gpus-per-node 8] \
+#       --deepspeed_config ds_configs/bf16.json --config imagenet_resnet50 data.root=/path
 #
-# Environment: GPUS_PER_NODE (default: nvidia-smi count, or 1), DSTRAIN_VENV (default .venv),
-# MASTER_PORT (default 29500), HOSTFILE (default: written to $TMPDIR from the scheduler's node list).
+# Inside a job it writes a DeepSpeed hostfile from the scheduler's node list ($PBS_NODEFILE,
+# $SLURM_JOB_NODELIST, $PE_HOSTFILE / $SGE_JOB_HOSTLIST), uses the first node as rendezvous and
+# runs `deepspeed --hostfile ... --launcher pdsh|openmpi dstrain/main.py ARGS`. Outside a job:
+# `deepspeed --num_gpus N` with N = local GPUs, or $DSTRAIN_CPU_RANKS CPU ranks (default 1).
+# --dry-run prints the hostfile and the exact command. Logic and options: dstrain/launch.py.
+# Environment: GPUS_PER_NODE, MASTER_PORT (29500), DSTRAIN_VENV (.venv), DSTRAIN_IFACE, TMPDIR.
+# Example ABCI 3.0 job script: hostfiles/abci_job.sh.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${DSTRAIN_VENV:-.venv}
-[[ -x "$VENV/bin/deepspeed" ]] || { echo "launch.sh: $VENV/bin/deepspeed missing; run ./run.sh setup first" >&2; exit 2; }
-
-if [[ -z "${GPUS_PER_NODE:-}" ]]; then
-    GPUS_PER_NODE=$(nvidia-smi -L 2>/dev/null | wc -l || true)
-    [[ "$GPUS_PER_NODE" -gt 0 ]] || GPUS_PER_NODE=1
-fi
-
-nodes=""
-if [[ -n "${PBS_NODEFILE:-}" && -f "$PBS_NODEFILE" ]]; then
-    nodes=$(sort -u "$PBS_NODEFILE")
-elif [[ -n "${SLURM_JOB_NODELIST:-}" ]]; then
-    nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
-fi
-
-if [[ -n "$nodes" && $(echo "$nodes" | wc -l) -gt 1 ]]; then
-    HOSTFILE=${HOSTFILE:-${TMPDIR:-/tmp}/dstrain-hostfile.$$}
-    echo "$nodes" | awk -v s="$GPUS_PER_NODE" 'NF {print $1 " slots=" s}' > "$HOSTFILE"
-    master=$(echo "$nodes" | head -n 1)
-    echo "launch.sh: $(echo "$nodes" | wc -l) nodes x $GPUS_PER_NODE GPUs, hostfile $HOSTFILE, master $master"
-    exec "$VENV/bin/deepspeed" --hostfile "$HOSTFILE" --master_addr "$master" \
-        --master_port "${MASTER_PORT:-29500}" dstrain/main.py "$@"
-fi
-echo "launch.sh: single node, $GPUS_PER_NODE processes"
-exec "$VENV/bin/deepspeed" --num_gpus "$GPUS_PER_NODE" --master_port "${MASTER_PORT:-29500}" dstrain/main.py "$@"
+PY="$VENV/bin/python"
+[[ -x "$PY" ]] || PY=$(command -v python3)
+exec "$PY" -m dstrain.launch "$@"

@@ -14,7 +14,9 @@ schedule. This module closes those gaps before DeepSpeed sees the dict:
   (``optim.*``) and two schedulers must never fight;
 * ``fp16.enabled`` without a CUDA device is rejected with the name of a config
   that runs on CPU;
-* a missing ``gradient_clipping`` is warned about (DeepSpeed would clip at 1.0).
+* a missing ``gradient_clipping`` is warned about (DeepSpeed would clip at 1.0);
+* a ``dstrain_communication`` block (our gradient sync, dstrain/comm.py) is
+  validated here and removed from what DeepSpeed sees.
 """
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ import torch
 
 from dstrain.config import ConfigError
 from dstrain.optim import LAYERWISE
+
+COMM_BLOCK = "dstrain_communication"  # ours (dstrain/comm.py): read by the trainer, removed before DeepSpeed
 
 log = logging.getLogger("dstrain")
 
@@ -72,7 +76,7 @@ def check(raw: dict, path: str | Path, cuda_available: bool | None = None) -> di
     """Validate a user JSON and return it without its ``_``-prefixed doc keys."""
     cfg = {k: copy.deepcopy(v) for k, v in raw.items() if not k.startswith("_")}
     for key in cfg:
-        if key not in DEEPSPEED_KEYS:
+        if key not in DEEPSPEED_KEYS and key != COMM_BLOCK:
             close = difflib.get_close_matches(key, DEEPSPEED_KEYS, n=1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
             raise ConfigError(f"{path}: unknown top-level key '{key}' (DeepSpeed would silently ignore it).{hint}")
@@ -103,6 +107,9 @@ def check(raw: dict, path: str | Path, cuda_available: bool | None = None) -> di
         raise ConfigError(f"{path}: optimizer {opt['type']} is layer-wise and needs zero_optimization.stage 0 "
                           f"(stage {stage} hands it flat partitions, so per-layer norms are meaningless). "
                           "Set \"zero_optimization\": {\"stage\": 0}.")
+    if COMM_BLOCK in cfg:
+        from dstrain import comm
+        comm.parse(cfg, str(path))  # every problem with the block is reported before anything starts
     if "gradient_clipping" not in cfg:
         log.warning("%s sets no gradient_clipping: DeepSpeed 0.19 then clips at 1.0. "
                     "Set \"gradient_clipping\": 0.0 to disable clipping explicitly.", path)
@@ -130,7 +137,7 @@ def for_engine(cfg: dict, micro: int, accumulation: int, world: int) -> dict:
     The optimizer block is removed: the trainer builds the optimizer itself
     (parameter groups by shape) and passes it as the client optimizer.
     """
-    out = {k: v for k, v in cfg.items() if k != "optimizer"}
+    out = {k: v for k, v in cfg.items() if k not in ("optimizer", COMM_BLOCK)}
     out.update(train_batch_size=micro * accumulation * world, train_micro_batch_size_per_gpu=micro,
                gradient_accumulation_steps=accumulation)
     out.setdefault("steps_per_print", 10**9)  # the trainer prints its own progress

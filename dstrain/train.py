@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from dstrain import checkpoint, dist, ds_config, polish
+from dstrain import checkpoint, comm, dist, ds_config, polish
 from dstrain.config import ConfigError, OptimConfig, TrainConfig, validate
 from dstrain.data import Shard, build_data
 from dstrain.losses import smoothed_cross_entropy
@@ -122,7 +122,7 @@ def loss_scale_of(engine) -> float | None:
 # ---------------------------------------------------------------- loop pieces
 def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state: TrainState, lr_fn, monitor: Monitor,
                 *, epochs: int, every: int, label_smoothing: float, dtype: torch.dtype,
-                fmt: torch.memory_format = torch.contiguous_format) -> dict:
+                fmt: torch.memory_format = torch.contiguous_format, grad_sync=None) -> dict:
     engine.train()
     loader.set_epoch(epoch)  # DeepSpeed never calls set_epoch; our loaders reshuffle from (seed, epoch)
     n_micro = len(loader)  # once: a folder loader's len() draws the epoch's permutation
@@ -140,6 +140,8 @@ def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state:
         logits = engine(x.to(dtype=dtype, memory_format=fmt))
         loss = smoothed_cross_entropy(logits, y, label_smoothing)
         engine.backward(loss)
+        if grad_sync is not None and (i + 1) % acc == 0:
+            grad_sync.sync()  # our all-reduce (dstrain/comm.py): the engine's is switched off
         engine.step()
         _accumulate(sums, loss.detach(), logits.detach(), y)
         window_loss += loss.detach().double() / acc
@@ -154,7 +156,8 @@ def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state:
             monitor.step(epoch=epoch, epochs=epochs, step=state.step, step_in_epoch=(i + 1) // acc,
                          steps_per_epoch=steps, loss=window_loss.item() / window_steps,  # host sync
                          lr=lr, global_batch=stage.global_size,
-                         images_per_sec=window_steps * stage.global_size / dt, loss_scale=loss_scale_of(engine))
+                         images_per_sec=window_steps * stage.global_size / dt, loss_scale=loss_scale_of(engine),
+                         comm_bytes=grad_sync.take_bytes() / window_steps if grad_sync is not None else None)
             window_loss.zero_()
             window_t0, window_steps = time.perf_counter(), 0
     loss_sum, top1, top5, n = dist.all_reduce_sum(sums).tolist()  # host sync, once per epoch
@@ -251,6 +254,12 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_cfg)
     if m.channels_last:  # after initialize: DeepSpeed's parameter broadcast needs NCHW-contiguous tensors
         engine.module.to(memory_format=torch.channels_last)
+    grad_sync = None
+    comm_cfg = comm.parse(user_ds, ds_path)
+    if comm_cfg is not None:  # our gradient sync replaces the engine's backward all-reduce
+        comm.grid_for(world, comm_cfg.grid) if comm_cfg.mode == "torus2d" else None  # a bad grid fails here
+        engine.enable_backward_allreduce = False
+        grad_sync = comm.GradientSync(comm_cfg, list(engine.module.parameters()), seed=cfg.seed)
     make_run_dir(run_dir)  # only now: a config or data error above leaves nothing behind
 
     o = cfg.optim
@@ -293,7 +302,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
                      epoch + 1, cfg.epochs, cfg.polish.last_epochs_without_augmentation)
         metrics = train_epoch(engine, optimizer, train_loader, epoch, stage, state, lr_fn, monitor,
                               epochs=cfg.epochs, every=cfg.log.every_steps, label_smoothing=o.label_smoothing,
-                              dtype=dtype, fmt=fmt)
+                              dtype=dtype, fmt=fmt, grad_sync=grad_sync)
         sync_bn_buffers(engine.module)  # eval and checkpoints see the same BN statistics on every rank
         last = epoch + 1 == cfg.epochs
         if last or (epoch + 1) % cfg.eval_every_epochs == 0:
@@ -317,6 +326,8 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     summary = make_summary(state, world, batch_at(cfg.epochs - 1, plan).global_size, precision)
     if polish_info:
         summary["polish"] = polish_info
+    if grad_sync is not None:
+        summary["comm"] = grad_sync.summary()
     if dist.is_main():
         checkpoint.atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         log.info("summary: final top-1 %.4f, best %.4f, %d epochs, %.1f s wall, %.0f img/s -> %s",

@@ -1,0 +1,183 @@
+"""Cluster launch: scheduler node list -> DeepSpeed hostfile -> the ``deepspeed`` command (used by launch.sh).
+
+    ./launch.sh [--dry-run] [--launcher auto|pdsh|openmpi] [--iface IFACE] [--gpus-per-node N] TRAINER ARGS...
+
+Node lists, first found wins:
+  PBS (ABCI 3.0)   $PBS_NODEFILE: one line per MPI process slot (``select=N:mpiprocs=8``);
+                   a host listed k times gets k slots
+  Slurm            $SLURM_JOB_NODELIST: ``node[01-04,07],gpu5``; slots = $SLURM_NTASKS_PER_NODE or GPUs
+  UGE (ABCI 2.0)   $PE_HOSTFILE (``host slots queue processors`` lines) or $SGE_JOB_HOSTLIST (one host per line)
+``--gpus-per-node`` (or $GPUS_PER_NODE) overrides the slot counts. One node, or no
+scheduler: ``deepspeed --num_gpus N`` on this machine, N = visible GPUs, or
+$DSTRAIN_CPU_RANKS CPU ranks (default 1) without a GPU. Several nodes: a hostfile,
+the first node as rendezvous (``--master_addr``), and a multi-node launcher: pdsh
+when installed, else OpenMPI's mpirun. ``--iface`` names the network interface
+for rendezvous and NCCL's bootstrap (NCCL_SOCKET_IFNAME, exported by DeepSpeed's
+launchers; for OpenMPI also ``--mca btl_tcp_if_include``, which DeepSpeed
+otherwise sets to eth0).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class LaunchError(Exception):
+    """A problem with the job environment; the message says what to fix."""
+
+
+def expand_slurm(nodelist: str) -> list[str]:
+    """``a[01-03,07],b5`` -> [a01, a02, a03, a07, b5] (what ``scontrol show hostnames`` prints)."""
+    hosts = []
+    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist):
+        prefix, ranges = match.group(1), match.group(2)
+        if not ranges:
+            hosts.append(prefix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            width = len(lo)
+            for i in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{i:0{width}d}")
+    return hosts
+
+
+def _read_lines(path: str, var: str) -> list[str]:
+    try:
+        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    except OSError as err:
+        raise LaunchError(f"${var}={path}: cannot read the node list ({err.strerror})") from None
+    if not lines:
+        raise LaunchError(f"${var}={path}: the node list is empty; is this a multi-node job allocation?")
+    return lines
+
+
+def scheduler_nodes(env: dict) -> tuple[str, list[tuple[str, int]]] | None:
+    """(scheduler name, [(host, slots), ...] in order) from the job environment, or None outside a job."""
+    if env.get("PBS_NODEFILE"):
+        counts = OrderedDict()
+        for host in _read_lines(env["PBS_NODEFILE"], "PBS_NODEFILE"):
+            counts[host] = counts.get(host, 0) + 1
+        return "pbs", list(counts.items())
+    if env.get("SLURM_JOB_NODELIST"):
+        hosts = expand_slurm(env["SLURM_JOB_NODELIST"])
+        if not hosts:
+            raise LaunchError(f"$SLURM_JOB_NODELIST={env['SLURM_JOB_NODELIST']!r}: no hosts in it")
+        tasks = re.match(r"\d+", env.get("SLURM_NTASKS_PER_NODE", ""))  # "8" or "8(x2)"
+        per = int(tasks.group(0)) if tasks else 0
+        return "slurm", [(h, per) for h in OrderedDict.fromkeys(hosts)]
+    if env.get("PE_HOSTFILE"):
+        rows = [line.split() for line in _read_lines(env["PE_HOSTFILE"], "PE_HOSTFILE")]
+        return "uge", [(r[0], int(r[1]) if len(r) > 1 and r[1].isdigit() else 0) for r in rows]
+    if env.get("SGE_JOB_HOSTLIST"):
+        counts = OrderedDict()
+        for host in _read_lines(env["SGE_JOB_HOSTLIST"], "SGE_JOB_HOSTLIST"):
+            counts[host.split()[0]] = counts.get(host.split()[0], 0) + 1
+        return "uge", list(counts.items())
+    return None
+
+
+def hostfile_text(nodes: list[tuple[str, int]], gpus_per_node: int | None) -> str:
+    lines = []
+    for host, slots in nodes:
+        slots = gpus_per_node or slots
+        if slots < 1:
+            raise LaunchError(f"no slot count for {host}: set GPUS_PER_NODE (or --gpus-per-node)")
+        lines.append(f"{host} slots={slots}")
+    return "\n".join(lines) + "\n"
+
+
+def local_gpus() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def pick_launcher(choice: str) -> str:
+    if choice != "auto":
+        if shutil.which("pdsh" if choice == "pdsh" else "mpirun") is None:
+            raise LaunchError(f"--launcher {choice}: {'pdsh' if choice == 'pdsh' else 'mpirun'} is not on PATH")
+        return choice
+    if shutil.which("pdsh"):
+        return "pdsh"
+    if shutil.which("mpirun"):
+        return "openmpi"
+    raise LaunchError("several nodes but neither pdsh nor mpirun is on PATH: load an MPI module "
+                      "(ABCI: `module load hpcx`) or install pdsh")
+
+
+def build(args: argparse.Namespace, env: dict, deepspeed: str) -> tuple[list[str], str | None, dict]:
+    """(command, hostfile text or None, extra environment)."""
+    gpus = args.gpus_per_node or int(env.get("GPUS_PER_NODE", "0") or 0) or None
+    port = env.get("MASTER_PORT", "29500")
+    extra_env = {"NCCL_SOCKET_IFNAME": args.iface} if args.iface else {}
+    found = scheduler_nodes(env)
+    trainer = ["dstrain/main.py", *args.trainer_args]
+    if found is None or len(found[1]) == 1:
+        n = gpus or (found[1][0][1] if found and found[1][0][1] else 0) or local_gpus() \
+            or int(env.get("DSTRAIN_CPU_RANKS", "1"))
+        return [deepspeed, "--num_gpus", str(n), "--master_port", port, *trainer], None, extra_env
+    _, nodes = found
+    text = hostfile_text(nodes, gpus)
+    launcher = pick_launcher(args.launcher)
+    cmd = [deepspeed, "--hostfile", args.hostfile, "--master_addr", nodes[0][0], "--master_port", port,
+           "--launcher", launcher]
+    if launcher == "openmpi" and args.iface:
+        cmd += ["--launcher_args", f"--mca btl_tcp_if_include {args.iface}"]
+    return cmd + trainer, text, extra_env
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="launch.sh", description=__doc__.split("\n\n")[0], add_help=True)
+    p.add_argument("--dry-run", action="store_true", help="print the hostfile and the command, run nothing")
+    p.add_argument("--launcher", choices=("auto", "pdsh", "openmpi"), default="auto")
+    p.add_argument("--iface", default=os.environ.get("DSTRAIN_IFACE", ""), help="network interface (e.g. ib0)")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="slots per node (default: from the scheduler)")
+    p.add_argument("--hostfile", default="", help="where to write the hostfile (default: $TMPDIR)")
+    args, rest = p.parse_known_args(argv)
+    args.trainer_args = rest
+    if not args.hostfile:
+        args.hostfile = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"dstrain-hostfile.{os.getpid()}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    venv = Path(os.environ.get("DSTRAIN_VENV", REPO / ".venv"))
+    deepspeed = str(venv / "bin" / "deepspeed")
+    try:
+        cmd, hostfile, extra_env = build(args, dict(os.environ), deepspeed)
+    except LaunchError as err:
+        print(f"launch.sh: error: {err}", file=sys.stderr)
+        return 2
+    env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra_env.items())
+    if hostfile is not None:
+        print(f"launch.sh: {hostfile.count(chr(10))} nodes, hostfile {args.hostfile}:\n{hostfile}", end="")
+    print(f"launch.sh: {(env_text + ' ') if env_text else ''}{shlex.join(cmd)}", flush=True)
+    if args.dry_run:
+        return 0
+    if not Path(deepspeed).exists():
+        print(f"launch.sh: error: {deepspeed} missing; run ./run.sh setup first", file=sys.stderr)
+        return 2
+    if hostfile is not None:
+        Path(args.hostfile).write_text(hostfile)
+    os.chdir(REPO)
+    os.execve(deepspeed, cmd, {**os.environ, **extra_env})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

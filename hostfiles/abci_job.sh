@@ -1,0 +1,16 @@
+#!/bin/bash
+# Example ABCI 3.0 (PBS Professional) job: 4 nodes x 8 H200, ResNet-50 with LARS at batch 32K.
+# Submit from the repository root:   qsub -P <group> hostfiles/abci_job.sh
+# PBS lists each node once per MPI process (mpiprocs=8), so launch.sh gives each node 8 slots.
+#PBS -q rt_HF
+#PBS -l select=4:mpiprocs=8
+#PBS -l walltime=12:00:00
+#PBS -j oe
+set -euo pipefail
+cd "${PBS_O_WORKDIR:-.}"
+source /etc/profile.d/modules.sh
+module load hpcx          # mpirun for DeepSpeed's openmpi launcher (pdsh is not on ABCI compute nodes)
+export NCCL_IB_HCA=mlx5   # InfiniBand NDR between nodes
+./launch.sh --launcher openmpi --iface "${DSTRAIN_IFACE:?set it to the node's InfiniBand interface, see ip -br link}" \
+    --deepspeed_config ds_configs/lars_bf16.json --config imagenet_resnet50_lars \
+    data.root=/groups/<group>/imagenet run_dir=runs/rn50-lars-32k

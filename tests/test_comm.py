@@ -1,0 +1,201 @@
+"""The gradient-sync layer (dstrain/comm.py) on gloo: 2D-Torus equals all_reduce, compression identities."""
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dstrain import comm
+from dstrain.config import ConfigError
+from dstrain.dist import free_port
+from tests.conftest import TINY, deepspeed_launcher, run_cli
+
+SIZES = (1, 7, 1001, 4099, 33)   # odd sizes; bucket_mb below makes several buckets
+
+
+def _params(rank: int, sizes=SIZES, seed: int = 0) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    params = []
+    for n in sizes:
+        p = torch.nn.Parameter(torch.zeros(n))
+        p.grad = torch.randn(n, generator=g) * (rank + 1)
+        params.append(p)
+    return params
+
+
+def _torus_worker(rank: int, world: int, port: int, grids, out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    reference = [p.grad.clone() for p in _params(rank)]
+    for t in reference:
+        dist.all_reduce(t)
+        t.div_(world)
+    for grid in grids:
+        params = _params(rank)
+        sync = comm.GradientSync(comm.CommConfig(mode="torus2d", grid=list(grid), bucket_mb=0.01), params)
+        sync.sync()
+        err = max(float((p.grad - r).abs().max()) for p, r in zip(params, reference))
+        out[(tuple(grid), rank)] = (err, sync.take_bytes())
+    dist.destroy_process_group()
+
+
+def _spawn(fn, world: int, *args) -> dict:
+    out = mp.Manager().dict()
+    mp.spawn(fn, args=(world, free_port(), *args, out), nprocs=world, join=True)
+    return dict(out)
+
+
+@pytest.mark.parametrize("world, grids", [(4, [(2, 2), (1, 4), (4, 1)]), (6, [(2, 3), (3, 2)])])
+def test_torus2d_equals_all_reduce(world, grids):
+    out = _spawn(_torus_worker, world, grids)
+    n_bytes = sum(SIZES) * 4
+    for grid in grids:
+        for rank in range(world):
+            err, sent = out[(grid, rank)]
+            assert err < 1e-5, (grid, rank, err)
+            x, y = grid
+            # bandwidth-optimal: 2(X-1)/X in the row + the column ring on a 1/X chunk (+ rounding of odd chunks)
+            expected = 2 * (x - 1) / x * n_bytes + 2 * (y - 1) / y * n_bytes / x
+            assert sent == pytest.approx(expected, rel=0.02, abs=64), (grid, rank)
+
+
+def _compression_worker(rank: int, world: int, port: int, mode: str, compression: str, out) -> None:
+    """T steps of fresh gradients; error feedback makes sum(outputs) = mean(sum grads) - mean(final errors)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(rank)
+    shapes = [(16, 12), (12,), (8, 3, 3, 3), (40, 9)]
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    cfg = comm.CommConfig(mode=mode, grid="auto", compression=compression, powersgd_rank=2, bucket_mb=0.002)
+    sync = comm.GradientSync(cfg, params, seed=3)
+    total_in = [torch.zeros(s) for s in shapes]
+    total_out = [torch.zeros(s) for s in shapes]
+    for step in range(5):
+        for p, acc in zip(params, total_in):
+            p.grad = torch.randn(p.shape) + step
+            acc += p.grad
+        sync.sync()
+        for p, acc in zip(params, total_out):
+            acc += p.grad
+    # the error each rank carries into the next step, in the parameters' shapes
+    if compression == "powersgd":
+        errors = [sync.state.error[k].view(s) if k in sync.state.error else torch.zeros(s)
+                  for k, s in enumerate(shapes)]
+    else:  # per bucket of the flattened gradients, buckets in parameter order
+        flat = torch.cat([sync.state.error[k] for k in sorted(sync.state.error)])
+        errors = [e.view(s) for e, s in zip(flat.split([torch.Size(s).numel() for s in shapes]), shapes)]
+    for t in total_in + errors:
+        dist.all_reduce(t)
+        t.div_(world)
+    out[rank] = ([t.clone() for t in total_out], total_in, errors, sync.summary())
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode, compression", [("allreduce", "sign"), ("allreduce", "powersgd")])
+def test_compression_with_error_feedback_loses_nothing_over_steps(mode, compression):
+    out = _spawn(_compression_worker, 2, mode, compression)
+    outs, ins, errs, summary = out[0]
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(outs, out[1][0]))  # every rank: same gradients
+    for got, mean_in, mean_err in zip(outs, ins, errs):
+        assert torch.allclose(got, mean_in - mean_err, atol=1e-4)  # telescoping: nothing lost, only delayed
+    assert not all(torch.allclose(got, mean_in, atol=1e-2) for got, mean_in in zip(outs, ins))  # it compressed
+    n_bytes = sum(t.numel() for t in ins) * 4  # what an uncompressed ring all-reduce sends: 2(W-1)/W x n_bytes
+    assert summary["bytes_sent_per_step"] < n_bytes / (16 if compression == "sign" else 1.5)
+
+
+def _powersgd_full_rank_worker(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(rank)
+    p = torch.nn.Parameter(torch.zeros(6, 4))
+    p.grad = torch.randn(6, 4)
+    ref = p.grad.clone()
+    dist.all_reduce(ref)
+    sync = comm.GradientSync(comm.CommConfig(compression="powersgd", powersgd_rank=3), [p])  # rank 3 < min(6, 4)
+    sync.sync()
+    out[rank] = (p.grad.clone(), ref / world)
+    dist.destroy_process_group()
+
+
+def test_powersgd_output_is_a_low_rank_approximation_of_the_mean():
+    out = _spawn(_powersgd_full_rank_worker, 2)
+    got, ref = out[0]
+    assert torch.linalg.matrix_rank(got) <= 3
+    assert float((got - ref).norm()) < float(ref.norm())  # a good approximation of the mean
+
+
+def test_sign_pack_roundtrip():
+    v = torch.tensor([0.5, -1.0, 0.0, -0.0, 3.0, -2.0, 1e-9, -1e-9, 7.0, -7.0, 0.1])
+    signs = comm.unpack_signs(comm.pack_signs(v), len(v))
+    assert signs.tolist() == [1, -1, 1, 1, 1, -1, 1, -1, 1, -1, 1]
+
+
+@pytest.mark.parametrize("world, expected", [(1, (1, 1)), (4, (2, 2)), (6, (3, 2)), (8, (4, 2)), (7, (7, 1)),
+                                             (4096, (64, 64)), (512, (32, 16))])
+def test_auto_grid_is_the_most_square_factorisation(world, expected):
+    assert comm.grid_for(world, "auto") == expected
+
+
+def test_grid_that_does_not_match_the_world_is_a_clear_error():
+    with pytest.raises(ConfigError, match=r"grid=\[2, 3\] needs 6 ranks but the world size is 4"):
+        comm.grid_for(4, [2, 3])
+
+
+@pytest.mark.parametrize("block, extra, match", [
+    ({"mode": "ring"}, {}, "mode='ring'"),
+    ({"compression": "topk"}, {}, "compression='topk'"),
+    ({"mode": "torus2d", "compression": "powersgd"}, {}, "does not compose"),
+    ({"grid": [2]}, {}, "grid"),
+    ({"bucket_mb": 0}, {}, "bucket_mb"),
+    ({"mdoe": "torus2d"}, {}, "unknown key 'mdoe'"),
+    ({"mode": "torus2d"}, {"zero_optimization": {"stage": 1}}, "ZeRO stages > 0"),
+    ({"mode": "torus2d"}, {"bf16": {"enabled": True}}, "torch_autocast"),
+    ({}, {"communication_data_type": "fp8"}, "communication_data_type='fp8'"),
+])
+def test_bad_blocks_are_rejected_naming_the_key(block, extra, match):
+    with pytest.raises(ConfigError, match=match):
+        comm.parse({"dstrain_communication": block, **extra}, "x.json")
+
+
+def test_shipped_comm_configs_parse():
+    from dstrain import ds_config
+    from tests.conftest import REPO
+    names = ["comm_torus2d", "comm_sign", "comm_powersgd", "comm_torus2d_sign", "bf16_comm_bf16"]
+    for name in names:
+        cfg = ds_config.load(REPO / "ds_configs" / f"{name}.json", cuda_available=False)
+        assert "dstrain_communication" not in ds_config.for_engine(cfg, 8, 1, 2)
+
+
+# ---------------------------------------------------------------- through the launcher
+def _final_weights(run_dir):
+    ckpt = run_dir / "checkpoints"
+    tag = (ckpt / "latest").read_text().strip()
+    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+
+
+@pytest.mark.slow
+def test_training_with_torus2d_gives_the_default_weights_and_compression_logs_bytes(fake_fmnist, tmp_path):
+    from tests.conftest import REPO
+    sign = json.loads((REPO / "ds_configs" / "comm_sign.json").read_text())
+    sign["dstrain_communication"]["warmup_steps"] = 0  # compress from the first step of this short run
+    (tmp_path / "comm_sign.json").write_text(json.dumps(sign))
+    runs = {}
+    for name in ("fp32", "comm_torus2d", "comm_sign", "bf16_comm_bf16"):
+        run_dir = tmp_path / name
+        path = tmp_path / "comm_sign.json" if name == "comm_sign" else f"ds_configs/{name}.json"
+        proc = run_cli(["--deepspeed_config", str(path), *TINY, "epochs=1",
+                        f"data.root={fake_fmnist}", f"run_dir={run_dir}"], launcher=deepspeed_launcher(2))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[name] = (json.loads((run_dir / "summary.json").read_text()), _final_weights(run_dir), proc.stdout)
+    base = runs["fp32"][1]
+    torus_summary, torus, torus_log = runs["comm_torus2d"]
+    for key in base:  # our torus on 2 ranks (a 2x1 grid: ring reduce-scatter + all-gather) = DeepSpeed's all-reduce
+        assert torch.allclose(base[key].float(), torus[key].float(), rtol=1e-5, atol=1e-6), key
+    assert torus_summary["comm"]["mode"] == "torus2d" and torus_summary["comm"]["bytes_sent_per_step"] > 0
+    assert "gradient sync: torus2d 2x1" in torus_log and "MiB/step" in torus_log
+    sign_summary = runs["comm_sign"][0]
+    assert sign_summary["comm"]["compression"] == "sign"
+    assert sign_summary["comm"]["bytes_sent_per_step"] < torus_summary["comm"]["bytes_sent_per_step"] / 8
+    assert runs["bf16_comm_bf16"][0]["final_top1"] > 0.2  # DeepSpeed's own bf16 gradient all-reduce trains
