@@ -187,13 +187,17 @@ class GradientSync:
         if compress and self.cfg.compression == "powersgd":
             self._powersgd(grads)
             return
+        if not compress:
+            self._sync_buckets(grads, lambda flat, key: self._uncompressed(flat))
+        elif self.cfg.mode == "torus2d":
+            self._sync_buckets(grads, self._sign_torus)
+        else:
+            self._sync_buckets(grads, self._sign_allreduce)
+
+    def _sync_buckets(self, grads: list[torch.Tensor], reduce) -> None:
+        """Flatten each bucket, ``reduce(flat, bucket index)``, copy the result back into the grads."""
         for key, bucket in enumerate(self._buckets(grads)):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            if compress:
-                out = self._sign_torus(flat, key) if self.cfg.mode == "torus2d" else self._sign_allreduce(flat, key)
-            else:
-                out = self._uncompressed(flat)
-            offset = 0
+            out, offset = reduce(torch.cat([g.reshape(-1) for g in bucket]), key), 0
             for g in bucket:
                 g.copy_(out[offset:offset + g.numel()].view_as(g))
                 offset += g.numel()
@@ -213,13 +217,12 @@ class GradientSync:
         self.total_bytes += int(n)
 
     def _any_nonfinite(self, grads: list[torch.Tensor]) -> bool:
-        local = torch.zeros(1, device=grads[0].device if grads else "cpu")
-        for g in grads:
-            if not torch.isfinite(g).all():
-                local.fill_(1.0)
-                break
-        dist.all_reduce(local, op=dist.ReduceOp.MAX)  # host sync: once per step, only when compressing
-        return bool(local.item())
+        if not grads:
+            local = torch.zeros(1)
+        else:  # one device reduction, no host sync per tensor
+            local = (~torch.stack([torch.isfinite(g).all() for g in grads]).all()).float().reshape(1)
+        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+        return bool(local.item())  # host sync: once per step, only when compressing
 
     def _buckets(self, grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
         limit = int(self.cfg.bucket_mb * 2 ** 20 / 4)
@@ -363,9 +366,4 @@ class GradientSync:
             self.state.error[key] = mat - approx
             self.state.q[key] = q
             g.copy_(approx.view_as(g))
-        for bucket in self._buckets(small):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            out, offset = self._uncompressed(flat), 0
-            for g in bucket:
-                g.copy_(out[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+        self._sync_buckets(small, lambda flat, key: self._uncompressed(flat))

@@ -61,13 +61,18 @@ def _read_lines(path: str, var: str) -> list[str]:
     return lines
 
 
+def _slots_by_repeats(hosts: list[str]) -> list[tuple[str, int]]:
+    """A host listed k times gets k slots; first-seen order."""
+    counts = OrderedDict()
+    for host in hosts:
+        counts[host] = counts.get(host, 0) + 1
+    return list(counts.items())
+
+
 def scheduler_nodes(env: dict) -> tuple[str, list[tuple[str, int]]] | None:
     """(scheduler name, [(host, slots), ...] in order) from the job environment, or None outside a job."""
     if env.get("PBS_NODEFILE"):
-        counts = OrderedDict()
-        for host in _read_lines(env["PBS_NODEFILE"], "PBS_NODEFILE"):
-            counts[host] = counts.get(host, 0) + 1
-        return "pbs", list(counts.items())
+        return "pbs", _slots_by_repeats(_read_lines(env["PBS_NODEFILE"], "PBS_NODEFILE"))
     if env.get("SLURM_JOB_NODELIST"):
         hosts = expand_slurm(env["SLURM_JOB_NODELIST"])
         if not hosts:
@@ -79,10 +84,8 @@ def scheduler_nodes(env: dict) -> tuple[str, list[tuple[str, int]]] | None:
         rows = [line.split() for line in _read_lines(env["PE_HOSTFILE"], "PE_HOSTFILE")]
         return "uge", [(r[0], int(r[1]) if len(r) > 1 and r[1].isdigit() else 0) for r in rows]
     if env.get("SGE_JOB_HOSTLIST"):
-        counts = OrderedDict()
-        for host in _read_lines(env["SGE_JOB_HOSTLIST"], "SGE_JOB_HOSTLIST"):
-            counts[host.split()[0]] = counts.get(host.split()[0], 0) + 1
-        return "uge", list(counts.items())
+        lines = _read_lines(env["SGE_JOB_HOSTLIST"], "SGE_JOB_HOSTLIST")
+        return "uge", _slots_by_repeats([line.split()[0] for line in lines])
     return None
 
 

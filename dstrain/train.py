@@ -227,6 +227,9 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     user_ds = ds_config.load(ds_path)
     precision = ds_config.precision(user_ds)
     plan = batch_plan(cfg.batch.global_size, cfg.batch.micro_per_rank, cfg.batch.ramp, world, cfg.epochs)
+    comm_cfg = comm.parse(user_ds, ds_path)
+    if comm_cfg is not None and comm_cfg.mode == "torus2d":
+        comm.grid_for(world, comm_cfg.grid)  # a grid that does not fit the world fails before anything starts
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     run_dir = choose_run_dir(cfg)
     device = torch.device("cuda", dist.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
@@ -255,9 +258,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     if m.channels_last:  # after initialize: DeepSpeed's parameter broadcast needs NCHW-contiguous tensors
         engine.module.to(memory_format=torch.channels_last)
     grad_sync = None
-    comm_cfg = comm.parse(user_ds, ds_path)
     if comm_cfg is not None:  # our gradient sync replaces the engine's backward all-reduce
-        comm.grid_for(world, comm_cfg.grid) if comm_cfg.mode == "torus2d" else None  # a bad grid fails here
         engine.enable_backward_allreduce = False
         grad_sync = comm.GradientSync(comm_cfg, list(engine.module.parameters()), seed=cfg.seed)
     make_run_dir(run_dir)  # only now: a config or data error above leaves nothing behind

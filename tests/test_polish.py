@@ -176,7 +176,7 @@ def test_set_augment_false_gives_the_plain_images():
     augmented, _ = next(iter(loader))
     loader.set_augment(False)
     plain, _ = next(iter(loader))
-    order = torch.cat(list(loader._index_lists()))
+    order = torch.cat(list(loader.batches()))
     assert torch.allclose(plain, images[order].float() / 255)
     assert not torch.allclose(augmented, plain)
 

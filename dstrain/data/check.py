@@ -17,25 +17,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 
-def decode_error(path: str) -> str | None:
-    """None when PIL decodes the whole file, else the reason."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as img:
-            img.load()
-    except (OSError, ValueError, SyntaxError) as err:
-        return str(err) or type(err).__name__
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dstrain.data.check", description=__doc__.split("\n\n")[0])
     p.add_argument("root", help="folder holding train/<class>/ and val/<class>/")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decode processes")
     args = p.parse_args(argv)
     from dstrain.config import ConfigError
-    from dstrain.data.folder import scan_folder
+    from dstrain.data.folder import decode_error, scan_folder
 
     try:
         splits = scan_folder(args.root)

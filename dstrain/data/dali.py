@@ -36,8 +36,9 @@ from dstrain.data.folder import (
     CorruptImageError,
     ImageList,
     corrupt_image_message,
+    decode_error,
 )
-from dstrain.data.sharding import Shard, index_lists
+from dstrain.data.sharding import Shard, ShardedBatches
 
 log = logging.getLogger("dstrain")
 
@@ -50,28 +51,15 @@ def dali_available() -> bool:
     return True
 
 
-def find_undecodable(files: list[str]) -> list[str]:
-    """The files PIL cannot decode (used to name the culprit when a DALI batch fails)."""
-    from PIL import Image
-
-    bad = []
-    for path in files:
-        try:
-            with Image.open(path) as img:
-                img.load()
-        except (OSError, ValueError, SyntaxError):
-            bad.append(path)
-    return bad
-
-
-class DaliLoader:
+class DaliLoader(ShardedBatches):
     """One split of an image folder through DALI; iteration yields (images, labels) on ``device``."""
 
     def __init__(self, images: ImageList, shard: Shard, mode: str, *, augment: bool, image_size: int,
                  val_resize: int, area: tuple[float, float], aspect: tuple[float, float], channels: int,
                  num_threads: int, prefetch: int, device, dtype: torch.dtype = torch.float32,
                  channels_last: bool = False, limit: int = 0):
-        self.images, self.shard, self.mode, self.limit = images, shard, mode, limit
+        super().__init__(len(images), shard, mode, limit)
+        self.images = images
         self.augment = augment and mode == "train"
         self.image_size, self.val_resize = image_size, val_resize
         self.area, self.aspect = tuple(area), tuple(aspect)
@@ -79,19 +67,9 @@ class DaliLoader:
         self.num_threads, self.prefetch = max(1, num_threads), max(1, prefetch)
         self.device = torch.device(device)
         self.dtype = torch.float16 if dtype == torch.float16 else torch.float32
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def set_augment(self, augment: bool) -> None:
         self.augment = augment and self.mode == "train"
-
-    def _batches(self) -> list[torch.Tensor]:
-        return index_lists(len(self.images), self.shard, self.mode, self.epoch, self.limit)
-
-    def __len__(self) -> int:
-        return len(self._batches())
 
     def _build(self, files: list[str], labels: list[int], batch_size: int, seed: int):
         """A pipeline that reads ``files`` in this order (DALI's reader threads), then decodes and transforms."""
@@ -132,13 +110,12 @@ class DaliLoader:
         resumed run draws the same crops as an uninterrupted one."""
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
-        batches = self._batches()
+        batches = self.batches()
         if not batches:
             return
         order = torch.cat(batches).tolist()
-        seed = ((self.shard.seed * 1_000_003 + self.epoch) * 1024 + self.shard.rank) % 2 ** 31
         pipe = self._build([self.images.files[i] for i in order], self.images.labels[order].tolist(),
-                           len(batches[0]), seed)
+                           len(batches[0]), self.augment_seed() % 2 ** 31)  # DALI seeds are int32
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         for k, batch in enumerate(batches):
             try:
@@ -156,7 +133,7 @@ class DaliLoader:
 
     def _decode_error(self, err: RuntimeError, in_flight: list[torch.Tensor]) -> Exception:
         suspects = [self.images.files[i] for batch in in_flight for i in batch.tolist()]
-        bad = find_undecodable(suspects)
+        bad = [path for path in suspects if decode_error(path) is not None]  # name the culprit
         reason = str(err).strip().splitlines()[-1] if str(err).strip() else "DALI decode failed"
         if bad:
             extra = f" (and {len(bad) - 1} more nearby)" if len(bad) > 1 else ""

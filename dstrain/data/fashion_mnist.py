@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from dstrain.config import FASHION_MNIST_DEFAULT_ROOT, ConfigError
-from dstrain.data.sharding import Shard, index_lists
+from dstrain.data.sharding import Shard, ShardedBatches
 
 log = logging.getLogger("dstrain")
 
@@ -81,7 +81,7 @@ def load_fashion_mnist(root: str, download: bool) -> dict[str, tuple[torch.Tenso
     return out
 
 
-class TensorLoader:
+class TensorLoader(ShardedBatches):
     """Batches from uint8 images held in memory; augmentation is vectorised over the batch.
 
     ``mode`` is train, val or polish (see dstrain/data/sharding.py). Training
@@ -92,22 +92,13 @@ class TensorLoader:
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, shard: Shard, mode: str, augment: bool,
                  mean: float, std: float, channels: int, device: torch.device | str = "cpu", limit: int = 0):
-        self.images, self.labels, self.shard, self.mode, self.limit = images, labels, shard, mode, limit
+        super().__init__(len(images), shard, mode, limit)
+        self.images, self.labels = images, labels
         self.augment = augment and mode == "train"
         self.mean, self.std, self.channels, self.device = mean, std, channels, torch.device(device)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def set_augment(self, augment: bool) -> None:
         self.augment = augment and self.mode == "train"
-
-    def _index_lists(self) -> list[torch.Tensor]:
-        return index_lists(len(self.images), self.shard, self.mode, self.epoch, self.limit)
-
-    def __len__(self) -> int:
-        return len(self._index_lists())
 
     def _augment(self, x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         b, _, h, w = x.shape
@@ -122,8 +113,8 @@ class TensorLoader:
         return torch.where(flip[:, None, None, None], x.flip(3), x)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        g = torch.Generator().manual_seed((self.shard.seed * 1_000_003 + self.epoch) * 1024 + self.shard.rank)
-        for idx in self._index_lists():
+        g = torch.Generator().manual_seed(self.augment_seed())
+        for idx in self.batches():
             x = self.images[idx].float().div_(255)
             if self.augment:
                 x = self._augment(x, g)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from dstrain.config import ConfigError
-from dstrain.data.sharding import Shard, index_lists
+from dstrain.data.sharding import Shard, ShardedBatches
 
 log = logging.getLogger("dstrain")
 
@@ -36,6 +36,19 @@ class CorruptImageError(ConfigError):
 def corrupt_image_message(path: str, reason: str) -> str:
     return (f"corrupt image: {path} ({reason}). Replace or delete the file "
             "(`python -m dstrain.data.check ROOT` lists every undecodable file).")
+
+
+def decode_error(path: str) -> str | None:
+    """None when PIL decodes the whole file, else the reason (the one decode check: the check tool
+    and the DALI loader's culprit search both use it)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            img.load()
+    except (OSError, ValueError, SyntaxError) as err:  # what PIL raises for bad or truncated files
+        return str(err) or type(err).__name__
+    return None
 
 
 @dataclass
@@ -133,21 +146,12 @@ def torchvision_transforms(image_size: int, val_resize: int, area: tuple[float, 
     return train, val
 
 
-class ShardBatchSampler(torch.utils.data.Sampler):
+class ShardBatchSampler(ShardedBatches, torch.utils.data.Sampler):
     """Batches of indices from dstrain.data.sharding; owns the epoch (no reference back to the loader:
     a cycle would leave the DataLoader's workers to the garbage collector, whose shutdown waits 5 s)."""
 
-    def __init__(self, n: int, shard: Shard, mode: str, limit: int):
-        self.n, self.shard, self.mode, self.limit, self.epoch = n, shard, mode, limit, 0
-
-    def batches(self) -> list[torch.Tensor]:
-        return index_lists(self.n, self.shard, self.mode, self.epoch, self.limit)
-
     def __iter__(self):
         return iter([batch.tolist() for batch in self.batches()])
-
-    def __len__(self) -> int:
-        return len(self.batches())
 
 
 class TorchvisionLoader:

@@ -92,3 +92,27 @@ def index_lists(n: int, shard: Shard, mode: str, epoch: int = 0, limit: int = 0)
     r = val_range(n, shard.rank, shard.world)
     idx = torch.arange(r.start, r.stop)
     return list(idx.split(shard.eval_batch)) if len(idx) else []  # split() of an empty tensor gives [empty]
+
+
+class ShardedBatches:
+    """What every loader shares: the data set size, its shard and mode, the epoch, and the epoch's
+    index batches (:func:`index_lists`); ``len()`` counts this rank's micro batches.
+
+    Read at each call, so a batch-size ramp (``shard.accumulation``) needs no new loader.
+    """
+
+    def __init__(self, n: int, shard: Shard, mode: str, limit: int = 0):
+        self.n, self.shard, self.mode, self.limit, self.epoch = n, shard, mode, limit, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self) -> list[torch.Tensor]:
+        return index_lists(self.n, self.shard, self.mode, self.epoch, self.limit)
+
+    def __len__(self) -> int:
+        return len(self.batches())
+
+    def augment_seed(self) -> int:
+        """The seed of this epoch's random crops and flips on this rank: a resumed run redraws the same."""
+        return (self.shard.seed * 1_000_003 + self.epoch) * 1024 + self.shard.rank
