@@ -13,7 +13,9 @@ def case_files(tmp_path):
     bad.write_text(BAD_JSON)
     bf16 = tmp_path / "bf16_cast.json"
     bf16.write_text('{"bf16": {"enabled": true}, "gradient_clipping": 0.0}')
-    return {"bad_json": str(bad), "bf16_cast": str(bf16)}
+    grid = tmp_path / "grid.json"
+    grid.write_text('{"gradient_clipping": 0.0, "dstrain_communication": {"mode": "torus2d", "grid": [2, 2]}}')
+    return {"bad_json": str(bad), "bf16_cast": str(bf16), "grid": str(grid)}
 
 
 CASES = [
@@ -36,6 +38,8 @@ CASES = [
     ("unknown loader", ["data.loader=ffcv"], "data.loader='ffcv'"),
     ("impossible crop area", ["data.random_area=[0.5,0.1]"], "data.random_area=[0.5, 0.1]"),
     ("synthetic as a data set", ["data.dataset=synthetic"], "data.loader=synthetic"),
+    ("torus grid larger than the world", ["--deepspeed_config", "{grid}"],
+     "grid=[2, 2] needs 4 ranks but the world size is 1"),
 ]
 
 
