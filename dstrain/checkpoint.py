@@ -2,17 +2,21 @@
 
 Layout of ``RUN_DIR/checkpoints``::
 
-    epoch0003/              one complete checkpoint (DeepSpeed files + ours)
+    epoch0003/              one complete checkpoint (DeepSpeed files + ours) after 3 epochs
         mp_rank_00_model_states.pt ...   DeepSpeed: module, optimizer, loss scaler, client_state
         rng_rank00000.pt ...             per-rank RNG state (DeepSpeed saves none)
         trainer_state.json               epoch, step, history (human-readable copy)
+    epoch0003-step00000050/ written on SIGTERM/SIGINT: 3 epochs and global step 50 done
     epoch0004.partial/      a save in progress, or one killed half-way: never loaded
     latest                  the tag of the newest complete checkpoint
 
 A save writes into ``<tag>.partial``; after every rank has finished, rank 0
 renames it to ``<tag>`` and then replaces ``latest`` atomically (write to a
 temporary file, fsync, ``os.replace``). A process killed at any point leaves the
-previous checkpoint complete and ``latest`` pointing at it.
+previous checkpoint complete and ``latest`` pointing at it (tested by killing at
+each phase: ``DSTRAIN_FAULT_KILL_IN_CHECKPOINT``). A write that fails (a full
+disk) fails on every rank with :class:`~dstrain.guard.CheckpointWriteError`,
+and the partial directory is removed.
 """
 from __future__ import annotations
 
@@ -22,17 +26,36 @@ import os
 import random
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from dstrain import dist
+from dstrain.config import ConfigError
+from dstrain.guard import CheckpointWriteError
 
 log = logging.getLogger("dstrain")
-TAG_RE = re.compile(r"^epoch(\d{4,})$")
+TAG_RE = re.compile(r"^epoch(\d{4,})(?:-step(\d{8,}))?$")
 POINTER = "latest"
 STATE_FILE = "trainer_state.json"
+FAULT_ENV = "DSTRAIN_FAULT_KILL_IN_CHECKPOINT"  # tests: SIGKILL rank 0 at this phase of a save (written|renamed)
+
+
+def tag_for(epoch: int, step: int | None = None) -> str:
+    """``epoch0003`` after 3 whole epochs; ``epoch0003-step00000050`` for a stop part-way through the fourth."""
+    return f"epoch{epoch:04d}" if step is None else f"epoch{epoch:04d}-step{step:08d}"
+
+
+def _order(tag: str) -> tuple[int, int]:
+    m = TAG_RE.match(tag)
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+def _fault(phase: str) -> None:
+    if os.environ.get(FAULT_ENV) == phase and dist.is_main():
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -76,7 +99,7 @@ def complete_tags(root: Path) -> list[str]:
     if not root.is_dir():
         return []
     tags = [p.name for p in root.iterdir() if TAG_RE.match(p.name) and (p / STATE_FILE).is_file()]
-    return sorted(tags, key=lambda t: int(TAG_RE.match(t).group(1)))
+    return sorted(tags, key=_order)
 
 
 def newest_complete(root: Path) -> str | None:
@@ -91,28 +114,58 @@ def newest_complete(root: Path) -> str | None:
     return tags[-1] if tags else None
 
 
-def save(engine, root: Path, epoch: int, trainer_state: dict, keep_last: int = 0) -> Path:
+def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) -> Path:
     """Collective: every rank calls it. Returns the complete checkpoint's directory."""
-    tag = f"epoch{epoch:04d}"
     partial = f"{tag}.partial"
+    error = ""
+    try:
+        if dist.is_main():
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(root / partial, ignore_errors=True)
+        dist.barrier()
+        engine.save_checkpoint(str(root), tag=partial, client_state={"dstrain": trainer_state}, save_latest=False)
+        (root / partial).mkdir(parents=True, exist_ok=True)
+        torch.save(rng_state(), root / partial / f"rng_rank{dist.rank():05d}.pt")
+    except (OSError, RuntimeError) as err:  # torch.save wraps ENOSPC in a RuntimeError
+        if isinstance(err, RuntimeError) and not _looks_like_io(err):
+            raise
+        error = f"{root / partial}: {err.strerror if isinstance(err, OSError) and err.strerror else err}"
+    _agree_or_fail(root / partial, error)  # every rank's files are on disk before the checkpoint is complete
+    _fault("written")
     if dist.is_main():
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(root / partial, ignore_errors=True)
-    dist.barrier()
-    engine.save_checkpoint(str(root), tag=partial, client_state={"dstrain": trainer_state}, save_latest=False)
-    (root / partial).mkdir(parents=True, exist_ok=True)
-    torch.save(rng_state(), root / partial / f"rng_rank{dist.rank():05d}.pt")
-    dist.barrier()  # every rank's files are on disk before the checkpoint is declared complete
-    if dist.is_main():
-        atomic_write_text(root / partial / STATE_FILE, json.dumps(trainer_state, indent=2))
-        if (root / tag).exists():  # re-saving an epoch (e.g. after a resume): replace the old copy
-            shutil.rmtree(root / tag)
-        os.rename(root / partial, root / tag)
-        _fsync_dir(root)
-        atomic_write_text(root / POINTER, tag + "\n")
-        _prune(root, keep_last)
-    dist.barrier()
+        try:
+            atomic_write_text(root / partial / STATE_FILE, json.dumps(trainer_state, indent=2))
+            if (root / tag).exists():  # re-saving a tag (e.g. after a resume): move the old copy aside first
+                stale = root / f"{tag}.stale"
+                shutil.rmtree(stale, ignore_errors=True)
+                os.rename(root / tag, stale)
+                os.rename(root / partial, root / tag)
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                os.rename(root / partial, root / tag)
+            _fsync_dir(root)
+            _fault("renamed")
+            atomic_write_text(root / POINTER, tag + "\n")
+            _prune(root, keep_last)
+        except OSError as err:
+            error = f"{root / tag}: {err.strerror or err}"
+    _agree_or_fail(root / partial, error)
     return root / tag
+
+
+def _looks_like_io(err: RuntimeError) -> bool:
+    return any(k in str(err).lower() for k in ("no space", "file write failed", "errno", "permission", "quota"))
+
+
+def _agree_or_fail(partial: Path, error: str) -> None:
+    """All ranks learn whether any rank failed to write; then all raise, and the partial copy is removed."""
+    if not dist.host_all_reduce([1.0 if error else 0.0], "max")[0]:
+        return
+    if dist.is_main():
+        shutil.rmtree(partial, ignore_errors=True)
+    where = error or "another rank could not write its part of the checkpoint"
+    raise CheckpointWriteError(f"could not write a checkpoint: {where}. The previous complete checkpoint is "
+                               "untouched; free disk space (or fix permissions) and resume with resume=auto")
 
 
 def _prune(root: Path, keep_last: int) -> None:
@@ -124,8 +177,15 @@ def _prune(root: Path, keep_last: int) -> None:
 
 def load(engine, root: Path, tag: str) -> dict:
     """Load a complete checkpoint into the engine; returns the trainer state saved with it."""
-    path, client_state = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True,
-                                                load_lr_scheduler_states=False)
+    try:
+        path, client_state = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True,
+                                                    load_lr_scheduler_states=False)
+    except RuntimeError as err:  # load_state_dict's "size mismatch" / "Missing key(s)"
+        if "size mismatch" not in str(err) and "key(s)" not in str(err):
+            raise
+        raise ConfigError(f"{root / tag}: this checkpoint belongs to a different model "
+                          f"({str(err).splitlines()[-1].strip()[:160]}). Resume with the model.* settings it was "
+                          "trained with, or start a new run_dir") from None
     if path is None or not client_state or "dstrain" not in client_state:
         raise RuntimeError(f"{root / tag}: DeepSpeed could not load this checkpoint")
     rng_file = root / tag / f"rng_rank{dist.rank():05d}.pt"

@@ -122,6 +122,16 @@ class PolishConfig:
 
 
 @dataclass
+class FaultConfig:
+    collective_timeout_s: float = f(600.0, "a collective (gradient all-reduce, barrier, eval sum) that waits longer "
+                                           "than this fails the run on every rank, exit 4: a dead or stuck rank "
+                                           "cannot hang the job; keep it above the longest checkpoint write (seconds)")
+    max_consecutive_skips: int = f(50, "FP16: stop the run (exit 3) after this many optimizer steps in a row skipped "
+                                       "for gradient overflow; 0 = never (steps)")
+    check_disk: bool = f(True, "at start-up, refuse a run_dir whose file system cannot hold two checkpoints (bool)")
+
+
+@dataclass
 class TrainConfig:
     name: str = f("run", "recipe name, used in the default run directory (text)")
     epochs: int = f(10, "training epochs (epochs)")
@@ -137,6 +147,7 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     polish: PolishConfig = field(default_factory=PolishConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
 
 
 def _omegaconf_message(err: OmegaConfBaseException, source: str) -> str:
@@ -238,6 +249,9 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
     need(cfg.checkpoint.keep_last >= 0, f"checkpoint.keep_last={cfg.checkpoint.keep_last}: must be >= 0")
     need(cfg.eval_every_epochs >= 1, f"eval_every_epochs={cfg.eval_every_epochs}: must be >= 1")
     need(cfg.resume in ("", "auto"), f"resume={cfg.resume!r}: use '' (fresh run) or 'auto'")
+    fc = cfg.fault
+    need(fc.collective_timeout_s > 0, f"fault.collective_timeout_s={fc.collective_timeout_s}: must be > 0 (seconds)")
+    need(fc.max_consecutive_skips >= 0, f"fault.max_consecutive_skips={fc.max_consecutive_skips}: must be >= 0")
     pc = cfg.polish
     need(min(pc.images, pc.batches, pc.batch_per_rank) >= 0,
          f"polish.images={pc.images}, polish.batches={pc.batches}, polish.batch_per_rank={pc.batch_per_rank}: "

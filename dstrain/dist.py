@@ -43,6 +43,31 @@ def barrier() -> None:
         dist.barrier()
 
 
+_host_group = None  # a gloo group for small CPU messages when the default backend is NCCL
+
+
+def init_host_group() -> None:
+    """Collective: every rank calls it once after the process group is up."""
+    global _host_group
+    if dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() != "gloo":
+        _host_group = dist.new_group(backend="gloo")
+
+
+def host_all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """Reduce a few host numbers over ranks (CPU, gloo): no device sync, safe inside a signal-driven stop."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op],
+                        group=_host_group)
+    return t.tolist()
+
+
+def all_reduce_min(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return t
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """In-place sum across ranks (no-op for a world of one)."""
     if dist.is_initialized() and dist.get_world_size() > 1:

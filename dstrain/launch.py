@@ -179,7 +179,86 @@ def main(argv: list[str] | None = None) -> int:
     if hostfile is not None:
         Path(args.hostfile).write_text(hostfile)
     os.chdir(REPO)
-    os.execve(deepspeed, cmd, {**os.environ, **extra_env})
+    return supervise(cmd, {**os.environ, **extra_env})
+
+
+# ---------------------------------------------------------------- supervision
+RUN_DIR_FILE_ENV = "DSTRAIN_RUN_DIR_FILE"  # rank 0 writes the run directory's path here
+GRACE_S = 120  # after the launcher's child exits, how long its leftover ranks may take (a checkpoint write)
+
+
+def supervise(cmd: list[str], env: dict) -> int:
+    """Run the deepspeed command in its own process group, forward SIGTERM/SIGINT to all of it once, wait
+    for every process of the group (the ranks may outlive DeepSpeed's runner while they checkpoint), then
+    print how each rank ended (RUN_DIR/ranks/) and exit with the job's status: 75 when every rank stopped
+    with a checkpoint, else the first failed rank's status."""
+    import signal
+    import tempfile
+    import time
+
+    fd, pointer = tempfile.mkstemp(prefix="dstrain-run-dir.")
+    os.close(fd)
+    proc = subprocess.Popen(cmd, env={**env, RUN_DIR_FILE_ENV: pointer}, start_new_session=True)
+    forwarded = []
+
+    def forward(signum, frame):
+        if not forwarded:
+            forwarded.append(signum)
+            print(f"launch.sh: {signal.Signals(signum).name}: asking every rank to checkpoint and stop", flush=True)
+            _killpg(proc.pid, signal.SIGTERM)
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, forward)
+    code = proc.wait()
+    deadline = time.monotonic() + GRACE_S
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if _group_alive(proc.pid):
+        print(f"launch.sh: ranks still running {GRACE_S} s after the launcher exited; killing them", flush=True)
+        _killpg(proc.pid, signal.SIGKILL)
+    run_dir = Path(pointer).read_text().strip()
+    os.unlink(pointer)
+    return report(Path(run_dir) if run_dir else None, code)
+
+
+def _killpg(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def report(run_dir: Path | None, launcher_code: int) -> int:
+    """Print one line per rank that did not finish cleanly; return the job's exit status."""
+    from dstrain.guard import EXIT_PREEMPTED, failed_ranks, read_records
+
+    records = read_records(run_dir) if run_dir else []
+    if not records:
+        return launcher_code
+    states = {r["state"] for r in records}
+    if states == {"done"}:
+        return 0
+    if states == {"preempted"}:
+        print(f"launch.sh: every rank stopped with a checkpoint ({run_dir}); rerun with resume=auto "
+              f"run_dir={run_dir} to continue", flush=True)
+        return EXIT_PREEMPTED
+    blamed = failed_ranks(records, me=-1)
+    print(f"launch.sh: the job failed ({run_dir}); how each rank ended:", flush=True)
+    for r in records:
+        mark = "  <- failed first" if blamed and r["rank"] == blamed[0]["rank"] else ""
+        print(f"  rank {r['rank']} (pid {r.get('pid', '?')} on {r.get('host', '?')}): {r['verdict']}{mark}"[:400],
+              flush=True)
+    codes = [r.get("exit_code") for r in blamed if r.get("exit_code")]
+    return codes[0] if codes else (launcher_code or 1)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import sys
 if __package__ in (None, ""):  # run as a script (the deepspeed launcher does this): make `dstrain` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-EXIT_CONFIG = 2
+EXIT_CONFIG = 2  # the full table of exit statuses: dstrain/guard.py, docs/reliability.md
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,16 +54,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     setup_logging()
+    from dstrain.guard import RunStopped
     try:
         cfg = load_config(args.config, args.overrides)
         from dstrain.train import run
         run(cfg, args.deepspeed_config or cfg.deepspeed_config)
     except ConfigError as err:
-        rank = os.environ.get("RANK", "0")
-        prefix = "dstrain: error" if os.environ.get("WORLD_SIZE", "1") == "1" else f"dstrain[rank {rank}]: error"
-        print(f"{prefix}: {err}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG
+        return report(err, EXIT_CONFIG)
+    except RunStopped as err:
+        return report(err, err.exit_code, "stopped" if err.exit_code == 75 else "error")
     return 0
+
+
+def report(err: Exception, code: int, kind: str = "error") -> int:
+    """One line on stderr: ``dstrain: error: ...`` (``dstrain[rank R]: ...`` in a multi-rank run)."""
+    rank = os.environ.get("RANK", "0")
+    prefix = "dstrain" if os.environ.get("WORLD_SIZE", "1") == "1" else f"dstrain[rank {rank}]"
+    print(f"{prefix}: {kind}: {err}", file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

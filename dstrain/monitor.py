@@ -26,13 +26,14 @@ class Monitor:
 
     def step(self, *, epoch: int, epochs: int, step: int, step_in_epoch: int, steps_per_epoch: int, loss: float,
              lr: float, global_batch: int, images_per_sec: float, loss_scale: float | None,
-             comm_bytes: float | None = None) -> None:
+             comm_bytes: float | None = None, skipped: int | None = None) -> None:
         if not self.enabled:
             return
         self.scalars("train", {"loss": loss, "lr": lr, "global_batch": global_batch,
                                "images_per_sec": images_per_sec, "loss_scale": loss_scale,
-                               "comm_bytes_per_step": comm_bytes}, step)
+                               "comm_bytes_per_step": comm_bytes, "skipped_steps": skipped}, step)
         scale = f" scale {loss_scale:g}" if loss_scale is not None else ""
+        scale += f" skipped {skipped}" if skipped else ""
         sent = f"  sent {comm_bytes / 2**20:.2f} MiB/step" if comm_bytes is not None else ""
         log.info("epoch %d/%d step %d/%d  loss %.4f  lr %.4g  batch %d  %.0f img/s%s%s", epoch + 1, epochs,
                  step_in_epoch, steps_per_epoch, loss, lr, global_batch, images_per_sec, scale, sent)

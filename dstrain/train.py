@@ -11,12 +11,14 @@ import logging
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from dstrain import checkpoint, comm, dist, ds_config, polish
+from dstrain import checkpoint, comm, dist, ds_config, guard, polish
 from dstrain.config import ConfigError, OptimConfig, TrainConfig, validate
 from dstrain.data import Shard, build_data
 from dstrain.losses import smoothed_cross_entropy
@@ -49,6 +51,33 @@ class TrainState:
     train_time_s: float = 0.0   # wall time spent in completed epochs (train + eval)
     train_images: int = 0       # images consumed by completed epochs
     history: list = field(default_factory=list)
+    epoch_step: int = 0         # optimizer steps done in the unfinished epoch (a stop part-way through it)
+    epoch_sums: list = field(default_factory=list)  # its (loss*n, top1, top5, n) over all ranks
+    epoch_elapsed_s: float = 0.0                    # and its wall time so far
+
+
+@dataclass
+class Watch:
+    """What the loop checks after every optimizer step (dstrain/guard.py)."""
+    signals: guard.StopSignals
+    nonfinite: guard.NonFiniteWatch
+    skips: guard.SkipCounter
+    last_checkpoint: Path | None = None
+
+    def stop_requested(self) -> str:
+        """The signal any rank received, agreed over ranks (one tiny CPU all-reduce), or ''."""
+        signum = int(dist.host_all_reduce([float(self.signals.signum)], "max")[0]) if dist.world_size() > 1 \
+            else self.signals.signum
+        return signal.Signals(signum).name if signum else ""
+
+    def check_finite(self, step: int, epoch: int, module: torch.nn.Module | None = None) -> None:
+        """Raise Diverged if any rank saw a NaN/inf loss (or, with ``module``, holds non-finite weights)."""
+        bad = self.nonfinite.first_bad_step(dist.all_reduce_min)
+        if bad is not None:
+            raise guard.Diverged(guard.divergence_message("non-finite loss (NaN/inf)", bad, epoch,
+                                                          self.last_checkpoint))
+        if module is not None and dist.host_all_reduce([0.0 if guard.params_finite(module) else 1.0], "max")[0]:
+            raise guard.Diverged(guard.divergence_message("non-finite weights", step, epoch, self.last_checkpoint))
 
 
 # ---------------------------------------------------------------- set-up helpers
@@ -75,22 +104,66 @@ def choose_run_dir(cfg: TrainConfig) -> Path:
     """The run directory (named on rank 0); never reuse one silently. Creates nothing."""
     path = cfg.run_dir or f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = Path(dist.broadcast_object(path))
-    if path.exists() and any(path.iterdir()) and cfg.resume != "auto":
-        raise ConfigError(f"run_dir={str(path)!r} already holds a run. Pass resume=auto to continue it, "
-                          "or choose a new run_dir=...")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"run_dir={str(path)!r} is a file; choose a directory")
+    if path.exists() and any(path.iterdir()):
+        if cfg.resume != "auto":
+            raise ConfigError(f"run_dir={str(path)!r} already holds a run. Pass resume=auto to continue it, "
+                              "or choose a new run_dir=...")
+        if not (path / "meta.json").is_file() and not (path / "checkpoints").is_dir():
+            raise ConfigError(f"run_dir={str(path)!r} is not empty and is not a dstrain run (no meta.json, no "
+                              "checkpoints/); resume=auto only continues dstrain runs. Choose a new run_dir")
     return path
 
 
-def make_run_dir(path: Path) -> None:
+def checkpoint_bytes(model: torch.nn.Module, precision: str) -> int:
+    """A generous estimate of one checkpoint: FP32 weights, two optimizer state slots, an FP32 master copy
+    with FP16/BF16 engines, the buffers."""
+    params = sum(p.numel() for p in model.parameters()) * 4
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return params * (4 if precision in ("fp16", "bf16") else 3) + buffers
+
+
+def make_run_dir(path: Path, checkpoint_size: int = 0) -> None:
+    """Create the run directory and check it is writable with room for two checkpoints (the previous one
+    stays until the next is complete), before training starts. A failure removes what it created."""
+    error = ""
     if dist.is_main():
+        created = not path.exists()
         try:
             path.mkdir(parents=True, exist_ok=True)
             probe = path / ".write_probe"
             probe.write_text("ok")
             probe.unlink()
+            free = shutil.disk_usage(path).free
+            need = 2 * checkpoint_size + 16 * 2 ** 20 if checkpoint_size else 0  # + logs and TensorBoard events
+            if free < need:
+                error = (f"run_dir={str(path)!r}: {free / 2**20:.1f} MiB free on its file system, but two "
+                         f"checkpoints of ~{checkpoint_size / 2**20:.1f} MiB plus logs need "
+                         f"{need / 2**20:.0f} MiB; free space or choose another run_dir "
+                         "(fault.check_disk=false skips this check)")
         except OSError as err:
-            raise ConfigError(f"run_dir={str(path)!r}: not writable ({err.strerror}); choose another run_dir") from None
-    dist.barrier()
+            error = f"run_dir={str(path)!r}: not writable ({err.strerror}); choose another run_dir"
+        if error and created:
+            shutil.rmtree(path, ignore_errors=True)
+    error = dist.broadcast_object(error)
+    if error:
+        raise ConfigError(error)
+
+
+def check_same_model(run_dir: Path, cfg: TrainConfig) -> None:
+    """Resuming: the run's config.yaml must describe the same network as this config."""
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")).get("model", {})
+    except Exception as err:  # missing or malformed: let DeepSpeed's load decide
+        log.warning("%s unreadable (%s): cannot compare the model settings", run_dir / "config.yaml", err)
+        return
+    shape_keys = ("name", "num_classes", "in_channels", "width", "blocks_per_stage")
+    diff = [f"model.{k}={saved.get(k)!r} there, {getattr(cfg.model, k)!r} here" for k in shape_keys
+            if k in saved and saved[k] != getattr(cfg.model, k)]
+    if diff:
+        raise ConfigError(f"run_dir={str(run_dir)!r} holds checkpoints of a different model ({'; '.join(diff)}). "
+                          "Resume with the same model.* settings, or choose a new run_dir")
 
 
 def write_run_files(run_dir: Path, cfg: TrainConfig, engine_cfg: dict, ds_path: str, world: int) -> None:
@@ -121,17 +194,23 @@ def loss_scale_of(engine) -> float | None:
 
 # ---------------------------------------------------------------- loop pieces
 def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state: TrainState, lr_fn, monitor: Monitor,
-                *, epochs: int, every: int, label_smoothing: float, dtype: torch.dtype,
-                fmt: torch.memory_format = torch.contiguous_format, grad_sync=None) -> dict:
+                watch: Watch, *, epochs: int, every: int, label_smoothing: float, dtype: torch.dtype,
+                fmt: torch.memory_format = torch.contiguous_format, grad_sync=None) -> dict | None:
+    """One epoch (or its rest, from ``state.epoch_step``). Returns the epoch's metrics, or None when a
+    stop signal ended it early (``state.epoch_step`` / ``epoch_sums`` then hold the part done)."""
     engine.train()
-    loader.set_epoch(epoch)  # DeepSpeed never calls set_epoch; our loaders reshuffle from (seed, epoch)
+    acc, start = stage.accumulation, state.epoch_step
+    loader.set_epoch(epoch, start * acc)  # DeepSpeed never calls set_epoch; our loaders reshuffle from (seed, epoch)
     n_micro = len(loader)  # once: a folder loader's len() draws the epoch's permutation
-    acc, steps = stage.accumulation, n_micro // stage.accumulation
+    steps = n_micro // acc
     device = next(engine.module.parameters()).device
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss*n, top1, top5, n (this epoch, this rank)
+    if start and state.epoch_sums and dist.is_main():
+        sums += torch.tensor(state.epoch_sums, dtype=torch.float64, device=device)
     window_loss, window_t0, window_steps = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter(), 0
     kill_at = int(os.environ.get(FAULT_ENV, "0"))
-    for i, (x, y) in enumerate(loader):
+    stop, done = "", start
+    for i, (x, y) in enumerate(loader, start * acc):
         if i % acc == 0:
             lr, wd_factor = lr_fn(epoch + (i // acc + 1) / steps, stage.global_size)
             apply_schedule(optimizer, lr, wd_factor)
@@ -139,6 +218,7 @@ def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state:
         engine.set_gradient_accumulation_boundary((i + 1) % acc == 0)
         logits = engine(x.to(dtype=dtype, memory_format=fmt))
         loss = smoothed_cross_entropy(logits, y, label_smoothing)
+        watch.nonfinite.observe(loss, state.step + 1)
         engine.backward(loss)
         if grad_sync is not None and (i + 1) % acc == 0:
             grad_sync.sync()  # our all-reduce (dstrain/comm.py): the engine's is switched off
@@ -148,19 +228,32 @@ def train_epoch(engine, optimizer, loader, epoch: int, stage: BatchStage, state:
         if (i + 1) % acc:
             continue
         state.step += 1
-        window_steps += 1
+        done, window_steps = done + 1, window_steps + 1
         if kill_at and state.step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
-        if window_steps == every or (i + 1) == n_micro:
+        watch.skips.update(engine.skipped_steps, state.step, loss_scale_of(engine))
+        stop = watch.stop_requested()
+        if window_steps == every or (i + 1) == n_micro or stop:
+            watch.check_finite(state.step, epoch)  # a host sync, as the logged loss is anyway
             dt = time.perf_counter() - window_t0
-            monitor.step(epoch=epoch, epochs=epochs, step=state.step, step_in_epoch=(i + 1) // acc,
+            monitor.step(epoch=epoch, epochs=epochs, step=state.step, step_in_epoch=done,
                          steps_per_epoch=steps, loss=window_loss.item() / window_steps,  # host sync
                          lr=lr, global_batch=stage.global_size,
                          images_per_sec=window_steps * stage.global_size / dt, loss_scale=loss_scale_of(engine),
-                         comm_bytes=grad_sync.take_bytes() / window_steps if grad_sync is not None else None)
+                         comm_bytes=grad_sync.take_bytes() / window_steps if grad_sync is not None else None,
+                         skipped=watch.skips.total or None)
             window_loss.zero_()
             window_t0, window_steps = time.perf_counter(), 0
-    loss_sum, top1, top5, n = dist.all_reduce_sum(sums).tolist()  # host sync, once per epoch
+        if stop:
+            log.warning("%s received: stopping after step %d (epoch %d, step %d/%d) to write a checkpoint", stop,
+                        state.step, epoch + 1, done, steps)
+            break
+    totals = dist.all_reduce_sum(sums).tolist()  # host sync, once per epoch
+    if stop:
+        state.epoch_step, state.epoch_sums = done, totals
+        return None
+    state.epoch_step, state.epoch_sums = 0, []
+    loss_sum, top1, top5, n = totals
     n = max(n, 1.0)
     return {"train_loss": loss_sum / n, "train_top1": top1 / n, "train_top5": top5 / n}
 
@@ -230,8 +323,14 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     comm_cfg = comm.parse(user_ds, ds_path)
     if comm_cfg is not None and comm_cfg.mode == "torus2d":
         comm.grid_for(world, comm_cfg.grid)  # a grid that does not fit the world fails before anything starts
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+                               timeout=timedelta(seconds=cfg.fault.collective_timeout_s))
+    dist.init_host_group()
+    signals = guard.StopSignals()
+    signals.install()  # from here a SIGTERM/SIGINT stops the run after a step, with a checkpoint
     run_dir = choose_run_dir(cfg)
+    if dist.is_main() and os.environ.get("DSTRAIN_RUN_DIR_FILE"):  # launch.sh reports per rank from RUN_DIR/ranks
+        Path(os.environ["DSTRAIN_RUN_DIR_FILE"]).write_text(str(run_dir.resolve()) + "\n")
     device = torch.device("cuda", dist.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -247,7 +346,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     shard = Shard(dist.rank(), world, first.micro, first.accumulation, cfg.batch.eval_per_rank, cfg.seed)
     dtype, fmt = input_dtype(precision), memory_format(m.channels_last)
     data = build_data(cfg.data, shard, m.in_channels, m.num_classes, device, dtype, m.channels_last)
-    train_loader, val_loader, n_train, n_val = data.train, data.val, data.n_train, data.n_val
+    n_train, n_val = data.n_train, data.n_val
     largest = max(s.global_size for s in plan)
     if n_train < largest:
         raise ConfigError(f"batch.ramp: global size {largest} exceeds the {n_train} "
@@ -261,7 +360,8 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     if comm_cfg is not None:  # our gradient sync replaces the engine's backward all-reduce
         engine.enable_backward_allreduce = False
         grad_sync = comm.GradientSync(comm_cfg, list(engine.module.parameters()), seed=cfg.seed)
-    make_run_dir(run_dir)  # only now: a config or data error above leaves nothing behind
+    make_run_dir(run_dir, checkpoint_bytes(engine.module, precision) if cfg.fault.check_disk else 0)
+    # only now: a config or data error above leaves nothing behind
 
     o = cfg.optim
     base_lr = o.base_lr or json_lr  # the trainer config may override the JSON's lr (a CLI sweep)
@@ -273,6 +373,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     ckpt_root = run_dir / "checkpoints"
     tag = checkpoint.newest_complete(ckpt_root) if cfg.resume == "auto" else None
     if tag:
+        check_same_model(run_dir, cfg)
         state = TrainState(**checkpoint.load(engine, ckpt_root, tag))
         log.info("resumed from %s: %d epochs and %d steps done", ckpt_root / tag, state.epoch, state.step)
     elif cfg.resume == "auto":
@@ -288,41 +389,34 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
                  n_train // s.global_size, peak_lr(s.global_size))
 
     monitor = Monitor(run_dir, dist.is_main(), cfg.log.tensorboard)
-    for epoch in range(state.epoch, cfg.epochs):
-        t0 = time.perf_counter()
-        stage = batch_at(epoch, plan)
-        if stage.accumulation != engine.gradient_accumulation_steps():  # batch-size ramp (also after a resume)
-            engine.set_train_batch_size(stage.global_size)
-            log.info("epoch %d: global batch -> %d (%d accumulation steps)", epoch + 1, stage.global_size,
-                     stage.accumulation)
-        shard.accumulation = stage.accumulation  # the loaders cut this epoch's global batches from it
-        augment = augment_at(epoch, cfg.epochs, cfg.polish.last_epochs_without_augmentation, cfg.data.augment)
-        train_loader.set_augment(augment)
-        if cfg.data.augment and not augment:
-            log.info("epoch %d/%d: un-augmented training images (polish.last_epochs_without_augmentation=%d)",
-                     epoch + 1, cfg.epochs, cfg.polish.last_epochs_without_augmentation)
-        metrics = train_epoch(engine, optimizer, train_loader, epoch, stage, state, lr_fn, monitor,
-                              epochs=cfg.epochs, every=cfg.log.every_steps, label_smoothing=o.label_smoothing,
-                              dtype=dtype, fmt=fmt, grad_sync=grad_sync)
-        sync_bn_buffers(engine.module)  # eval and checkpoints see the same BN statistics on every rank
-        last = epoch + 1 == cfg.epochs
-        if last or (epoch + 1) % cfg.eval_every_epochs == 0:
-            metrics.update(evaluate(engine, val_loader, dtype, fmt))
-            state.best_top1 = max(state.best_top1, metrics["val_top1"])
-        steps = n_train // stage.global_size
-        metrics.update(epoch_time_s=time.perf_counter() - t0, global_batch=stage.global_size, steps_per_epoch=steps,
-                       peak_lr=peak_lr(stage.global_size), augment=int(augment))
-        state.epoch, state.train_time_s = epoch + 1, state.train_time_s + metrics["epoch_time_s"]
-        state.train_images += steps * stage.global_size
-        state.history.append({"epoch": epoch + 1, "step": state.step, **metrics})
-        monitor.epoch(epoch, cfg.epochs, metrics)
-        every = cfg.checkpoint.every_epochs
-        if last or (every and (epoch + 1) % every == 0):
-            checkpoint.save(engine, ckpt_root, epoch + 1, state.__dict__, cfg.checkpoint.keep_last)
-    polish_info = None
-    if cfg.polish.enabled:
+    watch = Watch(signals, guard.NonFiniteWatch(device), guard.SkipCounter(cfg.fault.max_consecutive_skips),
+                  ckpt_root / tag if tag else None)
+    records = guard.RankRecords(run_dir, dist.rank(), world)
+    records.start(state.step)
+    try:
+        train_loop(engine, optimizer, cfg, plan, state, data, shard, lr_fn, peak_lr, monitor, watch, ckpt_root,
+                   dtype=dtype, fmt=fmt, grad_sync=grad_sync)
+        signals.restore()  # training is done and checkpointed: a signal during polishing just ends the process
         polish_info = polish_step(engine, data, cfg, state, run_dir, monitor, world, batch_at(cfg.epochs - 1, plan),
-                                  dtype, fmt)
+                                  dtype, fmt) if cfg.polish.enabled else None
+    except guard.RunStopped as err:
+        monitor.close()
+        records.finish(err.state, err.exit_code, str(err), state.step)
+        raise
+    except Exception as err:
+        monitor.close()
+        if not guard.is_collective_failure(err):
+            records.finish("error", guard.EXIT_ERROR, guard.first_line(err), state.step)
+            raise
+        msg = guard.describe_lost(guard.wait_for_records(records), dist.rank(), guard.first_line(err),
+                                  cfg.fault.collective_timeout_s)
+        msg += f" at step {state.step}. " + (f"The last complete checkpoint is {watch.last_checkpoint}; "
+                                             "resume=auto continues from it" if watch.last_checkpoint
+                                             else "No checkpoint was written yet")
+        records.finish("lost_peer", guard.EXIT_PEER_LOST, msg, state.step)
+        raise guard.PeerLost(msg) from None
+    finally:
+        signals.restore()
     monitor.close()
     summary = make_summary(state, world, batch_at(cfg.epochs - 1, plan).global_size, precision)
     if polish_info:
@@ -334,7 +428,74 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         log.info("summary: final top-1 %.4f, best %.4f, %d epochs, %.1f s wall, %.0f img/s -> %s",
                  summary["final_top1"], summary["best_top1"], summary["epochs"], summary["wall_time_s"],
                  summary["images_per_sec"], run_dir / "summary.json")
+    records.finish("done", 0, "", state.step)
     return summary
+
+
+def train_loop(engine, optimizer, cfg: TrainConfig, plan: list[BatchStage], state: TrainState, data, shard: Shard,
+               lr_fn, peak_lr, monitor: Monitor, watch: Watch, ckpt_root: Path, *, dtype: torch.dtype,
+               fmt: torch.memory_format, grad_sync) -> None:
+    """The epochs from ``state`` on: train, BN sync, evaluate, checkpoint; a stop signal checkpoints and raises."""
+    o, n_train = cfg.optim, data.n_train
+    for epoch in range(state.epoch, cfg.epochs):
+        t0 = time.perf_counter() - state.epoch_elapsed_s
+        stage = batch_at(epoch, plan)
+        if stage.accumulation != engine.gradient_accumulation_steps():  # batch-size ramp (also after a resume)
+            engine.set_train_batch_size(stage.global_size)
+            log.info("epoch %d: global batch -> %d (%d accumulation steps)", epoch + 1, stage.global_size,
+                     stage.accumulation)
+        shard.accumulation = stage.accumulation  # the loaders cut this epoch's global batches from it
+        augment = augment_at(epoch, cfg.epochs, cfg.polish.last_epochs_without_augmentation, cfg.data.augment)
+        data.train.set_augment(augment)
+        if cfg.data.augment and not augment:
+            log.info("epoch %d/%d: un-augmented training images (polish.last_epochs_without_augmentation=%d)",
+                     epoch + 1, cfg.epochs, cfg.polish.last_epochs_without_augmentation)
+        if state.epoch_step:
+            log.info("epoch %d: continuing after step %d of the epoch", epoch + 1, state.epoch_step)
+        metrics = train_epoch(engine, optimizer, data.train, epoch, stage, state, lr_fn, monitor, watch,
+                              epochs=cfg.epochs, every=cfg.log.every_steps, label_smoothing=o.label_smoothing,
+                              dtype=dtype, fmt=fmt, grad_sync=grad_sync)
+        sync_bn_buffers(engine.module)  # eval and checkpoints see the same BN statistics on every rank
+        if metrics is None:  # a stop signal part-way through the epoch
+            state.epoch_elapsed_s = time.perf_counter() - t0
+            stop_with_checkpoint(engine, cfg, state, watch, ckpt_root, checkpoint.tag_for(state.epoch, state.step),
+                                 epoch)
+        state.epoch_elapsed_s = 0.0
+        last = epoch + 1 == cfg.epochs
+        if last or (epoch + 1) % cfg.eval_every_epochs == 0:
+            metrics.update(evaluate(engine, data.val, dtype, fmt))
+            state.best_top1 = max(state.best_top1, metrics["val_top1"])
+        steps = n_train // stage.global_size
+        metrics.update(epoch_time_s=time.perf_counter() - t0, global_batch=stage.global_size, steps_per_epoch=steps,
+                       peak_lr=peak_lr(stage.global_size), augment=int(augment))
+        state.epoch, state.train_time_s = epoch + 1, state.train_time_s + metrics["epoch_time_s"]
+        state.train_images += steps * stage.global_size
+        state.history.append({"epoch": epoch + 1, "step": state.step, **metrics})
+        monitor.epoch(epoch, cfg.epochs, metrics)
+        every = cfg.checkpoint.every_epochs
+        saved = last or (every and (epoch + 1) % every == 0)
+        if saved:
+            watch.check_finite(state.step, epoch, engine.module)
+            watch.last_checkpoint = checkpoint.save(engine, ckpt_root, checkpoint.tag_for(epoch + 1), state.__dict__,
+                                                    cfg.checkpoint.keep_last)
+        if not last and watch.stop_requested():  # a signal during evaluation or the save: stop at the boundary
+            if saved:
+                raise guard.Preempted(preempted_message(watch, state, "the end of", epoch))
+            stop_with_checkpoint(engine, cfg, state, watch, ckpt_root, checkpoint.tag_for(epoch + 1), epoch)
+
+
+def stop_with_checkpoint(engine, cfg: TrainConfig, state: TrainState, watch: Watch, ckpt_root: Path, tag: str,
+                         epoch: int) -> None:
+    watch.check_finite(state.step, epoch, engine.module)  # never save a diverged model
+    watch.last_checkpoint = checkpoint.save(engine, ckpt_root, tag, state.__dict__, cfg.checkpoint.keep_last)
+    raise guard.Preempted(preempted_message(watch, state, "step %d of" % state.epoch_step if state.epoch_step
+                                            else "the end of", epoch))
+
+
+def preempted_message(watch: Watch, state: TrainState, where: str, epoch: int) -> str:
+    return (f"stopped by {watch.signals.name or 'a signal on another rank'} after global step {state.step} "
+            f"({where} epoch {epoch + 1}); checkpoint {watch.last_checkpoint} written. Run again with resume=auto "
+            "and the same run_dir to continue")
 
 
 def polish_step(engine, data, cfg: TrainConfig, state: TrainState, run_dir: Path, monitor: Monitor, world: int,

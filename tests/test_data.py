@@ -77,11 +77,25 @@ def test_augmentation_is_a_function_of_seed_epoch_and_rank(fake_fmnist):
     assert all(torch.equal(xa, xb) for (xa, _), (xb, _) in zip(a, b))
 
 
+def test_a_resumed_epoch_yields_the_rest_of_the_uninterrupted_one(fake_fmnist):
+    """set_epoch(e, start=k) skips k micro batches but keeps drawing their augmentation: batches k.. are
+    identical to an uninterrupted pass (a run stopped part-way through an epoch resumes exactly)."""
+    cfg = DataConfig(root=str(fake_fmnist), download=False, augment=True)
+    full = build_data(cfg, Shard(0, 1, 32, 1, seed=3), 1, 10).train
+    rest = build_data(cfg, Shard(0, 1, 32, 1, seed=3), 1, 10).train
+    full.set_epoch(1)
+    rest.set_epoch(1, start=5)
+    expected = list(full)[5:]
+    got = list(rest)
+    assert len(rest) == len(full) == 16 and len(got) == 11
+    assert all(torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(expected, got))
+
+
 def test_augmentation_pads_crops_and_flips():
     loader = TensorLoader(torch.zeros(1, 1, 4, 4, dtype=torch.uint8), torch.zeros(1, dtype=torch.long), Shard(),
                           "train", True, 0.0, 1.0, 1)
     x = torch.arange(16.0).reshape(1, 1, 4, 4).repeat(64, 1, 1, 1)
-    out = loader._augment(x, torch.Generator().manual_seed(0))
+    out = loader._augment(x, loader._draw(64, torch.Generator().manual_seed(0)))
     assert out.shape == x.shape
     # every output is a shifted (and maybe mirrored) window of the zero-padded input
     padded = torch.nn.functional.pad(x[0, 0], (2, 2, 2, 2))

@@ -110,12 +110,12 @@ class DaliLoader(ShardedBatches):
         resumed run draws the same crops as an uninterrupted one."""
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
-        batches = self.batches()
+        batches = self.batches()[self.start:]  # a resumed epoch: same files in the same order, crops redrawn
         if not batches:
             return
         order = torch.cat(batches).tolist()
         pipe = self._build([self.images.files[i] for i in order], self.images.labels[order].tolist(),
-                           len(batches[0]), self.augment_seed() % 2 ** 31)  # DALI seeds are int32
+                           len(batches[0]), (self.augment_seed() + 7919 * self.start) % 2 ** 31)  # DALI seeds are int32
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         for k, batch in enumerate(batches):
             try:

@@ -100,24 +100,33 @@ class TensorLoader(ShardedBatches):
     def set_augment(self, augment: bool) -> None:
         self.augment = augment and self.mode == "train"
 
-    def _augment(self, x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    @staticmethod
+    def _draw(b: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One batch's random offsets and flips (drawn for skipped batches too: a resumed epoch
+        continues the generator where the uninterrupted run would be)."""
+        dy, dx = torch.randint(0, 5, (b,), generator=g), torch.randint(0, 5, (b,), generator=g)
+        return dy, dx, torch.rand(b, generator=g)
+
+    def _augment(self, x: torch.Tensor, draws: tuple) -> torch.Tensor:
         b, _, h, w = x.shape
         padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
-        dy = torch.randint(0, 5, (b,), generator=g)
-        dx = torch.randint(0, 5, (b,), generator=g)
+        dy, dx, u = draws
         rows = (dy[:, None] + torch.arange(h))[:, :, None]          # [B, H, 1]
         cols = (dx[:, None] + torch.arange(w))[:, None, :]          # [B, 1, W]
         x = padded[torch.arange(b)[:, None, None], :, rows, cols]   # [B, H, W, C]
         x = x.permute(0, 3, 1, 2)
-        flip = torch.rand(b, generator=g) < 0.5
+        flip = u < 0.5
         return torch.where(flip[:, None, None, None], x.flip(3), x)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         g = torch.Generator().manual_seed(self.augment_seed())
-        for idx in self.batches():
+        for k, idx in enumerate(self.batches()):
+            draws = self._draw(len(idx), g) if self.augment else None
+            if k < self.start:
+                continue
             x = self.images[idx].float().div_(255)
             if self.augment:
-                x = self._augment(x, g)
+                x = self._augment(x, draws)
             x = (x - self.mean) / self.std
             if self.channels != x.shape[1]:
                 x = x.expand(-1, self.channels, -1, -1)

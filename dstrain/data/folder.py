@@ -151,7 +151,7 @@ class ShardBatchSampler(ShardedBatches, torch.utils.data.Sampler):
     a cycle would leave the DataLoader's workers to the garbage collector, whose shutdown waits 5 s)."""
 
     def __iter__(self):
-        return iter([batch.tolist() for batch in self.batches()])
+        return iter([batch.tolist() for batch in self.batches()[self.start:]])
 
 
 class TorchvisionLoader:
@@ -171,8 +171,8 @@ class TorchvisionLoader:
         self.pin_memory = pin_memory and self.device.type == "cuda"
         self.augment, self._loader = augment and mode == "train", None
 
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.epoch = epoch
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.sampler.set_epoch(epoch, start)
 
     def set_augment(self, augment: bool) -> None:
         augment = augment and self.mode == "train"

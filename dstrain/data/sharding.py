@@ -102,10 +102,12 @@ class ShardedBatches:
     """
 
     def __init__(self, n: int, shard: Shard, mode: str, limit: int = 0):
-        self.n, self.shard, self.mode, self.limit, self.epoch = n, shard, mode, limit, 0
+        self.n, self.shard, self.mode, self.limit, self.epoch, self.start = n, shard, mode, limit, 0, 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Iterate epoch ``epoch`` from micro batch ``start`` (a run resumed part-way through it);
+        ``len()`` still counts the whole epoch."""
+        self.epoch, self.start = epoch, start
 
     def batches(self) -> list[torch.Tensor]:
         return index_lists(self.n, self.shard, self.mode, self.epoch, self.limit)

@@ -11,15 +11,15 @@ class SyntheticLoader:
 
     def __init__(self, n: int, shape: tuple[int, ...], num_classes: int, shard: Shard, mode: str, device,
                  dtype: torch.dtype = torch.float32, channels_last: bool = False):
-        self.n, self.shard, self.mode = n, shard, mode
+        self.n, self.shard, self.mode, self.start = n, shard, mode, 0
         batch = shard.micro if mode == "train" else shard.eval_batch
         g = torch.Generator().manual_seed(shard.seed * 1024 + shard.rank)
         x = torch.randn((batch, *shape), generator=g).to(device=device, dtype=dtype)
         self.x = x.contiguous(memory_format=torch.channels_last) if channels_last and x.ndim == 4 else x
         self.y = torch.randint(0, num_classes, (batch,), generator=g).to(device)
 
-    def set_epoch(self, epoch: int) -> None:
-        pass
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.start = start
 
     def set_augment(self, augment: bool) -> None:
         pass
@@ -30,5 +30,5 @@ class SyntheticLoader:
         return -(-len(val_range(self.n, self.shard.rank, self.shard.world)) // len(self.y))
 
     def __iter__(self):
-        for _ in range(len(self)):
+        for _ in range(len(self) - self.start):
             yield self.x, self.y

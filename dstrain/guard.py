@@ -1,0 +1,272 @@
+"""How a run stops when something goes wrong: signals, divergence, lost ranks, exit statuses.
+
+Every way a run can end has its own exit status (docs/reliability.md):
+
+====  =====================================================================
+0     finished
+1     an unexpected error (a traceback follows)
+2     bad input: config, JSON, data, run directory (one ``dstrain: error:`` line)
+3     diverged: a non-finite loss or weights, or too many consecutive FP16 overflow skips
+4     lost a rank: a collective failed or timed out (``fault.collective_timeout_s``)
+5     a checkpoint could not be written (disk full, permissions)
+75    stopped by SIGTERM/SIGINT after writing a checkpoint; ``resume=auto`` continues
+====  =====================================================================
+
+75 is ``EX_TEMPFAIL`` of sysexits.h ("try again later"): a job script can requeue on it.
+
+Each rank records how it ended in ``RUN_DIR/ranks/rankNNNNN.json`` (host, pid,
+state, exit status, message). A rank that finds a collective broken reads its
+peers' records to name the rank that failed: a process that is gone without a
+record, or the first record with a failure. ``dstrain.launch`` prints the same
+table when a job fails.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("dstrain")
+
+EXIT_ERROR, EXIT_CONFIG, EXIT_DIVERGED, EXIT_PEER_LOST, EXIT_CHECKPOINT, EXIT_PREEMPTED = 1, 2, 3, 4, 5, 75
+RANKS_DIR = "ranks"
+NO_BAD_STEP = 2 ** 62  # "no non-finite loss seen" in the MIN all-reduce of first bad steps
+
+
+class RunStopped(Exception):
+    """The run stopped on purpose; ``str(err)`` is the one line for the user, ``exit_code`` the status."""
+    exit_code = EXIT_ERROR
+    state = "error"
+
+
+class Diverged(RunStopped):
+    exit_code, state = EXIT_DIVERGED, "diverged"
+
+
+class PeerLost(RunStopped):
+    exit_code, state = EXIT_PEER_LOST, "lost_peer"
+
+
+class CheckpointWriteError(RunStopped):
+    exit_code, state = EXIT_CHECKPOINT, "checkpoint_failed"
+
+
+class Preempted(RunStopped):
+    exit_code, state = EXIT_PREEMPTED, "preempted"
+
+
+# ---------------------------------------------------------------- signals
+class StopSignals:
+    """SIGTERM/SIGINT set a flag; the training loop agrees on it across ranks after each step.
+
+    The handler only records the signal: the step in flight finishes, every rank
+    stops after the same step, a checkpoint is written, and the run exits 75.
+    Later signals (a launcher forwards the scheduler's SIGTERM, Ctrl-C reaches
+    every process of the terminal) change nothing.
+    """
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum = 0
+        self._previous: dict = {}
+
+    def install(self) -> None:
+        for s in self.SIGNALS:
+            self._previous[s] = signal.signal(s, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
+
+
+# ---------------------------------------------------------------- divergence
+class NonFiniteWatch:
+    """The first optimizer step whose loss was NaN/inf, tracked on the device (no host sync per step).
+
+    :meth:`first_bad_step` (a collective: the MIN over ranks, one host sync) is
+    called at log windows, at the end of each epoch and before any checkpoint.
+    """
+
+    def __init__(self, device: torch.device):
+        self.bad = torch.full((), NO_BAD_STEP, dtype=torch.int64, device=device)
+
+    def observe(self, loss: torch.Tensor, step: int) -> None:
+        self.bad.masked_fill_(~torch.isfinite(loss.detach()) & (self.bad == NO_BAD_STEP), step)
+
+    def first_bad_step(self, all_reduce_min) -> int | None:
+        step = int(all_reduce_min(self.bad.clone()).item())
+        return None if step == NO_BAD_STEP else step
+
+
+def params_finite(module: torch.nn.Module) -> bool:
+    flags = [p.detach().isfinite().all() for p in module.parameters()]
+    return bool(torch.stack(flags).all().item()) if flags else True
+
+
+class SkipCounter:
+    """FP16 steps skipped by the dynamic loss scaler (an overflow in the gradients).
+
+    ``update(skipped_total, step)`` takes the engine's running count after each
+    optimizer step; ``limit`` consecutive skips (0 = no limit) stop the run: the
+    loss scale has then been halved ``limit`` times without a finite gradient.
+    """
+
+    def __init__(self, limit: int):
+        self.limit, self.total, self.consecutive, self.first_of_run = limit, 0, 0, 0
+
+    def update(self, skipped_total: int, step: int, scale: float | None = None) -> None:
+        new = skipped_total - self.total
+        self.total = skipped_total
+        if new <= 0:
+            self.consecutive = 0
+            return
+        if self.consecutive == 0:
+            self.first_of_run = step
+        self.consecutive += new
+        if self.consecutive in (1, 8) or self.consecutive % 32 == 0:
+            log.warning("step %d: FP16 gradient overflow, step skipped (%d in a row, %d in total, loss scale now %s)",
+                        step, self.consecutive, self.total, scale)
+        if self.limit and self.consecutive >= self.limit:
+            raise Diverged(f"{self.consecutive} consecutive FP16 steps skipped for gradient overflow (steps "
+                           f"{self.first_of_run}-{step}, limit fault.max_consecutive_skips={self.limit}): the "
+                           "loss scale cannot find finite gradients")
+
+
+def divergence_message(what: str, step: int, epoch: int, checkpoint: Path | None) -> str:
+    last = (f"the last good checkpoint is {checkpoint} (resume=auto continues from it)" if checkpoint
+            else "no checkpoint was written yet")
+    return (f"{what} at step {step} (epoch {epoch + 1}); the run stopped, {last}. Lower the learning rate "
+            "(optim.base_lr), lengthen optim.warmup_epochs or set gradient_clipping in the DeepSpeed JSON")
+
+
+# ---------------------------------------------------------------- lost ranks
+COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|connection (reset|closed|refused)|timed out|broken pipe|"
+                                r"processgroup|watchdog|socket", re.IGNORECASE)
+
+
+def is_collective_failure(err: BaseException) -> bool:
+    dist_error = getattr(torch.distributed, "DistError", ())
+    if dist_error and isinstance(err, dist_error):
+        return True
+    return isinstance(err, RuntimeError) and bool(COLLECTIVE_FAILURE.search(str(err)))
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return re.sub(r"^\[[^\]]*\]\s*", "", text[0]) if text else type(err).__name__  # drop gloo's "[file.cc:N]"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RankRecords:
+    """``RUN_DIR/ranks/rankNNNNN.json``: who each rank is and how it ended (each rank writes its own)."""
+
+    def __init__(self, run_dir: Path, rank: int, world: int):
+        self.dir, self.rank, self.world = run_dir / RANKS_DIR, rank, world
+        self.path = self.dir / f"rank{rank:05d}.json"
+
+    def start(self, step: int) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write({"state": "running", "step": step})
+
+    def finish(self, state: str, exit_code: int, message: str = "", step: int | None = None) -> None:
+        if self.dir.is_dir():
+            self._write({"state": state, "exit_code": exit_code, "message": message, "step": step})
+
+    def _write(self, fields: dict) -> None:
+        from dstrain.checkpoint import atomic_write_text
+
+        record = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(),
+                  **fields}
+        try:
+            atomic_write_text(self.path, json.dumps(record) + "\n")
+        except OSError as err:  # a full disk must not hide the real error
+            log.warning("could not write %s: %s", self.path, err)
+
+    def peers(self) -> list[dict]:
+        return read_records(self.dir.parent, self.world)
+
+
+def read_records(run_dir: Path, world: int | None = None) -> list[dict]:
+    """Every rank's record (a missing one as ``{"rank": r, "state": "no record"}``), with ``verdict`` added."""
+    folder = run_dir / RANKS_DIR
+    found = {}
+    for path in sorted(folder.glob("rank*.json")) if folder.is_dir() else []:
+        try:
+            rec = json.loads(path.read_text())
+            found[int(rec["rank"])] = rec
+        except (OSError, ValueError, KeyError):
+            continue
+    world = world or (max(found) + 1 if found else 0)
+    here = socket.gethostname()
+    out = []
+    for r in range(world):
+        rec = found.get(r, {"rank": r, "state": "no record"})
+        if rec["state"] == "running":
+            if rec.get("host") == here and not pid_alive(int(rec["pid"])):
+                rec["verdict"] = "process gone without a word (killed: SIGKILL, out of memory, a crash)"
+            elif rec.get("host") == here:
+                rec["verdict"] = "process alive but not answering (stuck or stopped)"
+            else:
+                rec["verdict"] = "no final record (the process or its node died, or it is stuck)"
+        elif rec["state"] == "no record":
+            rec["verdict"] = "never started"
+        else:
+            rec["verdict"] = f"{rec['state']} (exit {rec.get('exit_code')}): {rec.get('message', '')}"
+        out.append(rec)
+    return out
+
+
+def failed_ranks(records: list[dict], me: int) -> list[dict]:
+    """The ranks to blame: silent (still 'running' on record), then those that recorded a failure."""
+    silent = [r for r in records if r["rank"] != me and r["state"] in ("running", "no record")]
+    if silent:
+        return silent
+    return [r for r in records if r["rank"] != me and r["state"] not in ("done", "lost_peer", "preempted")]
+
+
+def describe_lost(records: list[dict], me: int, what: str, timeout_s: float) -> str:
+    blamed = failed_ranks(records, me)
+    if blamed:
+        who = "; ".join(f"rank {r['rank']} (pid {r.get('pid', '?')} on {r.get('host', '?')}): {r['verdict']}"
+                        for r in blamed[:4])
+        who += f" and {len(blamed) - 4} more" if len(blamed) > 4 else ""
+    else:
+        who = "no peer recorded a failure"
+    return (f"lost contact with another rank: {who}. The collective failed with: {what} "
+            f"(fault.collective_timeout_s={timeout_s:g})")
+
+
+def wait_for_records(records: RankRecords, seconds: float = 3.0) -> list[dict]:
+    """Peers that failed on their own write their record within moments; give them that long."""
+    deadline = time.monotonic() + seconds
+    while True:
+        peers = records.peers()
+        stuck = [r for r in peers if r["rank"] != records.rank and "alive" in r.get("verdict", "")]
+        if not stuck or time.monotonic() > deadline:
+            return peers
+        time.sleep(0.25)
+
