@@ -40,7 +40,7 @@ log = logging.getLogger("dstrain")
 TAG_RE = re.compile(r"^epoch(\d{4,})(?:-step(\d{8,}))?$")
 POINTER = "latest"
 STATE_FILE = "trainer_state.json"
-FAULT_ENV = "DSTRAIN_FAULT_KILL_IN_CHECKPOINT"  # tests: SIGKILL rank 0 at this phase of a save (written|renamed)
+FAULT_ENV = "DSTRAIN_FAULT_KILL_IN_CHECKPOINT"  # tests: TAG:PHASE SIGKILLs rank 0 there (phase written|renamed)
 
 
 def tag_for(epoch: int, step: int | None = None) -> str:
@@ -53,8 +53,8 @@ def _order(tag: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2) or 0)
 
 
-def _fault(phase: str) -> None:
-    if os.environ.get(FAULT_ENV) == phase and dist.is_main():
+def _fault(tag: str, phase: str) -> None:
+    if os.environ.get(FAULT_ENV) == f"{tag}:{phase}" and dist.is_main():
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -126,12 +126,10 @@ def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) 
         engine.save_checkpoint(str(root), tag=partial, client_state={"dstrain": trainer_state}, save_latest=False)
         (root / partial).mkdir(parents=True, exist_ok=True)
         torch.save(rng_state(), root / partial / f"rng_rank{dist.rank():05d}.pt")
-    except (OSError, RuntimeError) as err:  # torch.save wraps ENOSPC in a RuntimeError
-        if isinstance(err, RuntimeError) and not _looks_like_io(err):
-            raise
-        error = f"{root / partial}: {err.strerror if isinstance(err, OSError) and err.strerror else err}"
+    except (OSError, RuntimeError) as err:  # torch.save reports ENOSPC as e.g. "unexpected pos N vs M"
+        error = f"{root / partial}: {_describe(err, root)}"
     _agree_or_fail(root / partial, error)  # every rank's files are on disk before the checkpoint is complete
-    _fault("written")
+    _fault(tag, "written")
     if dist.is_main():
         try:
             atomic_write_text(root / partial / STATE_FILE, json.dumps(trainer_state, indent=2))
@@ -144,17 +142,24 @@ def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) 
             else:
                 os.rename(root / partial, root / tag)
             _fsync_dir(root)
-            _fault("renamed")
+            _fault(tag, "renamed")
             atomic_write_text(root / POINTER, tag + "\n")
             _prune(root, keep_last)
         except OSError as err:
-            error = f"{root / tag}: {err.strerror or err}"
+            error = f"{root / tag}: {_describe(err, root)}"
     _agree_or_fail(root / partial, error)
     return root / tag
 
 
-def _looks_like_io(err: RuntimeError) -> bool:
-    return any(k in str(err).lower() for k in ("no space", "file write failed", "errno", "permission", "quota"))
+def _describe(err: Exception, root: Path) -> str:
+    text = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip().splitlines()[-1]
+    try:
+        free = shutil.disk_usage(root).free
+        if free < 2**20:
+            return f"the file system is full ({free // 1024} KiB free; {text})"
+        return f"{text} ({free / 2**20:.1f} MiB free on its file system)"
+    except OSError:
+        return text
 
 
 def _agree_or_fail(partial: Path, error: str) -> None:

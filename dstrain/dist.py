@@ -53,6 +53,29 @@ def init_host_group() -> None:
         _host_group = dist.new_group(backend="gloo")
 
 
+def set_timeout_everywhere(seconds: float) -> int:
+    """Give every process group this rank is in the same collective timeout; returns how many.
+
+    ``init_process_group(timeout=...)`` covers only the world group: groups made later with
+    ``new_group`` (DeepSpeed's data-parallel group, which carries the gradient all-reduce, and ours)
+    keep torch's 30-minute default, so a stuck peer would hang the run for half an hour.
+    """
+    from datetime import timedelta
+
+    if not dist.is_initialized():
+        return 0
+    world = getattr(dist.distributed_c10d, "_world", None)  # torch keeps the group registry private
+    groups = list(world.pg_map) if world is not None else [dist.group.WORLD]
+    n = 0
+    for group in groups:
+        try:
+            dist.set_timeout(timedelta(seconds=seconds), group)
+            n += 1
+        except (ValueError, RuntimeError):  # not a member / a backend without settable timeouts
+            continue
+    return n
+
+
 def host_all_reduce(values: list[float], op: str = "sum") -> list[float]:
     """Reduce a few host numbers over ranks (CPU, gloo): no device sync, safe inside a signal-driven stop."""
     t = torch.tensor(values, dtype=torch.float64)

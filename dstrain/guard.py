@@ -168,17 +168,31 @@ def is_collective_failure(err: BaseException) -> bool:
 
 def first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
-    return re.sub(r"^\[[^\]]*\]\s*", "", text[0]) if text else type(err).__name__  # drop gloo's "[file.cc:N]"
+    if not text:
+        return type(err).__name__
+    line = re.sub(r"^\[[^\]]*\]\s*", "", text[0])  # drop gloo's "[file.cc:N]"
+    return re.split(r"\.\s+(?=[A-Z])", line)[0]  # and its advice after the first sentence
 
 
-def pid_alive(pid: int) -> bool:
+def process_state(pid: int) -> str:
+    """'gone' (no process, or a zombie nobody reaped yet), else the state letter of /proc/PID/stat
+    (R running, S sleeping, D uninterruptible I/O, T stopped) or '?' where /proc cannot tell."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return "gone"
     except PermissionError:
-        return True
-    return True
+        return "?"
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        state = stat[stat.rindex(")") + 2]
+    except (OSError, ValueError, IndexError):
+        return "?"
+    return "gone" if state in "ZX" else state
+
+
+ALIVE_VERDICT = {"T": "process alive but stopped (SIGSTOP, a debugger)",
+                 "D": "process alive but stuck in uninterruptible I/O (a hung file system or device)"}
 
 
 class RankRecords:
@@ -226,10 +240,11 @@ def read_records(run_dir: Path, world: int | None = None) -> list[dict]:
     for r in range(world):
         rec = found.get(r, {"rank": r, "state": "no record"})
         if rec["state"] == "running":
-            if rec.get("host") == here and not pid_alive(int(rec["pid"])):
+            state = process_state(int(rec["pid"])) if rec.get("host") == here else ""
+            if state == "gone":
                 rec["verdict"] = "process gone without a word (killed: SIGKILL, out of memory, a crash)"
-            elif rec.get("host") == here:
-                rec["verdict"] = "process alive but not answering (stuck or stopped)"
+            elif state:
+                rec["verdict"] = ALIVE_VERDICT.get(state, "process alive but not answering (stuck)")
             else:
                 rec["verdict"] = "no final record (the process or its node died, or it is stuck)"
         elif rec["state"] == "no record":

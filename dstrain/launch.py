@@ -239,7 +239,7 @@ def _group_alive(pgid: int) -> bool:
 
 def report(run_dir: Path | None, launcher_code: int) -> int:
     """Print one line per rank that did not finish cleanly; return the job's exit status."""
-    from dstrain.guard import EXIT_PREEMPTED, failed_ranks, read_records
+    from dstrain.guard import EXIT_PEER_LOST, EXIT_PREEMPTED, failed_ranks, read_records
 
     records = read_records(run_dir) if run_dir else []
     if not records:
@@ -255,10 +255,13 @@ def report(run_dir: Path | None, launcher_code: int) -> int:
     print(f"launch.sh: the job failed ({run_dir}); how each rank ended:", flush=True)
     for r in records:
         mark = "  <- failed first" if blamed and r["rank"] == blamed[0]["rank"] else ""
-        print(f"  rank {r['rank']} (pid {r.get('pid', '?')} on {r.get('host', '?')}): {r['verdict']}{mark}"[:400],
+        verdict = r["verdict"] if r["state"] != "lost_peer" else "lost_peer (exit 4): stopped when a peer was lost"
+        print(f"  rank {r['rank']} (pid {r.get('pid', '?')} on {r.get('host', '?')}): {verdict[:300]}{mark}",
               flush=True)
-    codes = [r.get("exit_code") for r in blamed if r.get("exit_code")]
-    return codes[0] if codes else (launcher_code or 1)
+    if not blamed:
+        return launcher_code or 1
+    # a rank that vanished without a record: the job lost a rank (4); else the first failed rank's own status
+    return blamed[0].get("exit_code") or EXIT_PEER_LOST
 
 
 if __name__ == "__main__":

@@ -87,8 +87,28 @@ def _lamb(groups, lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_coeff
                 bias_correction=bias_correction)
 
 
+def check_ranges(params: dict, where: str) -> None:
+    """Values no optimizer accepts; the builders' own messages do not name the JSON field."""
+    def num(key):
+        try:
+            return float(params[key])
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}.{key}={params[key]!r}: must be a number") from None
+    if "lr" in params and not num("lr") > 0:
+        raise ConfigError(f"{where}.lr={params['lr']}: must be > 0 (the LR per optim.lr_reference_batch images)")
+    if "momentum" in params and not 0 <= num("momentum") < 1:
+        raise ConfigError(f"{where}.momentum={params['momentum']}: must be in [0, 1)")
+    if "weight_decay" in params and num("weight_decay") < 0:
+        raise ConfigError(f"{where}.weight_decay={params['weight_decay']}: must be >= 0")
+    betas = params.get("betas")
+    if betas is not None and not (isinstance(betas, (list, tuple)) and len(betas) == 2
+                                  and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
+        raise ConfigError(f"{where}.betas={betas}: must be [beta1, beta2], each in [0, 1)")
+
+
 # JSON "type" (lower-cased) -> builder(groups, **params).
 OPTIMIZERS = {"sgd": _sgd, "adamw": _adamw, "adam": _adam, "lars": _lars, "lamb": _lamb}
+REMOVED_1BIT = {"onebitadam", "onebitlamb", "zerooneadam"}
 LAYERWISE = {"lars", "lamb"}  # need ZeRO stage 0: per-tensor norms are meaningless on flat partitions
 
 
@@ -96,12 +116,17 @@ def build_optimizer(model: torch.nn.Module, spec: dict | None, source: str = "op
     """(optimizer, base LR per reference batch) from a JSON optimizer block."""
     spec = spec or {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-5}}
     kind = str(spec.get("type", "")).lower()
+    if kind in REMOVED_1BIT:
+        raise ConfigError(f"{source}: optimizer type {spec.get('type')!r} (1-bit compressed communication) was removed "
+                          "in DeepSpeed 0.19; use \"type\": \"Adam\" or \"Lamb\" with a \"dstrain_communication\": "
+                          "{\"compression\": \"sign\"} block (ds_configs/comm_sign.json, docs/communication.md)")
     if kind not in OPTIMIZERS:
         raise ConfigError(f"{source}: optimizer type {spec.get('type')!r} is not supported; "
                           f"use one of {', '.join(sorted(OPTIMIZERS))} (case-insensitive)")
     params = dict(spec.get("params", {}))
     if "lr" not in params:
         raise ConfigError(f"{source}: optimizer.params.lr is missing (the LR per optim.lr_reference_batch images)")
+    check_ranges(params, f"{source}: optimizer.params")
     exclude = bool(params.pop("exclude_bn_bias", True))
     groups = param_groups(model, float(params.get("weight_decay", 0.0)), exclude, layerwise=kind in LAYERWISE)
     try:

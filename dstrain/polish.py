@@ -259,7 +259,11 @@ def polish_run_dir(args: argparse.Namespace) -> dict:
     m = cfg.model
     model = build_model(m.name, m.num_classes, m.in_channels, m.width, m.blocks_per_stage, m.zero_init_residual)
     state = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    try:
+        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    except RuntimeError as err:  # size mismatch / missing keys
+        raise ConfigError(f"{model_file}: this checkpoint belongs to a different model than model.* describes "
+                          f"({str(err).splitlines()[-1].strip()[:160]}); drop the model.* overrides") from None
     model.to(device)
     fmt = memory_format(m.channels_last)
     model.to(memory_format=fmt)

@@ -360,6 +360,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     if comm_cfg is not None:  # our gradient sync replaces the engine's backward all-reduce
         engine.enable_backward_allreduce = False
         grad_sync = comm.GradientSync(comm_cfg, list(engine.module.parameters()), seed=cfg.seed)
+    dist.set_timeout_everywhere(cfg.fault.collective_timeout_s)  # also the groups DeepSpeed and comm.py made
     make_run_dir(run_dir, checkpoint_bytes(engine.module, precision) if cfg.fault.check_disk else 0)
     # only now: a config or data error above leaves nothing behind
 
@@ -402,6 +403,10 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     except guard.RunStopped as err:
         monitor.close()
         records.finish(err.state, err.exit_code, str(err), state.step)
+        raise
+    except ConfigError as err:  # found only while training: a corrupt image
+        monitor.close()
+        records.finish("bad_input", guard.EXIT_CONFIG, str(err), state.step)
         raise
     except Exception as err:
         monitor.close()

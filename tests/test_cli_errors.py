@@ -1,70 +1,186 @@
-"""Bad input through the real command line: one clear line, exit 2, no traceback, nothing written."""
+"""Bad input through the real command line: one clear line, exit 2, no traceback, nothing written.
+
+A new case is one line in CASES: (kind, name, extra arguments, text the error line must contain). Extra
+arguments may use {data} (a small Fashion-MNIST), {tmp} (an empty scratch directory) and the names of the
+files ``case_files`` writes. Every case also lands in the evidence table (``./run.sh evidence``).
+"""
+import hashlib
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, run_cli
+from tests.conftest import TINY, deepspeed_launcher, run_cli
 
 BAD_JSON = '{\n  "gradient_clipping": 0.0,\n  "optimizer": {"type": "SGD" "params": {}}\n}\n'
+JSON_FILES = {
+    "bf16_cast": '{"bf16": {"enabled": true}, "gradient_clipping": 0.0}',
+    "grid": '{"gradient_clipping": 0.0, "dstrain_communication": {"mode": "torus2d", "grid": [2, 2]}}',
+    "onebit": '{"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}}',
+    "shampoo": '{"optimizer": {"type": "Shampoo", "params": {"lr": 0.1}}}',
+    "negative_lr": '{"optimizer": {"type": "SGD", "params": {"lr": -0.1, "momentum": 0.9}}}',
+    "momentum": '{"optimizer": {"type": "LARS", "params": {"lr": 1.0, "momentum": 1.5}}}',
+    "zero_comm": '{"zero_optimization": {"stage": 1}, "dstrain_communication": {"compression": "sign"}}',
+    "typo_key": '{"gradient_cliping": 1.0}',
+}
 
 
-def case_files(tmp_path):
-    bad = tmp_path / "bad.json"
-    bad.write_text(BAD_JSON)
-    bf16 = tmp_path / "bf16_cast.json"
-    bf16.write_text('{"bf16": {"enabled": true}, "gradient_clipping": 0.0}')
-    grid = tmp_path / "grid.json"
-    grid.write_text('{"gradient_clipping": 0.0, "dstrain_communication": {"mode": "torus2d", "grid": [2, 2]}}')
-    return {"bad_json": str(bad), "bf16_cast": str(bf16), "grid": str(grid)}
+def case_files(tmp_path: Path) -> dict:
+    files = {"bad_json": tmp_path / "bad.json", "bad_yaml": tmp_path / "bad.yaml"}
+    files["bad_json"].write_text(BAD_JSON)
+    files["bad_yaml"].write_text("epochs: 3\noptim:\n  base_lr: [0.1\n")
+    for name, text in JSON_FILES.items():
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(text)
+    (tmp_path / "empty").mkdir()
+    for split in ("train", "val"):  # an image folder whose splits hold no class folders
+        (tmp_path / "no_classes" / split).mkdir(parents=True)
+    (tmp_path / "not_a_run").mkdir()
+    (tmp_path / "not_a_run" / "notes.txt").write_text("my notes")
+    files["a_file"] = tmp_path / "a_file"
+    files["a_file"].write_text("not a directory")
+    files["not_a_run"] = tmp_path / "not_a_run"
+    return {k: str(v) for k, v in files.items()}
 
 
+JSON = "--deepspeed_config"
 CASES = [
-    # id, extra args (formatted with {data}, {bad_json}, {tmp}), text the error line must contain
-    ("missing data directory", ["data.root={tmp}/no-such-dir", "data.download=false"],
-     "apt-get install dataset-fashion-mnist"),
-    ("malformed JSON", ["--deepspeed_config", "{bad_json}"], "bad.json:3:"),
-    ("missing JSON", ["--deepspeed_config", "ds_configs/nope.json"], "ds_configs/nope.json: no such file"),
-    ("unknown key", ["optim.warmup_epoch=5"], "unknown config key 'optim.warmup_epoch'"),
-    ("wrong type", ["epochs=three"], "bad value for 'epochs'"),
-    ("fp16 without GPU", ["--deepspeed_config", "ds_configs/fp16.json"], "ds_configs/fp32.json"),
-    ("batch not divisible", ["batch.global_size=32", "batch.micro_per_rank=12"],
-     "batch.micro_per_rank=12 does not divide"),
-    ("bf16 cast with BatchNorm on CPU", ["--deepspeed_config", "{bf16_cast}"], "Use ds_configs/bf16.json"),
-    ("unknown recipe", ["--config", "nope"], "no such file or recipe"),
-    ("unknown model", ["model.name=resnet_tiny"], "model.name='resnet_tiny'"),
-    ("image folder without a root", ["data.dataset=imagefolder", "data.root=''"], "needs data.root=DIR"),
-    ("image folder without val/", ["data.dataset=imagefolder", "data.root={tmp}"], "missing"),
-    ("DALI for Fashion-MNIST", ["data.loader=dali"], "served from memory"),
-    ("unknown loader", ["data.loader=ffcv"], "data.loader='ffcv'"),
-    ("impossible crop area", ["data.random_area=[0.5,0.1]"], "data.random_area=[0.5, 0.1]"),
-    ("synthetic as a data set", ["data.dataset=synthetic"], "data.loader=synthetic"),
-    ("torus grid larger than the world", ["--deepspeed_config", "{grid}"],
+    # kind, name, extra args, text the error line must contain
+    ("config", "malformed JSON", [JSON, "{bad_json}"], "bad.json:3:"),
+    ("config", "malformed YAML recipe", ["--config", "{bad_yaml}"], "bad.yaml: malformed YAML"),
+    ("config", "missing JSON", [JSON, "ds_configs/nope.json"], "ds_configs/nope.json: no such file"),
+    ("config", "unknown recipe", ["--config", "nope"], "no such file or recipe"),
+    ("config", "unknown trainer key", ["optim.warmup_epoch=5"], "unknown config key 'optim.warmup_epoch'"),
+    ("config", "unknown JSON key (a typo)", [JSON, "{typo_key}"], "Did you mean 'gradient_clipping'"),
+    ("config", "wrong type", ["epochs=three"], "bad value for 'epochs'"),
+    ("config", "negative LR (trainer)", ["optim.base_lr=-0.1"], "optim.base_lr=-0.1: must be >= 0"),
+    ("config", "negative LR (JSON)", [JSON, "{negative_lr}"], "optimizer.params.lr=-0.1: must be > 0"),
+    ("config", "momentum out of range", [JSON, "{momentum}"], "optimizer.params.momentum=1.5: must be in [0, 1)"),
+    ("config", "label smoothing 1.0", ["optim.label_smoothing=1.0"], "optim.label_smoothing=1.0: must be in [0, 1)"),
+    ("config", "warmup longer than training", ["optim.warmup_epochs=5"], "shorter than epochs=3"),
+    ("config", "ramp steps out of order", ["batch.ramp=[[2,64],[1,128]]"], "epochs must increase strictly"),
+    ("config", "unknown model", ["model.name=resnet_tiny"], "model.name='resnet_tiny'"),
+    ("config", "unknown loader", ["data.loader=ffcv"], "data.loader='ffcv'"),
+    ("config", "impossible crop area", ["data.random_area=[0.5,0.1]"], "data.random_area=[0.5, 0.1]"),
+    ("config", "synthetic as a data set", ["data.dataset=synthetic"], "data.loader=synthetic"),
+    ("config", "negative collective timeout", ["fault.collective_timeout_s=-1"], "fault.collective_timeout_s=-1"),
+    ("optimizer", "optimizer neither DeepSpeed nor dstrain has", [JSON, "{shampoo}"],
+     "optimizer type 'Shampoo' is not supported"),
+    ("optimizer", "1-bit Adam (removed in DeepSpeed 0.19)", [JSON, "{onebit}"], "removed in DeepSpeed 0.19"),
+    ("precision", "fp16 without a GPU", [JSON, "ds_configs/fp16.json"], "ds_configs/fp32.json"),
+    ("precision", "bf16 weight cast with BatchNorm on CPU", [JSON, "{bf16_cast}"], "Use ds_configs/bf16.json"),
+    ("communication", "compressed all-reduce with ZeRO stage 1", [JSON, "{zero_comm}"], "ZeRO stages > 0"),
+    ("communication", "torus grid larger than the world", [JSON, "{grid}"],
      "grid=[2, 2] needs 4 ranks but the world size is 1"),
+    ("data", "data directory missing", ["data.root={tmp}/no-such-dir", "data.download=false"],
+     "apt-get install dataset-fashion-mnist"),
+    ("data", "data directory empty", ["data.root={tmp}/empty", "data.download=false"], "no Fashion-MNIST idx files"),
+    ("data", "image folder without a root", ["data.dataset=imagefolder", "data.root=''"], "needs data.root=DIR"),
+    ("data", "image folder without train/ and val/", ["data.dataset=imagefolder", "data.root={tmp}/empty"],
+     "missing"),
+    ("data", "image folder with no class folders", ["data.dataset=imagefolder", "data.root={tmp}/no_classes"],
+     "no class folders"),
+    ("data", "DALI for Fashion-MNIST", ["data.loader=dali"], "served from memory"),
+    ("batch", "micro batch does not divide the per-rank batch", ["batch.global_size=32", "batch.micro_per_rank=12"],
+     "batch.micro_per_rank=12 does not divide"),
+    ("batch", "global batch larger than the data set", ["batch.global_size=1024"], "less than one global batch"),
+    ("run dir", "run_dir is a file", ["run_dir={a_file}"], "is a file"),
+    ("run dir", "resume=auto on a directory that is not a run", ["run_dir={not_a_run}", "resume=auto"],
+     "is not a dstrain run"),
 ]
 
 
-@pytest.mark.parametrize("name, extra, expected", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_gives_one_clear_line(name, extra, expected, fake_fmnist, tmp_path):
+def tree_digest(path: Path) -> str:
+    """Names and contents of every file under path: equal digests = nothing written or overwritten."""
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")) if path.exists() else []:
+        h.update(str(p.relative_to(path)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def check_one_clear_line(proc, expected: str, ranks: int = 1) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    prefix = "dstrain: error:" if ranks == 1 else "dstrain[rank "
+    errors = [line for line in proc.stderr.splitlines() if line.startswith(prefix)]
+    assert len(errors) == ranks and all(expected in e for e in errors), proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert len({e.split(":", 1)[1] for e in errors}) == 1  # every rank says the same
+    return errors[0]
+
+
+@pytest.mark.parametrize("kind, name, extra, expected", CASES, ids=[c[1] for c in CASES])
+def test_bad_input_gives_one_clear_line(kind, name, extra, expected, fake_fmnist, tmp_path, evidence):
     subs = {"data": str(fake_fmnist), "tmp": str(tmp_path), **case_files(tmp_path)}
     run_dir = tmp_path / "run"
-    args = ["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}"]
+    args = [JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}"]
     args += [a.format(**subs) for a in extra]
+    before = tree_digest(tmp_path)
     proc = run_cli(args, timeout=120)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("dstrain: error:")]
-    assert len(errors) == 1 and expected in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr
+    line = check_one_clear_line(proc, expected)
     assert not run_dir.exists(), "a failed start must not create the run directory"
+    assert tree_digest(tmp_path) == before, "a failed start must not write anything"
+    evidence(f"bad input: {kind}", name, exit=proc.returncode, seen=line, disk="nothing written")
 
 
-def test_existing_run_dir_is_not_overwritten(fake_fmnist, tmp_path):
+def test_batch_that_does_not_split_over_the_world_size(fake_fmnist, tmp_path, evidence):
+    run_dir = tmp_path / "run"
+    proc = run_cli([JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}",
+                    "batch.global_size=33"], launcher=deepspeed_launcher(2), timeout=240)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = check_one_clear_line(proc, "batch.global_size=33 is not divisible by the world size 2", ranks=2)
+    assert not run_dir.exists()
+    evidence("bad input: batch", "global batch 33 on 2 ranks", exit=proc.returncode, seen=line,
+             disk="nothing written")
+
+
+def test_existing_run_dir_is_not_overwritten(fake_fmnist, tmp_path, evidence):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "summary.json").write_text("precious")
-    proc = run_cli(["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}",
-                    f"run_dir={run_dir}"], timeout=120)
-    assert proc.returncode == 2 and "resume=auto" in proc.stderr
-    assert (run_dir / "summary.json").read_text() == "precious"
+    proc = run_cli([JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}"],
+                   timeout=120)
+    assert proc.returncode == 2
+    line = check_one_clear_line(proc, "resume=auto")
+    assert (run_dir / "summary.json").read_text() == "precious" and len(list(run_dir.iterdir())) == 1
+    evidence("bad input: run dir", "existing run_dir without resume=auto", exit=2, seen=line,
+             disk="existing files untouched")
+
+
+@pytest.fixture(scope="module")
+def finished_run(fake_fmnist, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    proc = run_cli([JSON, "ds_configs/fp32.json", *TINY, "epochs=1", f"data.root={fake_fmnist}",
+                    f"run_dir={run_dir}"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return run_dir
+
+
+def test_resume_with_a_different_model_is_refused(finished_run, fake_fmnist, evidence):
+    before = tree_digest(finished_run)
+    proc = run_cli([JSON, "ds_configs/fp32.json", *TINY, "epochs=2", "model.width=16", f"data.root={fake_fmnist}",
+                    f"run_dir={finished_run}", "resume=auto"], timeout=120)
+    assert proc.returncode == 2
+    line = check_one_clear_line(proc, "model.width=8 there, 16 here")
+    assert tree_digest(finished_run) == before
+    evidence("bad input: checkpoint", "resume=auto with a different model (width 16 vs 8)", exit=2, seen=line,
+             disk="run untouched")
+
+
+@pytest.mark.parametrize("case", ["not a run directory", "a different model"])
+def test_polish_refuses_a_checkpoint_it_cannot_use(case, finished_run, tmp_path, evidence):
+    target = str(tmp_path) if case == "not a run directory" else str(finished_run)
+    extra = ["model.width=16"] if case == "a different model" else []
+    before = tree_digest(finished_run)
+    proc = run_cli(["--checkpoint", target, *extra], module="dstrain.polish", timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dstrain.polish: error:")]
+    expected = "no config.yaml" if case == "not a run directory" else "belongs to a different model"
+    assert len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
+    assert tree_digest(finished_run) == before
+    evidence("bad input: checkpoint", f"`python -m dstrain.polish --checkpoint` {case}", exit=2, seen=errors[0],
+             disk="nothing written")
 
 
 @pytest.mark.parametrize("entry", ["python -m dstrain", "python dstrain/main.py"])
@@ -73,3 +189,5 @@ def test_help_config_lists_keys_with_units(entry):
     proc = run_cli(["--help-config"], launcher=launcher, timeout=120)
     assert proc.returncode == 0
     assert "optim.warmup_epochs (float, default 0.0): warmup length (epochs, fractions allowed)" in proc.stdout
+    assert "fault.collective_timeout_s (float, default 600.0)" in proc.stdout
+
