@@ -2,6 +2,7 @@
 # One entry point that sets everything up (idempotently) and then does the job.
 #   ./run.sh train [--config R] [--deepspeed_config J] [key=value ...]   train (default: Fashion-MNIST recipe)
 #   ./run.sh test  [pytest args ...]                                     run the test suite
+#   ./run.sh evidence                                                    fault tests -> docs/results/reliability.md
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv).
 set -euo pipefail
@@ -61,6 +62,11 @@ case "$cmd" in
     test)
         setup_venv; setup_fashion_mnist
         exec "$VENV/bin/python" -m pytest "$@" ;;
+    evidence)
+        setup_venv; setup_fashion_mnist
+        exec "$VENV/bin/python" -m pytest -q tests/test_cli_errors.py tests/test_faults.py \
+            "tests/test_e2e.py::test_corrupt_image_stops_the_run_with_one_line" \
+            --evidence docs/results/reliability.md "$@" ;;
     *)
-        sed -n '2,7p' "$0"; exit 2 ;;
+        sed -n '2,8p' "$0"; exit 2 ;;
 esac

@@ -91,9 +91,9 @@ def git_sha() -> str:
     try:
         sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        # benchmark result files are outputs, not code: rewriting one does not make the tree dirty
+        # benchmark and evidence result files are outputs, not code: rewriting one does not make the tree dirty
         dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no",
-                                "--", ".", ":(exclude)bench/results"],
+                                "--", ".", ":(exclude)bench/results", ":(exclude)docs/results"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
     except (OSError, subprocess.SubprocessError):

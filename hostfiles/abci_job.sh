@@ -11,6 +11,11 @@ cd "${PBS_O_WORKDIR:-.}"
 source /etc/profile.d/modules.sh
 module load hpcx          # mpirun for DeepSpeed's openmpi launcher (pdsh is not on ABCI compute nodes)
 export NCCL_IB_HCA=mlx5   # InfiniBand NDR between nodes
-./launch.sh --launcher openmpi --iface "${DSTRAIN_IFACE:?set it to the node's InfiniBand interface, see ip -br link}" \
+status=0
+./launch.sh --launcher openmpi --iface "${DSTRAIN_IFACE:?set it to the InfiniBand interface of the nodes, see ip -br link}" \
     --deepspeed_config ds_configs/lars_bf16.json --config imagenet_resnet50_lars \
-    data.root=/groups/<group>/imagenet run_dir=runs/rn50-lars-32k
+    data.root=/groups/<group>/imagenet run_dir=runs/rn50-lars-32k resume=auto || status=$?
+# 75: stopped by the walltime limit or qdel after writing a checkpoint (docs/reliability.md);
+# submitting this script again continues the run (resume=auto starts fresh when run_dir is empty).
+[[ $status -eq 75 ]] && echo "stopped with a checkpoint: qsub this script again to continue"
+exit $status

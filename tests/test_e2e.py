@@ -143,7 +143,7 @@ def test_image_folder_run(loader, ranks, jpeg_folder, tmp_path):
     assert all(h["val_images"] == 9 for h in summary["history"])  # each val image once across ranks
 
 
-def test_corrupt_image_stops_the_run_with_one_line(tmp_path):
+def test_corrupt_image_stops_the_run_with_one_line(tmp_path, evidence):
     from tests.conftest import make_jpeg_folder
     root = make_jpeg_folder(tmp_path / "data", per_class=4, val_per_class=1)
     bad = root / "train" / "cat" / "002.JPEG"
@@ -154,3 +154,8 @@ def test_corrupt_image_stops_the_run_with_one_line(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dstrain: error:")]
     assert errors == [f"dstrain: error: corrupt image: {bad} " + errors[0].split(f"{bad} ", 1)[1]]
     assert "Traceback" not in proc.stderr
+    run_dir = tmp_path / "run"
+    assert not (run_dir / "checkpoints").exists()
+    assert json.loads((run_dir / "ranks" / "rank00000.json").read_text())["state"] == "bad_input"
+    evidence("bad input: data", "a truncated JPEG in the training set (found when decoded)", exit=2,
+             seen=errors[0], disk="run files and rank record only, no checkpoint")

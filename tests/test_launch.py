@@ -106,3 +106,8 @@ def test_dry_run_prefers_pdsh_and_fails_clearly_without_a_multi_node_launcher(tm
     empty.write_text("")
     proc = dry_run({"PBS_NODEFILE": str(empty)})
     assert proc.returncode == 2 and proc.stderr.startswith("launch.sh: error: $PBS_NODEFILE=")
+
+
+@pytest.mark.parametrize("script", ["launch.sh", "run.sh", "hostfiles/abci_job.sh", ".ci/run"])
+def test_shell_scripts_parse(script):
+    assert subprocess.run(["bash", "-n", str(REPO / script)], capture_output=True).returncode == 0
