@@ -85,6 +85,14 @@ def host_all_reduce(values: list[float], op: str = "sum") -> list[float]:
     return t.tolist()
 
 
+def host_all_reduce_async(values: list[float], op: str = "max"):
+    """Start :func:`host_all_reduce` without waiting; returns (work, tensor): ``work.wait()``, then read it."""
+    t = torch.tensor(values, dtype=torch.float64)
+    work = dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                                  "min": dist.ReduceOp.MIN}[op], group=_host_group, async_op=True)
+    return work, t
+
+
 def all_reduce_min(t: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MIN)

@@ -63,12 +63,41 @@ class Watch:
     nonfinite: guard.NonFiniteWatch
     skips: guard.SkipCounter
     last_checkpoint: Path | None = None
+    _pending: tuple | None = None  # the stop-flag all-reduce started at the previous call
 
     def stop_requested(self) -> str:
-        """The signal any rank received, agreed over ranks (one tiny CPU all-reduce), or ''."""
-        signum = int(dist.host_all_reduce([float(self.signals.signum)], "max")[0]) if dist.world_size() > 1 \
-            else self.signals.signum
+        """The signal any rank had received by the previous call, agreed over ranks, or ''.
+
+        Multi-rank: each call waits for the tiny CPU all-reduce the previous call started (long done by
+        then: it ran during a whole step) and starts the next one, so agreeing costs no step a wait; every
+        rank stops after the same step, one step after the signal."""
+        if dist.world_size() == 1:
+            signum = self.signals.signum
+        else:
+            signum = 0
+            if self._pending is not None:
+                work, flag = self._pending
+                work.wait()
+                signum = int(flag.item())
+            self._pending = dist.host_all_reduce_async([float(self.signals.signum)], "max")
         return signal.Signals(signum).name if signum else ""
+
+    def drain(self) -> str:
+        """Finish the outstanding stop-flag all-reduce (every rank has one); the signal it agreed on, or ''."""
+        signum = 0
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            signum, self._pending = int(flag.item()), None
+        return signal.Signals(signum).name if signum else ""
+
+    def stop_requested_now(self) -> str:
+        """Agree on the signals received until now (a blocking all-reduce: once per epoch, at its end)."""
+        if dist.world_size() == 1:
+            return signal.Signals(self.signals.signum).name if self.signals.signum else ""
+        earlier = self.drain()
+        signum = int(dist.host_all_reduce([float(self.signals.signum)], "max")[0])
+        return earlier or (signal.Signals(signum).name if signum else "")
 
     def check_finite(self, step: int, epoch: int, module: torch.nn.Module | None = None) -> None:
         """Raise Diverged if any rank saw a NaN/inf loss (or, with ``module``, holds non-finite weights)."""
@@ -483,14 +512,16 @@ def train_loop(engine, optimizer, cfg: TrainConfig, plan: list[BatchStage], stat
             watch.check_finite(state.step, epoch, engine.module)
             watch.last_checkpoint = checkpoint.save(engine, ckpt_root, checkpoint.tag_for(epoch + 1), state.__dict__,
                                                     cfg.checkpoint.keep_last)
-        if not last and watch.stop_requested():  # a signal during evaluation or the save: stop at the boundary
+        if not last and watch.stop_requested_now():  # a signal during evaluation or the save: stop here
             if saved:
                 raise guard.Preempted(preempted_message(watch, state, "the end of", epoch))
             stop_with_checkpoint(engine, cfg, state, watch, ckpt_root, checkpoint.tag_for(epoch + 1), epoch)
+    watch.drain()
 
 
 def stop_with_checkpoint(engine, cfg: TrainConfig, state: TrainState, watch: Watch, ckpt_root: Path, tag: str,
                          epoch: int) -> None:
+    watch.drain()
     watch.check_finite(state.step, epoch, engine.module)  # never save a diverged model
     watch.last_checkpoint = checkpoint.save(engine, ckpt_root, tag, state.__dict__, cfg.checkpoint.keep_last)
     raise guard.Preempted(preempted_message(watch, state, "step %d of" % state.epoch_step if state.epoch_step
