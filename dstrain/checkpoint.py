@@ -133,14 +133,12 @@ def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) 
     if dist.is_main():
         try:
             atomic_write_text(root / partial / STATE_FILE, json.dumps(trainer_state, indent=2))
+            stale = root / f"{tag}.stale"
             if (root / tag).exists():  # re-saving a tag (e.g. after a resume): move the old copy aside first
-                stale = root / f"{tag}.stale"
                 shutil.rmtree(stale, ignore_errors=True)
                 os.rename(root / tag, stale)
-                os.rename(root / partial, root / tag)
-                shutil.rmtree(stale, ignore_errors=True)
-            else:
-                os.rename(root / partial, root / tag)
+            os.rename(root / partial, root / tag)
+            shutil.rmtree(stale, ignore_errors=True)
             _fsync_dir(root)
             _fault(tag, "renamed")
             atomic_write_text(root / POINTER, tag + "\n")

@@ -80,16 +80,18 @@ def host_all_reduce(values: list[float], op: str = "sum") -> list[float]:
     """Reduce a few host numbers over ranks (CPU, gloo): no device sync, safe inside a signal-driven stop."""
     t = torch.tensor(values, dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op],
-                        group=_host_group)
+        dist.all_reduce(t, op=_reduce_op(op), group=_host_group)
     return t.tolist()
+
+
+def _reduce_op(name: str):
+    return {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[name]
 
 
 def host_all_reduce_async(values: list[float], op: str = "max"):
     """Start :func:`host_all_reduce` without waiting; returns (work, tensor): ``work.wait()``, then read it."""
     t = torch.tensor(values, dtype=torch.float64)
-    work = dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-                                  "min": dist.ReduceOp.MIN}[op], group=_host_group, async_op=True)
+    work = dist.all_reduce(t, op=_reduce_op(op), group=_host_group, async_op=True)
     return work, t
 
 

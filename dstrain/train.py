@@ -72,15 +72,10 @@ class Watch:
         then: it ran during a whole step) and starts the next one, so agreeing costs no step a wait; every
         rank stops after the same step, one step after the signal."""
         if dist.world_size() == 1:
-            signum = self.signals.signum
-        else:
-            signum = 0
-            if self._pending is not None:
-                work, flag = self._pending
-                work.wait()
-                signum = int(flag.item())
-            self._pending = dist.host_all_reduce_async([float(self.signals.signum)], "max")
-        return signal.Signals(signum).name if signum else ""
+            return signal.Signals(self.signals.signum).name if self.signals.signum else ""
+        agreed = self.drain()
+        self._pending = dist.host_all_reduce_async([float(self.signals.signum)], "max")
+        return agreed
 
     def drain(self) -> str:
         """Finish the outstanding stop-flag all-reduce (every rank has one); the signal it agreed on, or ''."""
