@@ -3,18 +3,23 @@
     .venv/bin/python bench/accuracy_study.py                  # the full grid -> docs/results/accuracy_study.*
     .venv/bin/python bench/accuracy_study.py --rows baseline recipe_lars --seeds 0 --epochs 2   # a subset
 
-Every row trains for the same number of epochs (``--epochs``) with the same model (``--width``),
+Every row trains for the same number of epochs (``--epochs``, default 10) with the same model (``--width``),
 for each seed, through the real command line (``python -m dstrain``; ``--launcher`` prefixes it, e.g.
-``"deepspeed --num_gpus 8"`` on a GPU node, with ``--json-suffix bf16`` for the BF16 JSONs).
+``"deepspeed --num_gpus 8"`` on a GPU node, with ``--precision bf16`` for the BF16 JSONs). ``--jobs 2`` runs
+two at a time with one torch thread each (the default grid: about 50 min on 2 CPU cores).
 
 Rows
-  baseline        batch 128, SGD momentum 0.9, linear rule (0.1 per 256), cosine, no warmup
+  baseline        batch 128, SGD momentum 0.9, linear rule (0.1 per 256 = 0.05), cosine, no warmup
   naive_4096      batch 4,096, the same SGD with the linear rule only (peak LR 1.6), no warmup
-  recipe_lars     batch 1,024 -> 4,096 at epoch 3 (ramp), LARS, hybrid warmup 2 epochs, poly decay,
-                  label smoothing 0.1, Final Polishing (BN refit); "recipe_lars" is after the refit
-  recipe_lamb     the same with LAMB
+  recipe_lars     batch-size ramp 1,024 (epoch 1) -> 2,048 (epochs 2-3) -> 4,096 (epochs 4-10), LARS at a
+                  peak LR of 10 that does not follow the batch (growing the batch at a constant LR acts as
+                  an LR decay: Smith et al. 2018, Mikami's batch-size control), half-epoch linear warmup, poly
+                  (power 2) decay, label smoothing 0.1, Final Polishing (BN refit); scored after the refit
+  recipe_lamb     the same with LAMB (peak LR 0.032)
   ablations       recipe_lars minus one technique: no_polish (the same runs, before the refit), no_warmup,
-                  no_label_smoothing, no_ramp (4,096 from the start), sgd (momentum SGD instead of LARS)
+                  no_label_smoothing, no_ramp (4,096 from the start), sgd (momentum SGD at the linear-rule
+                  LR of batch 4,096, 1.6, instead of LARS)
+LRs: a 10-epoch, one-seed sweep at this width (docs/results/accuracy_study.md, "How the recipe was tuned").
 
 Writes accuracy_study.json (every run's history), accuracy_study.csv (one line per run),
 accuracy_study.md (mean and spread per row) and two plots: top-1 per epoch for baseline, naive and
@@ -25,30 +30,33 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-RECIPE = ["batch.global_size=1024", "batch.micro_per_rank=256", "batch.ramp=[[2,4096]]", "optim.lr_scaling=linear",
-          "optim.warmup=hybrid", "optim.warmup_epochs=2", "optim.decay=poly", "optim.poly_power=2.0",
+RAMP = "batch.ramp=[[1,2048],[3,4096]]"
+RECIPE = ["batch.global_size=1024", "batch.micro_per_rank=256", RAMP, "optim.lr_scaling=none", "optim.base_lr=10",
+          "optim.warmup=linear", "optim.warmup_epochs=0.5", "optim.decay=poly", "optim.poly_power=2.0",
           "optim.label_smoothing=0.1", "polish.enabled=true"]
 SGD = ["optim.lr_scaling=linear", "optim.warmup_epochs=0", "optim.decay=cosine", "optim.label_smoothing=0"]
-ROWS = {  # name -> (JSON stem, overrides)
+ROWS = {  # name -> (JSON stem, overrides); a later key=value wins
     "baseline": ("fp32", ["batch.global_size=128"] + SGD),
     "naive_4096": ("fp32", ["batch.global_size=4096", "batch.micro_per_rank=256"] + SGD),
     "recipe_lars": ("lars", RECIPE),
-    "recipe_lamb": ("lamb", RECIPE + ["optim.base_lr=0.002"]),
+    "recipe_lamb": ("lamb", RECIPE + ["optim.base_lr=0.032"]),
     "no_warmup": ("lars", RECIPE + ["optim.warmup_epochs=0"]),
     "no_label_smoothing": ("lars", RECIPE + ["optim.label_smoothing=0"]),
     "no_ramp": ("lars", RECIPE + ["batch.global_size=4096", "batch.ramp=[]"]),
-    "sgd": ("fp32", RECIPE),
+    "sgd": ("fp32", RECIPE + ["optim.base_lr=1.6"]),
 }
 DERIVED = {"no_polish": "recipe_lars"}  # rows read from another row's runs (top-1 before the refit)
 JSON_FILE = {"fp32": "ds_configs/fp32.json", "lars": "ds_configs/lars_{p}.json", "lamb": "ds_configs/lamb_{p}.json"}
@@ -68,8 +76,9 @@ def train(row: str, seed: int, args, run_dir: Path) -> dict:
             f"seed={seed}", f"model.width={args.width}", "model.channels_last=true", "data.augment=false",
             "checkpoint.every_epochs=0", "checkpoint.keep_last=1", "log.every_steps=50", "log.tensorboard=false",
             f"run_dir={run_dir}", *overrides, *args.extra]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)} if args.threads else None
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{row} seed {seed} failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stderr[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -173,10 +182,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--width", type=int, default=8, help="resnet_small first-stage channels")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--launcher", default="", help='e.g. "deepspeed --num_gpus 8" (default: one process)')
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at a time; with N > 1 each gets cores/N torch threads (OMP_NUM_THREADS)")
     p.add_argument("--out", default=str(REPO / "docs/results"))
     p.add_argument("extra", nargs="*", help="more trainer overrides for every run (key=value)")
     args = p.parse_args()
@@ -184,24 +195,30 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs {args.jobs}: must be >= 1")
+    args.threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else 0  # 0: the process default
     records, t0 = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dstrain-accuracy-") as tmp:
-        for row in args.rows:
-            for seed in args.seeds:
-                s = train(row, seed, args, Path(tmp) / f"{row}-{seed}")
-                rec = run_record(row, seed, s)
-                if "polish" in s:
-                    rec["before_polish"] = s["polish"]["before"]["val_top1"]
-                rec["command"] = s["command"]
-                records.append(rec)
-                print(f"{row:20s} seed {seed}: final top-1 {100 * rec['final_top1']:.2f}%  "
-                      f"({rec['wall_s']:.0f} s)", flush=True)
+        def one(row_seed):
+            row, seed = row_seed
+            s = train(row, seed, args, Path(tmp) / f"{row}-{seed}")
+            rec = run_record(row, seed, s)
+            if "polish" in s:
+                rec["before_polish"] = s["polish"]["before"]["val_top1"]
+            rec["command"] = s["command"]
+            print(f"{row:20s} seed {seed}: final top-1 {100 * rec['final_top1']:.2f}%  "
+                  f"({rec['wall_s']:.0f} s)", flush=True)
+            return rec
+        with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process; threads only wait for them
+            records = list(pool.map(one, [(row, seed) for row in args.rows for seed in args.seeds]))
     records += derived(records)
     rows = [*args.rows[:1], *[r for r in ROWS if r in args.rows and r != args.rows[0]]]
     rows += [d for d in DERIVED if any(r["row"] == d for r in records)]
     meta = {"git_sha": git_sha(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "epochs": args.epochs,
             "width": args.width, "precision": args.precision, "launcher": args.launcher or "python -m dstrain",
-            "seeds": args.seeds, "grid_wall_s": time.perf_counter() - t0,
+            "seeds": args.seeds, "jobs": args.jobs, "threads_per_run": args.threads or None,
+            "grid_wall_s": time.perf_counter() - t0,
             "command": "python bench/accuracy_study.py " + " ".join(sys.argv[1:])}
     (out / "accuracy_study.json").write_text(json.dumps({**meta, "runs": records}, indent=2) + "\n")
     with open(out / "accuracy_study.csv", "w", newline="") as fh:
@@ -212,7 +229,9 @@ def main() -> int:
         w.writerows(records)
     md = [f"# Accuracy study: Fashion-MNIST, {args.epochs} epochs, resnet_small width {args.width}", "",
           f"`{meta['command']}` at git {meta['git_sha']}, {meta['date']}, {meta['grid_wall_s'] / 60:.0f} min "
-          f"for the grid; launcher: {meta['launcher']}; precision {args.precision}.", "", *table(records, rows), "",
+          f"for the grid ({args.jobs} run(s) at a time"
+          + (f", {args.threads} torch thread(s) each" if args.threads else "") + f"); launcher: {meta['launcher']}; "
+          f"precision {args.precision}.", "", *table(records, rows), "",
           "![top-1 per epoch](accuracy_curves.png)", "", "![ablation](accuracy_ablation.png)", ""]
     (out / "accuracy_study.md").write_text("\n".join(md))
     plots(records, out)

@@ -358,6 +358,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     device = torch.device("cuda", dist.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels once
 
     seed_everything(cfg.seed)
     m = cfg.model
@@ -485,6 +486,7 @@ def train_loop(engine, optimizer, cfg: TrainConfig, plan: list[BatchStage], stat
                               epochs=cfg.epochs, every=cfg.log.every_steps, label_smoothing=o.label_smoothing,
                               dtype=dtype, fmt=fmt, grad_sync=grad_sync)
         sync_bn_buffers(engine.module)  # eval and checkpoints see the same BN statistics on every rank
+        train_s = time.perf_counter() - t0  # the training part of the epoch (no evaluation, no checkpoint)
         if metrics is None:  # a stop signal part-way through the epoch
             state.epoch_elapsed_s = time.perf_counter() - t0
             stop_with_checkpoint(engine, cfg, state, watch, ckpt_root, checkpoint.tag_for(state.epoch, state.step),
@@ -495,7 +497,7 @@ def train_loop(engine, optimizer, cfg: TrainConfig, plan: list[BatchStage], stat
             metrics.update(evaluate(engine, data.val, dtype, fmt))
             state.best_top1 = max(state.best_top1, metrics["val_top1"])
         steps = n_train // stage.global_size
-        metrics.update(epoch_time_s=time.perf_counter() - t0, global_batch=stage.global_size, steps_per_epoch=steps,
+        metrics.update(epoch_time_s=time.perf_counter() - t0, train_s=train_s, global_batch=stage.global_size, steps_per_epoch=steps,
                        peak_lr=peak_lr(stage.global_size), augment=int(augment))
         state.epoch, state.train_time_s = epoch + 1, state.train_time_s + metrics["epoch_time_s"]
         state.train_images += steps * stage.global_size
