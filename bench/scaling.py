@@ -74,10 +74,9 @@ def main() -> int:
                 print(f"round {rnd}: {ranks} rank(s) x {threads} thread(s): {r['images_per_s']:.0f} img/s "
                       f"({r['train_s']:.1f} s training, top-1 {100 * r['final_top1']:.2f}%)", flush=True)
 
-    def median(ranks, threads):
-        return statistics.median(r["images_per_s"] for r in runs if (r["ranks"], r["threads_per_rank"]) == (ranks,
-                                                                                                       threads))
-    one, many, one_all = median(1, args.threads), median(args.ranks, args.threads), median(*configs[2])
+    def median(config):
+        return statistics.median(r["images_per_s"] for r in runs if (r["ranks"], r["threads_per_rank"]) == config)
+    one, many, one_all = (median(c) for c in configs)
     result = {
         "what": f"trainer images/s under ./launch.sh, 1 vs {args.ranks} CPU ranks ({args.threads} thread(s) each), "
                 "Fashion-MNIST resnet_small fp32, training part of each epoch",
