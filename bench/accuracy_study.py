@@ -1,12 +1,12 @@
 """Large-batch accuracy study on Fashion-MNIST: baseline vs naive large batch vs the recipe, plus ablations.
 
-    .venv/bin/python bench/accuracy_study.py                  # the full grid -> docs/results/accuracy_study.*
+    .venv/bin/python bench/accuracy_study.py --jobs 2         # the full grid (~42 min) -> docs/results/accuracy_study.*
     .venv/bin/python bench/accuracy_study.py --rows baseline recipe_lars --seeds 0 --epochs 2   # a subset
 
 Every row trains for the same number of epochs (``--epochs``, default 10) with the same model (``--width``),
 for each seed, through the real command line (``python -m dstrain``; ``--launcher`` prefixes it, e.g.
-``"deepspeed --num_gpus 8"`` on a GPU node, with ``--precision bf16`` for the BF16 JSONs). ``--jobs 2`` runs
-two at a time with one torch thread each (the default grid: about 50 min on 2 CPU cores).
+``"deepspeed --num_gpus 8"`` on a GPU node, with ``--precision bf16`` for the BF16 JSONs and ``--micro 128``).
+``--jobs 2`` runs two at a time with one torch thread each (the default grid: about 50 min on 2 CPU cores).
 
 Rows
   baseline        batch 128, SGD momentum 0.9, linear rule (0.1 per 256 = 0.05), cosine, no warmup
@@ -44,13 +44,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 RAMP = "batch.ramp=[[1,2048],[3,4096]]"
-RECIPE = ["batch.global_size=1024", "batch.micro_per_rank=256", RAMP, "optim.lr_scaling=none", "optim.base_lr=10",
+RECIPE = ["batch.global_size=1024", RAMP, "optim.lr_scaling=none", "optim.base_lr=10",
           "optim.warmup=linear", "optim.warmup_epochs=0.5", "optim.decay=poly", "optim.poly_power=2.0",
           "optim.label_smoothing=0.1", "polish.enabled=true"]
 SGD = ["optim.lr_scaling=linear", "optim.warmup_epochs=0", "optim.decay=cosine", "optim.label_smoothing=0"]
 ROWS = {  # name -> (JSON stem, overrides); a later key=value wins
     "baseline": ("fp32", ["batch.global_size=128"] + SGD),
-    "naive_4096": ("fp32", ["batch.global_size=4096", "batch.micro_per_rank=256"] + SGD),
+    "naive_4096": ("fp32", ["batch.global_size=4096"] + SGD),
     "recipe_lars": ("lars", RECIPE),
     "recipe_lamb": ("lamb", RECIPE + ["optim.base_lr=0.032"]),
     "no_warmup": ("lars", RECIPE + ["optim.warmup_epochs=0"]),
@@ -71,6 +71,8 @@ def json_for(stem: str, precision: str) -> str:
 
 def train(row: str, seed: int, args, run_dir: Path) -> dict:
     stem, overrides = ROWS[row]
+    if row != "baseline":  # batch 128 runs in one micro batch per rank; the large batches accumulate
+        overrides = [f"batch.micro_per_rank={args.micro}", *overrides]
     cmd = (shlex.split(args.launcher) + ["dstrain/main.py"] if args.launcher else [sys.executable, "-m", "dstrain"])
     cmd += ["--config", "fashion_mnist", "--deepspeed_config", json_for(stem, args.precision), f"epochs={args.epochs}",
             f"seed={seed}", f"model.width={args.width}", "model.channels_last=true", "data.augment=false",
@@ -184,6 +186,8 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--width", type=int, default=8, help="resnet_small first-stage channels")
+    p.add_argument("--micro", type=int, default=256,
+                   help="per-rank micro batch of the large-batch rows (8 GPUs: 128, so 1,024 = 128 x 8 ranks)")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--launcher", default="", help='e.g. "deepspeed --num_gpus 8" (default: one process)')
     p.add_argument("--jobs", type=int, default=1,
