@@ -35,13 +35,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def make_folder(root: Path, n: int, classes: int, size=(375, 500), seed: int = 0) -> Path:
-    """ImageNet-like JPEGs: smooth random fields at three scales plus pixel noise."""
+def make_folder(root: Path, n: int, classes: int, size=(375, 500), seed: int = 0, start: int = 0) -> Path:
+    """ImageNet-like JPEGs: smooth random fields at three scales plus pixel noise (files start..n-1)."""
     from PIL import Image
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed if not start else [seed, start])  # start > 0: one chunk of a parallel build
     h, w = size
-    for i in range(n):
+    for i in range(start, n):
         cls = root / "train" / f"n{i % classes:08d}"
         cls.mkdir(parents=True, exist_ok=True)
         img = np.zeros((h, w, 3), np.float32)

@@ -75,12 +75,20 @@ def bare_loop(model_name: str, precision: str, channels_last: bool, batch: int, 
     return batch * steps / seconds
 
 
-def make_image_folder(root: Path, n: int, classes: int) -> Path:
-    """ImageNet-like JPEGs (bench/loader.py's generator); val gets a copy of each class's first image."""
+def _folder_chunk(root: Path, start: int, stop: int, classes: int) -> None:
     sys.path.insert(0, str(REPO / "bench"))
     from loader import make_folder
+    make_folder(root, stop, classes, start=start)
 
-    make_folder(root, n, classes)
+
+def make_image_folder(root: Path, n: int, classes: int) -> Path:
+    """ImageNet-like JPEGs (bench/loader.py's generator, one chunk per core); val gets each class's first image."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = max(1, min(os.cpu_count() or 1, n // 100 or 1))
+    bounds = [n * k // workers for k in range(workers + 1)]
+    with ProcessPoolExecutor(workers) as pool:
+        list(pool.map(_folder_chunk, [root] * workers, bounds[:-1], bounds[1:], [classes] * workers))
     for cls in sorted((root / "train").iterdir()):
         first = sorted(cls.iterdir())[0]
         shutil.copy(first, root / "val" / cls.name / first.name)
