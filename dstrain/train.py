@@ -385,6 +385,10 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     if comm_cfg is not None:  # our gradient sync replaces the engine's backward all-reduce
         engine.enable_backward_allreduce = False
         grad_sync = comm.GradientSync(comm_cfg, list(engine.module.parameters()), seed=cfg.seed)
+    elif world == 1 and engine.zero_optimization_stage() == 0:
+        # DeepSpeed flattens, "all-reduces" over its single rank and copies back every gradient each
+        # step: an identity that cost ~20% of a CPU step (docs/results/README.md, throughput on CPU)
+        engine.enable_backward_allreduce = False
     dist.set_timeout_everywhere(cfg.fault.collective_timeout_s)  # also the groups DeepSpeed and comm.py made
     make_run_dir(run_dir, checkpoint_bytes(engine.module, precision) if cfg.fault.check_disk else 0)
     # only now: a config or data error above leaves nothing behind

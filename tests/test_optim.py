@@ -104,3 +104,37 @@ def test_apply_schedule_scales_weight_decay_from_its_initial_value():
     assert [g["weight_decay"] for g in opt.param_groups] == [pytest.approx(2.5e-5), 0.0]
     apply_schedule(opt, 0.1)  # without a factor the weight decay stays where it is
     assert opt.param_groups[0]["weight_decay"] == pytest.approx(2.5e-5)
+
+
+SINGLE_RANK_PROBE = textwrap.dedent("""
+    import os, sys, torch, deepspeed
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    deepspeed.init_distributed(dist_backend="gloo")
+    from dstrain import ds_config
+    from dstrain.models import build_model
+    from dstrain.optim import build_optimizer
+    user = ds_config.load(sys.argv[2])
+    x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    params = []
+    for allreduce in (True, False):
+        torch.manual_seed(0)
+        model = build_model("resnet_small", 10, 1, width=4)
+        opt, _ = build_optimizer(model, user.get("optimizer"))
+        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config.for_engine(user, 2, 2, 1))
+        engine.enable_backward_allreduce = allreduce
+        for _ in range(3 * 2):  # 3 optimizer steps of 2 accumulated micro batches
+            for i in (0, 2):
+                engine.backward(torch.nn.functional.cross_entropy(engine(x[i:i + 2]), y[i:i + 2]))
+                engine.step()
+        params.append(torch.cat([p.detach().flatten() for p in engine.module.parameters()]))
+    print("EQUAL", torch.equal(params[0], params[1]), "MOVED", bool((params[0] != 0).any()))
+""")
+
+
+@pytest.mark.parametrize("json_name", ["fp32", "bf16", "lars_fp32"])
+def test_skipping_deepspeeds_single_rank_allreduce_changes_nothing(json_name):
+    """dstrain.train sets enable_backward_allreduce=False for one rank (ZeRO 0): the weights must not change."""
+    proc = subprocess.run([sys.executable, "-c", SINGLE_RANK_PROBE, str(free_port()),
+                           str(REPO / "ds_configs" / f"{json_name}.json")], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert "EQUAL True MOVED True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
