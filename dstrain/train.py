@@ -501,8 +501,8 @@ def train_loop(engine, optimizer, cfg: TrainConfig, plan: list[BatchStage], stat
             metrics.update(evaluate(engine, data.val, dtype, fmt))
             state.best_top1 = max(state.best_top1, metrics["val_top1"])
         steps = n_train // stage.global_size
-        metrics.update(epoch_time_s=time.perf_counter() - t0, train_s=train_s, global_batch=stage.global_size, steps_per_epoch=steps,
-                       peak_lr=peak_lr(stage.global_size), augment=int(augment))
+        metrics.update(epoch_time_s=time.perf_counter() - t0, train_s=train_s, global_batch=stage.global_size,
+                       steps_per_epoch=steps, peak_lr=peak_lr(stage.global_size), augment=int(augment))
         state.epoch, state.train_time_s = epoch + 1, state.train_time_s + metrics["epoch_time_s"]
         state.train_images += steps * stage.global_size
         state.history.append({"epoch": epoch + 1, "step": state.step, **metrics})
