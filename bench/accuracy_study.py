@@ -105,7 +105,8 @@ def run_record(row: str, seed: int, s: dict) -> dict:
     return {"row": row, "seed": seed, "final_top1": final, "best_top1": max(s["best_top1"], final),
             "epochs": s["epochs"], "steps": s["steps"], "wall_s": s["wall_time_s"], "gpu_time_s": s["gpu_time_s"],
             "world_size": s["world_size"], "time_to_90": time_to(hist, 0.90), "time_to_92": time_to(hist, 0.92),
-            "top1_per_epoch": [h.get("val_top1") for h in hist]}
+            "top1_per_epoch": [h.get("val_top1") for h in hist], "command": s["command"],
+            **({"before_polish": s["polish"]["before"]["val_top1"]} if "polish" in s else {})}
 
 
 def derived(records: list[dict]) -> list[dict]:
@@ -208,9 +209,6 @@ def main() -> int:
             row, seed = row_seed
             s = train(row, seed, args, Path(tmp) / f"{row}-{seed}")
             rec = run_record(row, seed, s)
-            if "polish" in s:
-                rec["before_polish"] = s["polish"]["before"]["val_top1"]
-            rec["command"] = s["command"]
             print(f"{row:20s} seed {seed}: final top-1 {100 * rec['final_top1']:.2f}%  "
                   f"({rec['wall_s']:.0f} s)", flush=True)
             return rec

@@ -63,6 +63,11 @@ class Preempted(RunStopped):
 
 
 # ---------------------------------------------------------------- signals
+def signal_name(signum: int) -> str:
+    """'SIGTERM' for 15; '' for 0 (no signal)."""
+    return signal.Signals(signum).name if signum else ""
+
+
 class StopSignals:
     """SIGTERM/SIGINT set a flag; the training loop agrees on it across ranks after each step.
 
@@ -86,7 +91,7 @@ class StopSignals:
 
     @property
     def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""
+        return signal_name(self.signum)
 
     def restore(self) -> None:
         for s, handler in self._previous.items():

@@ -72,7 +72,7 @@ class Watch:
         then: it ran during a whole step) and starts the next one, so agreeing costs no step a wait; every
         rank stops after the same step, one step after the signal."""
         if dist.world_size() == 1:
-            return signal.Signals(self.signals.signum).name if self.signals.signum else ""
+            return self.signals.name
         agreed = self.drain()
         self._pending = dist.host_all_reduce_async([float(self.signals.signum)], "max")
         return agreed
@@ -84,15 +84,15 @@ class Watch:
             work, flag = self._pending
             work.wait()
             signum, self._pending = int(flag.item()), None
-        return signal.Signals(signum).name if signum else ""
+        return guard.signal_name(signum)
 
     def stop_requested_now(self) -> str:
         """Agree on the signals received until now (a blocking all-reduce: once per epoch, at its end)."""
         if dist.world_size() == 1:
-            return signal.Signals(self.signals.signum).name if self.signals.signum else ""
+            return self.signals.name
         earlier = self.drain()
         signum = int(dist.host_all_reduce([float(self.signals.signum)], "max")[0])
-        return earlier or (signal.Signals(signum).name if signum else "")
+        return earlier or guard.signal_name(signum)
 
     def check_finite(self, step: int, epoch: int, module: torch.nn.Module | None = None) -> None:
         """Raise Diverged if any rank saw a NaN/inf loss (or, with ``module``, holds non-finite weights)."""
@@ -381,14 +381,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=engine_cfg)
     if m.channels_last:  # after initialize: DeepSpeed's parameter broadcast needs NCHW-contiguous tensors
         engine.module.to(memory_format=torch.channels_last)
-    grad_sync = None
-    if comm_cfg is not None:  # our gradient sync replaces the engine's backward all-reduce
-        engine.enable_backward_allreduce = False
-        grad_sync = comm.GradientSync(comm_cfg, list(engine.module.parameters()), seed=cfg.seed)
-    elif world == 1 and engine.zero_optimization_stage() == 0:
-        # DeepSpeed flattens, "all-reduces" over its single rank and copies back every gradient each
-        # step: an identity that cost ~20% of a CPU step (docs/results/README.md, throughput on CPU)
-        engine.enable_backward_allreduce = False
+    grad_sync = configure_grad_sync(engine, comm_cfg, world, cfg.seed)
     dist.set_timeout_everywhere(cfg.fault.collective_timeout_s)  # also the groups DeepSpeed and comm.py made
     make_run_dir(run_dir, checkpoint_bytes(engine.module, precision) if cfg.fault.check_disk else 0)
     # only now: a config or data error above leaves nothing behind
@@ -466,6 +459,20 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     return summary
 
 
+def configure_grad_sync(engine, comm_cfg, world: int, seed: int):
+    """Who averages the gradients: our comm layer (returned), DeepSpeed's backward all-reduce, or nobody.
+
+    With one rank (ZeRO 0) DeepSpeed would still flatten every gradient, "all-reduce" it over a group of
+    one and copy it back each step: an identity that made a resnet18 CPU step 1.28x slower
+    (bench/single_rank_allreduce.py)."""
+    if comm_cfg is not None:  # our gradient sync replaces the engine's backward all-reduce
+        engine.enable_backward_allreduce = False
+        return comm.GradientSync(comm_cfg, list(engine.module.parameters()), seed=seed)
+    if world == 1 and engine.zero_optimization_stage() == 0:
+        engine.enable_backward_allreduce = False
+    return None
+
+
 def train_loop(engine, optimizer, cfg: TrainConfig, plan: list[BatchStage], state: TrainState, data, shard: Shard,
                lr_fn, peak_lr, monitor: Monitor, watch: Watch, ckpt_root: Path, *, dtype: torch.dtype,
                fmt: torch.memory_format, grad_sync) -> None:
@@ -492,7 +499,7 @@ def train_loop(engine, optimizer, cfg: TrainConfig, plan: list[BatchStage], stat
         sync_bn_buffers(engine.module)  # eval and checkpoints see the same BN statistics on every rank
         train_s = time.perf_counter() - t0  # the training part of the epoch (no evaluation, no checkpoint)
         if metrics is None:  # a stop signal part-way through the epoch
-            state.epoch_elapsed_s = time.perf_counter() - t0
+            state.epoch_elapsed_s = train_s
             stop_with_checkpoint(engine, cfg, state, watch, ckpt_root, checkpoint.tag_for(state.epoch, state.step),
                                  epoch)
         state.epoch_elapsed_s = 0.0

@@ -122,12 +122,13 @@ SINGLE_RANK_PROBE = textwrap.dedent("""
         opt, _ = build_optimizer(model, user.get("optimizer"))
         engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config.for_engine(user, 2, 2, 1))
         engine.enable_backward_allreduce = allreduce
-        for _ in range(3 * 2):  # 3 optimizer steps of 2 accumulated micro batches
+        initial = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
+        for _ in range(3):  # 3 optimizer steps of 2 accumulated micro batches
             for i in (0, 2):
                 engine.backward(torch.nn.functional.cross_entropy(engine(x[i:i + 2]), y[i:i + 2]))
                 engine.step()
         params.append(torch.cat([p.detach().flatten() for p in engine.module.parameters()]))
-    print("EQUAL", torch.equal(params[0], params[1]), "MOVED", bool((params[0] != 0).any()))
+    print("EQUAL", torch.equal(params[0], params[1]), "MOVED", not torch.equal(params[0], initial))
 """)
 
 
@@ -138,3 +139,20 @@ def test_skipping_deepspeeds_single_rank_allreduce_changes_nothing(json_name):
                            str(REPO / "ds_configs" / f"{json_name}.json")], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     assert "EQUAL True MOVED True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+class FakeEngine:
+    def __init__(self, zero_stage: int):
+        self.zero_stage, self.enable_backward_allreduce = zero_stage, True
+        self.module = torch.nn.Linear(2, 2)
+
+    def zero_optimization_stage(self) -> int:
+        return self.zero_stage
+
+
+@pytest.mark.parametrize("world, zero_stage, allreduce", [(1, 0, False), (2, 0, True), (1, 1, True)])
+def test_trainer_skips_deepspeeds_allreduce_only_for_one_rank_without_zero(world, zero_stage, allreduce):
+    from dstrain.train import configure_grad_sync
+    engine = FakeEngine(zero_stage)
+    assert configure_grad_sync(engine, None, world, seed=0) is None
+    assert engine.enable_backward_allreduce is allreduce
