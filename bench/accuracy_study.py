@@ -1,6 +1,6 @@
 """Large-batch accuracy study on Fashion-MNIST: baseline vs naive large batch vs the recipe, plus ablations.
 
-    .venv/bin/python bench/accuracy_study.py --jobs 2         # the full grid (~42 min) -> docs/results/accuracy_study.*
+    .venv/bin/python bench/accuracy_study.py --jobs 2         # the full grid (~41 min) -> docs/results/accuracy_study.*
     .venv/bin/python bench/accuracy_study.py --rows baseline recipe_lars --seeds 0 --epochs 2   # a subset
 
 Every row trains for the same number of epochs (``--epochs``, default 10) with the same model (``--width``),
