@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One entry point that sets everything up (idempotently) and then does the job.
 #   ./run.sh train [--config R] [--deepspeed_config J] [key=value ...]   train (default: Fashion-MNIST recipe)
-#   ./run.sh test  [pytest args ...]                                     run the test suite
-#   ./run.sh evidence                                                    fault tests -> docs/results/reliability.md
+#   ./run.sh test  [pytest args ...]                                     lint (ruff), then the test suite
+#   ./run.sh evidence                                                    fault tests -> docs/results/faults.md
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv).
 set -euo pipefail
@@ -61,12 +61,15 @@ case "$cmd" in
         exec "$VENV/bin/python" -m dstrain "$@" ;;
     test)
         setup_venv; setup_fashion_mnist
+        say "ruff: lint and format check (pyproject.toml [tool.ruff]; fix with: $VENV/bin/ruff format . && $VENV/bin/ruff check --fix .)"
+        "$VENV/bin/ruff" check dstrain tests bench
+        "$VENV/bin/ruff" format --check dstrain tests bench
         exec "$VENV/bin/python" -m pytest "$@" ;;
     evidence)
         setup_venv; setup_fashion_mnist
         exec "$VENV/bin/python" -m pytest -q tests/test_cli_errors.py tests/test_faults.py \
             "tests/test_e2e.py::test_corrupt_image_stops_the_run_with_one_line" \
-            --evidence docs/results/reliability.md "$@" ;;
+            --evidence docs/results/faults.md "$@" ;;
     *)
         sed -n '2,8p' "$0"; exit 2 ;;
 esac

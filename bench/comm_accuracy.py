@@ -10,12 +10,12 @@ is the one that carries data on 2 ranks. Bytes per step are what rank 0's
 comm layer counted; for DeepSpeed's own all-reduce (fp32, bf16 comm) they are
 the ring's 2(W-1)/W x gradient bytes, computed from the parameter count.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +39,7 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=3)
     args = p.parse_args()
     from bench.default_recipe import cpu_model
-    from dstrain.train import git_sha
+    from dstrain.provenance import git_sha
 
     deepspeed = str(Path(sys.executable).parent / "deepspeed")
     rows = []
@@ -52,46 +52,81 @@ def main() -> int:
                 path = Path(tmp) / f"{config}.json"
                 path.write_text(json.dumps(data))
             run_dir = Path(tmp) / config
-            cmd = [deepspeed, "--num_gpus", "2", "--master_port", str(29700 + len(rows)), "dstrain/main.py",
-                   "--config", "fashion_mnist", "--deepspeed_config", str(path), f"epochs={args.epochs}",
-                   f"run_dir={run_dir}", "log.every_steps=100"]
-            t0 = time.perf_counter()
-            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(proc.stdout[-2000:], proc.stderr[-2000:])
-                return 1
-            summary = json.loads((run_dir / "summary.json").read_text())
+            cmd = [
+                deepspeed,
+                "--num_gpus",
+                "2",
+                "--master_port",
+                str(29700 + len(rows)),
+                "dstrain/main.py",
+                "--config",
+                "fashion_mnist",
+                "--deepspeed_config",
+                str(path),
+                f"epochs={args.epochs}",
+                f"run_dir={run_dir}",
+                "log.every_steps=100",
+            ]
+            from bench.common import run_trainer
+
+            summary = run_trainer(cmd, run_dir, what=name)
             comm = summary.get("comm")
             if comm is None:  # DeepSpeed's own ring all-reduce: 2(W-1)/W x gradient bytes
                 import torch
-                state = torch.load(run_dir / "checkpoints" / f"epoch{args.epochs:04d}" /
-                                   "mp_rank_00_model_states.pt", weights_only=False)["module"]
-                n = sum(v.numel() for k, v in state.items() if v.is_floating_point() and "running" not in k)
+
+                state = torch.load(
+                    run_dir
+                    / "checkpoints"
+                    / f"epoch{args.epochs:04d}"
+                    / "mp_rank_00_model_states.pt",
+                    weights_only=False,
+                )["module"]
+                n = sum(
+                    v.numel()
+                    for k, v in state.items()
+                    if v.is_floating_point() and "running" not in k
+                )
                 width = 2 if config.startswith("bf16") else 4
                 sent = 2 * (2 - 1) / 2 * n * width
             else:
                 sent = comm["bytes_sent_per_step"]
-            rows.append({"mode": name, "config": f"ds_configs/{config}.json" + (f" with {change}" if change else ""),
-                         "final_top1": summary["final_top1"], "best_top1": summary["best_top1"],
-                         "bytes_sent_per_step": round(sent), "wall_s": round(time.perf_counter() - t0, 1),
-                         "steps": summary["steps"]})
+            rows.append(
+                {
+                    "mode": name,
+                    "config": f"ds_configs/{config}.json" + (f" with {change}" if change else ""),
+                    "final_top1": summary["final_top1"],
+                    "best_top1": summary["best_top1"],
+                    "bytes_sent_per_step": round(sent),
+                    "wall_s": round(summary["command_wall_s"], 1),
+                    "steps": summary["steps"],
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     base = rows[0]
     for r in rows:
         r["top1_vs_fp32"] = round(r["final_top1"] - base["final_top1"], 4)
         r["bytes_vs_fp32"] = round(r["bytes_sent_per_step"] / base["bytes_sent_per_step"], 4)
-    result = {"command": "python bench/comm_accuracy.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None, "ranks": 2},
-              "setup": f"--config fashion_mnist epochs={args.epochs}, deepspeed --num_gpus 2 (gloo)", "rows": rows}
+    result = {
+        "command": "python bench/comm_accuracy.py " + " ".join(sys.argv[1:]),
+        "git_sha": git_sha(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None, "ranks": 2},
+        "setup": f"--config fashion_mnist epochs={args.epochs}, deepspeed --num_gpus 2 (gloo)",
+        "rows": rows,
+    }
     out = REPO / "bench" / "results"
     (out / "comm_accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"Fashion-MNIST, default recipe, {args.epochs} epochs, 2 CPU ranks (git {result['git_sha'][:7]})", "",
-             "| mode | test top-1 % | vs fp32 (points) | bytes sent per step (rank 0) | vs fp32 | wall s |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Fashion-MNIST, default recipe, {args.epochs} epochs, 2 CPU ranks (git {result['git_sha'][:7]})",
+        "",
+        "| mode | test top-1 % | vs fp32 (points) | bytes sent per step (rank 0) | vs fp32 | wall s |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['mode']} | {100 * r['final_top1']:.2f} | {100 * r['top1_vs_fp32']:+.2f} | "
-                     f"{r['bytes_sent_per_step']:,} | {r['bytes_vs_fp32']:.3f} | {r['wall_s']} |")
+        lines.append(
+            f"| {r['mode']} | {100 * r['final_top1']:.2f} | {100 * r['top1_vs_fp32']:+.2f} | "
+            f"{r['bytes_sent_per_step']:,} | {r['bytes_vs_fp32']:.3f} | {r['wall_s']} |"
+        )
     (out / "comm_accuracy.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -25,6 +25,7 @@ Payloads: FP32 (4 bytes/gradient), FP16 (2), and 1-bit sign compression (1/8 byt
 other P-1 GPUs' codes, (P-1) x S/32 bytes; in torus2d+sign only the column phase is
 compressed: (Y-1) x S/(32 X).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,9 +39,9 @@ sys.path.insert(0, str(REPO))
 
 N_GRADS = 25.6e6
 GPUS_PER_NODE = 4
-A_NV, B_NV = 1e-6, 100e9          # NVLink: latency (s), bandwidth per GPU (bytes/s)
+A_NV, B_NV = 1e-6, 100e9  # NVLink: latency (s), bandwidth per GPU (bytes/s)
 A_IB, B_NODE = 5e-6, 2 * 100e9 / 8  # InfiniBand: latency per hop (s), bandwidth per node (bytes/s)
-BUCKET = 25 * 2 ** 20               # dstrain's default bucket: one scale per 25 MiB of fp32 gradients
+BUCKET = 25 * 2**20  # dstrain's default bucket: one scale per 25 MiB of fp32 gradients
 
 
 def ring(p: int, s: float) -> float:
@@ -53,7 +54,9 @@ def ring(p: int, s: float) -> float:
 def hierarchical(p: int, s: float) -> float:
     nodes = max(1, p // GPUS_PER_NODE)
     g = min(p, GPUS_PER_NODE)
-    intra = math.ceil(math.log2(g)) * (A_NV + s / B_NV) if g > 1 else 0.0  # tree reduce, then broadcast
+    intra = (
+        math.ceil(math.log2(g)) * (A_NV + s / B_NV) if g > 1 else 0.0
+    )  # tree reduce, then broadcast
     inter = 2 * (nodes - 1) * (A_IB + s / nodes / B_NODE) if nodes > 1 else 0.0
     return 2 * intra + inter
 
@@ -63,7 +66,9 @@ def torus(x: int, y: int, s: float, column_bytes: float | None = None) -> float:
     nodes_per_row = max(1, x // GPUS_PER_NODE)
     row_alpha, row_bw = (A_NV, B_NV) if nodes_per_row == 1 else (A_IB, B_NODE)
     rows = 2 * (x - 1) * (row_alpha + s / x / row_bw) if x > 1 else 0.0
-    per_gpu_ib = B_NODE / min(GPUS_PER_NODE, x)  # the GPUs of a node in different columns share its NICs
+    per_gpu_ib = B_NODE / min(
+        GPUS_PER_NODE, x
+    )  # the GPUs of a node in different columns share its NICs
     if y == 1:
         cols = 0.0
     elif column_bytes is None:
@@ -100,26 +105,53 @@ def model(p: int) -> dict:
 
 
 def main() -> int:
-    gpus = [2 ** k for k in range(3, 13)]  # 8 ... 4096
-    rows = [{"gpus": p, "grid_square": list(square(p)), **{k: round(v * 1e3, 3) for k, v in model(p).items()}}
-            for p in gpus]
-    from dstrain.train import git_sha
-    result = {"command": "python bench/comm_model.py", "git_sha": git_sha(), "date": time.strftime("%Y-%m-%d"),
-              "units": "milliseconds per all-reduce of ResNet-50's 25.6M gradients (model, not measured)",
-              "machine_model": {"gpus_per_node": GPUS_PER_NODE, "nvlink_alpha_s": A_NV, "nvlink_bytes_per_s": B_NV,
-                                "ib_alpha_s": A_IB, "ib_bytes_per_s_per_node": B_NODE},
-              "rows": rows}
+    gpus = [2**k for k in range(3, 13)]  # 8 ... 4096
+    rows = [
+        {
+            "gpus": p,
+            "grid_square": list(square(p)),
+            **{k: round(v * 1e3, 3) for k, v in model(p).items()},
+        }
+        for p in gpus
+    ]
+    from dstrain.provenance import git_sha
+
+    result = {
+        "command": "python bench/comm_model.py",
+        "git_sha": git_sha(),
+        "date": time.strftime("%Y-%m-%d"),
+        "units": "milliseconds per all-reduce of ResNet-50's 25.6M gradients (model, not measured)",
+        "machine_model": {
+            "gpus_per_node": GPUS_PER_NODE,
+            "nvlink_alpha_s": A_NV,
+            "nvlink_bytes_per_s": B_NV,
+            "ib_alpha_s": A_IB,
+            "ib_bytes_per_s_per_node": B_NODE,
+        },
+        "rows": rows,
+    }
     out = REPO / "bench" / "results"
     (out / "comm_model.json").write_text(json.dumps(result, indent=2) + "\n")
-    cols = ["ring_fp32", "hierarchical_fp32", "torus_4xN_fp32", "torus_square_fp32", "ring_fp16",
-            "torus_4xN_fp16", "torus_square_fp16", "sign_allgather_1bit", "torus_4xN_sign_columns"]
+    cols = [
+        "ring_fp32",
+        "hierarchical_fp32",
+        "torus_4xN_fp32",
+        "torus_square_fp32",
+        "ring_fp16",
+        "torus_4xN_fp16",
+        "torus_square_fp16",
+        "sign_allgather_1bit",
+        "torus_4xN_sign_columns",
+    ]
     lines = ["| GPUs | " + " | ".join(cols) + " | fastest |", "|---" * (len(cols) + 2) + "|"]
     for r in rows:
         best = min(cols, key=lambda c: r[c])
         lines.append(f"| {r['gpus']} | " + " | ".join(f"{r[c]:.2f}" for c in cols) + f" | {best} |")
     table = "\n".join(lines) + "\n"
-    (out / "comm_model.md").write_text("Milliseconds per all-reduce of 25.6M gradients, alpha-beta model "
-                                       "(bench/comm_model.py)\n\n" + table)
+    (out / "comm_model.md").write_text(
+        "Milliseconds per all-reduce of 25.6M gradients, alpha-beta model "
+        "(bench/comm_model.py)\n\n" + table
+    )
     plot(rows, out / "comm_model.png")
     print(table)
     return 0
@@ -127,15 +159,35 @@ def main() -> int:
 
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     gpus = [r["gpus"] for r in rows]
-    panels = (("FP32 / FP16 payloads", ["ring_fp32", "hierarchical_fp32", "torus_4xN_fp32", "torus_square_fp32",
-                                         "ring_fp16", "torus_4xN_fp16"]),
-              ("1-bit sign compression vs FP16", ["ring_fp16", "torus_4xN_fp16", "torus_square_fp16", "sign_allgather_1bit",
-                                                   "torus_4xN_sign_columns"]))
+    panels = (
+        (
+            "FP32 / FP16 payloads",
+            [
+                "ring_fp32",
+                "hierarchical_fp32",
+                "torus_4xN_fp32",
+                "torus_square_fp32",
+                "ring_fp16",
+                "torus_4xN_fp16",
+            ],
+        ),
+        (
+            "1-bit sign compression vs FP16",
+            [
+                "ring_fp16",
+                "torus_4xN_fp16",
+                "torus_square_fp16",
+                "sign_allgather_1bit",
+                "torus_4xN_sign_columns",
+            ],
+        ),
+    )
     for ax, (title, keys) in zip(axes, panels):
         for key in keys:
             ax.plot(gpus, [r[key] for r in rows], marker="o", markersize=3, label=key)

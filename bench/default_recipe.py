@@ -7,12 +7,12 @@
 Runs `python -m dstrain --config RECIPE [overrides]` in a fresh run directory, then records
 the summary, the whole command's wall time (start-up included), the machine and the git SHA.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,29 +40,41 @@ def main() -> int:
     out = REPO / "bench" / "results" / f"{name}.json"
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "dstrain", "--config", recipe, f"run_dir={run_dir}", *extra]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            print(proc.stdout[-3000:], proc.stderr[-3000:])
-            return proc.returncode
-        summary = json.loads((run_dir / "summary.json").read_text())
-        log_tail = [line for line in proc.stdout.splitlines() if "done:" in line or "summary:" in line]
-    sys.path.insert(0, str(REPO))
-    from dstrain.train import git_sha
+        sys.path.insert(0, str(REPO))
+        from bench.common import TRAINER, run_trainer
+
+        summary = run_trainer([*TRAINER, "--config", recipe, f"run_dir={run_dir}", *extra], run_dir)
+        wall = summary["command_wall_s"]
+        log_tail = [
+            line for line in summary["stdout"].splitlines() if "done:" in line or "summary:" in line
+        ]
+    from dstrain.provenance import git_sha
+
     sha = git_sha()  # "-dirty" when the working tree differs from the commit
     result = {
         "command": f"python -m dstrain --config {recipe} " + " ".join(extra),
-        "git_sha": sha, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None, "python": platform.python_version()},
-        "final_top1": summary["final_top1"], "best_top1": summary["best_top1"], "epochs": summary["epochs"],
-        "train_wall_time_s": round(summary["wall_time_s"], 1), "command_wall_time_s": round(wall, 1),
-        "images_per_sec": round(summary["images_per_sec"], 1), "per_epoch": summary["history"], "log": log_tail,
+        "git_sha": sha,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": {
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "gpu": None,
+            "python": platform.python_version(),
+        },
+        "final_top1": summary["final_top1"],
+        "best_top1": summary["best_top1"],
+        "epochs": summary["epochs"],
+        "train_wall_time_s": round(summary["wall_time_s"], 1),
+        "command_wall_time_s": round(wall, 1),
+        "images_per_sec": round(summary["images_per_sec"], 1),
+        "per_epoch": summary["history"],
+        "log": log_tail,
     }
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"top-1 {result['final_top1']:.4f} after {result['epochs']} epochs, training {result['train_wall_time_s']} s, "
-          f"whole command {result['command_wall_time_s']} s -> {out}")
+    print(
+        f"top-1 {result['final_top1']:.4f} after {result['epochs']} epochs, training {result['train_wall_time_s']} s, "
+        f"whole command {result['command_wall_time_s']} s -> {out}"
+    )
     return 0
 
 

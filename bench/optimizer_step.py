@@ -8,6 +8,7 @@ builds them); timings are interleaved round by round so that machine noise hits 
 rows alike, and each row reports its median. Ratios are against
 torch.optim.SGD(momentum, foreach=True) measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from dstrain.lamb import LAMB  # noqa: E402
 from dstrain.lars import LARS  # noqa: E402
 from dstrain.optim import param_groups  # noqa: E402
-from dstrain.train import git_sha  # noqa: E402
+from dstrain.provenance import git_sha  # noqa: E402
 
 
 class UnchunkedLARS(LARS):
@@ -35,6 +36,7 @@ class UnchunkedLARS(LARS):
 
     def step(self, closure=None):
         import dstrain.multitensor as mt
+
         saved, mt.CPU_CHUNK_VALUES = mt.CPU_CHUNK_VALUES, float("inf")
         try:
             return super().step(closure)
@@ -52,10 +54,15 @@ def make_optimizers(model):
         "sgd_foreach": torch.optim.SGD(groups(), lr=0.1, momentum=0.9, foreach=True),
         "sgd_per_tensor": torch.optim.SGD(groups(), lr=0.1, momentum=0.9, foreach=False),
         "dstrain_lars": LARS(groups(layerwise=True), lr=0.1, momentum=0.9, trust_coefficient=0.001),
-        "dstrain_lars_unchunked": UnchunkedLARS(groups(layerwise=True), lr=0.1, momentum=0.9,
-                                                trust_coefficient=0.001),
-        "timm_lars_per_tensor": timm.optim.Lars(groups(), lr=0.1, momentum=0.9, trust_coeff=0.001, foreach=False),
-        "timm_lars_foreach": timm.optim.Lars(groups(), lr=0.1, momentum=0.9, trust_coeff=0.001, foreach=True),
+        "dstrain_lars_unchunked": UnchunkedLARS(
+            groups(layerwise=True), lr=0.1, momentum=0.9, trust_coefficient=0.001
+        ),
+        "timm_lars_per_tensor": timm.optim.Lars(
+            groups(), lr=0.1, momentum=0.9, trust_coeff=0.001, foreach=False
+        ),
+        "timm_lars_foreach": timm.optim.Lars(
+            groups(), lr=0.1, momentum=0.9, trust_coeff=0.001, foreach=True
+        ),
         "adamw_foreach": torch.optim.AdamW(groups(), lr=1e-3, foreach=True),
         "adamw_per_tensor": torch.optim.AdamW(groups(), lr=1e-3, foreach=False),
         "dstrain_lamb": LAMB(groups(layerwise=True), lr=1e-3),
@@ -95,14 +102,18 @@ def main() -> int:
         "command": "python bench/optimizer_step.py " + " ".join(sys.argv[1:]),
         "git_sha": git_sha(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "cpu_threads": torch.get_num_threads(), "cores": os.cpu_count(), "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
+        "cpu_threads": torch.get_num_threads(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
         "parameter_set": f"torchvision resnet50: {len(params)} tensors, {sum(p.numel() for p in params)} values",
         "rounds": args.rounds,
         "median_step_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
         "ratio_vs_sgd_foreach": {k: round(v / base, 3) for k, v in med.items()},
         "targets": "CPU: dstrain_lars within 1.15x of sgd_foreach; GPU: within 1.3x and >= 3x faster than "
-                   "timm_lars_per_tensor",
+        "timm_lars_per_tensor",
     }
     out = REPO / "bench" / "results" / f"optimizer_step_{device.type}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,15 +1,17 @@
 """The trainer's per-step overhead against a bare DeepSpeed loop: same model, data, batch, engine.
 
-    .venv/bin/python bench/overhead.py                                   # 1 rank -> bench/results/overhead_cpu_1rank.json
+    .venv/bin/python bench/overhead.py          # 1 rank -> bench/results/overhead_cpu_1rank.json
     .venv/bin/deepspeed --num_gpus 2 bench/overhead.py --out bench/results/overhead_cpu_2rank.json
 
 One engine (resnet_small, Fashion-MNIST from memory, global batch 256, ds_configs/fp32.json) runs
 alternating passes of ``--steps`` optimizer steps: a bare loop (forward, cross-entropy,
-``engine.backward``, ``engine.step``) and dstrain's ``train_epoch`` (LR schedule set every step,
+``engine.backward``, ``engine.step``) and dstrain's ``Trainer.train_epoch``, the trainer built by the same
+set-up phases as ``python -m dstrain`` (LR schedule set every step,
 accumulation boundary, NaN tracking, FP16 skip counter, stop-signal agreement over ranks, metric
 sums, a console/TensorBoard line every 10 steps). Each pass is timed; the ratio of the medians is the
 trainer's overhead. Alternating passes in one process cancel most of the drift of a shared machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,44 +29,54 @@ sys.path.insert(0, str(REPO))
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per timed pass")
-    p.add_argument("--pairs", type=int, default=7, help="bare/trainer pass pairs (the first is warm-up)")
+    p.add_argument(
+        "--pairs", type=int, default=7, help="bare/trainer pass pairs (the first is warm-up)"
+    )
     p.add_argument("--batch", type=int, default=256, help="global batch")
-    p.add_argument("--out", default="", help="result file (default bench/results/overhead_cpu_<N>rank.json)")
+    p.add_argument(
+        "--out", default="", help="result file (default bench/results/overhead_cpu_<N>rank.json)"
+    )
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
 
-    import deepspeed
+    import tempfile
+
     import torch
     import torch.nn.functional as F
 
-    from dstrain import dist, ds_config, guard
-    from dstrain.config import DataConfig
-    from dstrain.data import Shard, build_data
-    from dstrain.models import build_model
-    from dstrain.monitor import Monitor
-    from dstrain.optim import build_optimizer
-    from dstrain.ramp import BatchStage
-    from dstrain.train import TrainState, Watch, git_sha, train_epoch
+    from dstrain import dist, fault, train
+    from dstrain.config import load_config
+    from dstrain.provenance import git_sha
+    from dstrain.trainer import TrainState
 
-    dist.setup_env_for_single_process()
-    deepspeed.init_distributed(dist_backend="gloo")
-    dist.init_host_group()
+    # the trainer as `python -m dstrain` builds it (set-up phases of dstrain/train.py), in this process
+    cfg = load_config(
+        "fashion_mnist",
+        [
+            f"batch.global_size={args.batch}",
+            "epochs=1",
+            "optim.warmup_epochs=0",
+            f"data.limit_train={args.batch * args.steps}",
+            "log.tensorboard=false",
+            "checkpoint.every_epochs=0",
+            "fault.check_disk=false",
+        ],
+    )
+    plan = train.prepare(cfg, str(REPO / "ds_configs/fp32.json"))
+    dist.init_process_group(cfg.fault.collective_timeout_s)
     world, rank = dist.world_size(), dist.rank()
-    torch.manual_seed(0)
-    micro = args.batch // world
-    model = build_model("resnet_small", 10, 1, 16, 1, True)
-    user = ds_config.load(REPO / "ds_configs/fp32.json")
-    optimizer, _ = build_optimizer(model, user.get("optimizer"))
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                      config=ds_config.for_engine(user, micro, 1, world))
-    engine.module.to(memory_format=torch.channels_last)  # after initialize, as the trainer does (NCHW broadcast)
-    shard = Shard(rank, world, micro, 1, 1000, seed=0)
-    data = build_data(DataConfig(augment=False, limit_train=args.batch * args.steps), shard, 1, 10)
-    loader = data.train
-    fmt = torch.channels_last
+    signals = fault.StopSignals()
+    signals.install()
+    trainer = train.build_trainer(plan, Path(tempfile.mkdtemp(prefix="dstrain-overhead.")), signals)
+    engine, loader, stage, fmt = (
+        trainer.engine,
+        trainer.data.train,
+        plan.stages[0],
+        trainer.memory_format,
+    )
 
     def bare() -> float:
-        loader.set_epoch(0)
+        loader.start_epoch(0)
         engine.train()
         t0 = time.perf_counter()
         for x, y in loader:
@@ -74,24 +86,20 @@ def main() -> int:
         dist.barrier()
         return time.perf_counter() - t0
 
-    signals = guard.StopSignals()
-    signals.install()
-    watch = Watch(signals, guard.NonFiniteWatch(torch.device("cpu")), guard.SkipCounter(50))
-    monitor = Monitor(REPO, enabled=False)
-    stage = BatchStage(epoch=0, global_size=args.batch, micro=micro, accumulation=1)
-
-    def trainer() -> float:
-        state = TrainState()
+    def trainer_pass() -> float:
+        trainer.state = TrainState()
         t0 = time.perf_counter()
-        train_epoch(engine, optimizer, loader, 0, stage, state, lambda t, b: (0.1, None), monitor, watch,
-                    epochs=1, every=10, label_smoothing=0.0, dtype=torch.float32, fmt=fmt)
+        trainer.train_epoch(0, stage)
         dist.barrier()
         return time.perf_counter() - t0
 
     times = {"bare": [], "trainer": []}
     for i in range(args.pairs):
-        for name, fn in (("bare", bare), ("trainer", trainer)) if i % 2 == 0 else (("trainer", trainer),
-                                                                                  ("bare", bare)):
+        for name, fn in (
+            (("bare", bare), ("trainer", trainer_pass))
+            if i % 2 == 0
+            else (("trainer", trainer_pass), ("bare", bare))
+        ):
             t = fn()
             if i > 0:  # the first pair warms up allocators and oneDNN kernels
                 times[name].append(t)
@@ -100,18 +108,25 @@ def main() -> int:
     result = {
         "what": "trainer train_epoch vs a bare DeepSpeed loop, same engine/model/data/batch, alternating passes",
         "command": " ".join(["deepspeed --num_gpus 2" if world > 1 else "python"] + sys.argv),
-        "git_sha": git_sha(), "world_size": world, "global_batch": args.batch, "steps_per_pass": args.steps,
-        "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-        "pass_seconds": times, "median_step_ms": {k: 1000 * v / args.steps for k, v in med.items()},
+        "git_sha": git_sha(),
+        "world_size": world,
+        "global_batch": args.batch,
+        "steps_per_pass": args.steps,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "pass_seconds": times,
+        "median_step_ms": {k: 1000 * v / args.steps for k, v in med.items()},
         "images_per_sec": {k: args.batch * args.steps / v for k, v in med.items()},
         "overhead_ratio": med["trainer"] / med["bare"],
     }
     if rank == 0:
         out = Path(args.out or REPO / f"bench/results/overhead_cpu_{world}rank.json")
         out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"{world} rank(s): bare {result['median_step_ms']['bare']:.1f} ms/step, trainer "
-              f"{result['median_step_ms']['trainer']:.1f} ms/step -> overhead ratio {result['overhead_ratio']:.3f} "
-              f"({out})")
+        print(
+            f"{world} rank(s): bare {result['median_step_ms']['bare']:.1f} ms/step, trainer "
+            f"{result['median_step_ms']['trainer']:.1f} ms/step -> overhead ratio {result['overhead_ratio']:.3f} "
+            f"({out})"
+        )
     return 0
 
 

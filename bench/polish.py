@@ -12,6 +12,7 @@ The refit uses the defaults (polish.images=10240, the training micro batch per f
 Then, on seed 0's run A, ``python -m dstrain.polish`` re-polishes the final checkpoint with
 each polish-set size in ``--sweep`` (0 = all 60,000 images): top-1 and refit time against N.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-BASE = ["--config", "fashion_mnist_lars", "--deepspeed_config", "ds_configs/lars_fp32.json", "data.augment=true",
-        "polish.enabled=true", "checkpoint.every_epochs=0", "log.every_steps=100"]
+BASE = [
+    "--config",
+    "fashion_mnist_lars",
+    "--deepspeed_config",
+    "ds_configs/lars_fp32.json",
+    "data.augment=true",
+    "polish.enabled=true",
+    "checkpoint.every_epochs=0",
+    "log.every_steps=100",
+]
 
 
 def run(cmd: list[str]) -> str:
@@ -39,14 +48,27 @@ def run(cmd: list[str]) -> str:
 
 
 def train(run_dir: Path, seed: int, epochs: int, k: int) -> dict:
-    run([sys.executable, "-m", "dstrain", *BASE, f"epochs={epochs}", f"seed={seed}",
-         f"polish.last_epochs_without_augmentation={k}", f"run_dir={run_dir}"])
-    return json.loads((run_dir / "summary.json").read_text())
+    from bench.common import TRAINER, run_trainer
+
+    return run_trainer(
+        [
+            *TRAINER,
+            *BASE,
+            f"epochs={epochs}",
+            f"seed={seed}",
+            f"polish.last_epochs_without_augmentation={k}",
+            f"run_dir={run_dir}",
+        ],
+        run_dir,
+    )
 
 
 def mean_sd(values: list[float]) -> dict:
-    return {"mean": statistics.mean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "values": values}
+    return {
+        "mean": statistics.mean(values),
+        "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "values": values,
+    }
 
 
 def main() -> int:
@@ -54,37 +76,77 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--k", type=int, default=1, help="last epochs without augmentation in run B")
-    p.add_argument("--sweep", type=int, nargs="+", default=[512, 2048, 10240, 0], help="polish-set sizes (0 = all)")
+    p.add_argument(
+        "--sweep",
+        type=int,
+        nargs="+",
+        default=[512, 2048, 10240, 0],
+        help="polish-set sizes (0 = all)",
+    )
     args = p.parse_args()
     from bench.default_recipe import cpu_model
-    from dstrain.train import git_sha
+    from dstrain.provenance import git_sha
 
     rows, sweep = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
             a = train(Path(tmp) / f"a{seed}", seed, args.epochs, 0)
             b = train(Path(tmp) / f"b{seed}", seed, args.epochs, args.k)
-            rows.append({"seed": seed, "none": a["polish"]["before"]["val_top1"],
-                         "refit": a["polish"]["after"]["val_top1"], "k_epochs": b["polish"]["before"]["val_top1"],
-                         "both": b["polish"]["after"]["val_top1"], "train_time_s": a["wall_time_s"],
-                         "refit_s": a["polish"]["refit_s"],
-                         "refit_fraction": a["polish"]["refit_fraction_of_training"]})
+            rows.append(
+                {
+                    "seed": seed,
+                    "none": a["polish"]["before"]["val_top1"],
+                    "refit": a["polish"]["after"]["val_top1"],
+                    "k_epochs": b["polish"]["before"]["val_top1"],
+                    "both": b["polish"]["after"]["val_top1"],
+                    "train_time_s": a["wall_time_s"],
+                    "refit_s": a["polish"]["refit_s"],
+                    "refit_fraction": a["polish"]["refit_fraction_of_training"],
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
         first = Path(tmp) / f"a{args.seeds[0]}"
         for n in args.sweep:
-            run([sys.executable, "-m", "dstrain.polish", "--checkpoint", str(first), "--images", str(n), "--force"])
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "dstrain.polish",
+                    "--checkpoint",
+                    str(first),
+                    "--images",
+                    str(n),
+                    "--force",
+                ]
+            )
             info = json.loads((first / "polished" / "polish.json").read_text())
-            sweep.append({"images": info["images"], "top1_before": info["before"]["val_top1"],
-                          "top1_after": info["after"]["val_top1"], "refit_s": info["refit_s"]})
+            sweep.append(
+                {
+                    "images": info["images"],
+                    "top1_before": info["before"]["val_top1"],
+                    "top1_after": info["after"]["val_top1"],
+                    "refit_s": info["refit_s"],
+                }
+            )
             print(json.dumps(sweep[-1]), flush=True)
-    summary = {key: mean_sd([r[key] for r in rows]) for key in ("none", "refit", "k_epochs", "both", "refit_fraction")}
+    summary = {
+        key: mean_sd([r[key] for r in rows])
+        for key in ("none", "refit", "k_epochs", "both", "refit_fraction")
+    }
     result = {
-        "command": "python bench/polish.py " + " ".join(sys.argv[1:]), "git_sha": git_sha(),
+        "command": "python bench/polish.py " + " ".join(sys.argv[1:]),
+        "git_sha": git_sha(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None},
-        "setup": {"training": " ".join(BASE) + f" epochs={args.epochs}", "k": args.k, "seeds": args.seeds,
-                  "polish_images": 10240},
-        "per_seed": rows, "summary": summary, "sweep_seed0": sweep,
+        "setup": {
+            "training": " ".join(BASE) + f" epochs={args.epochs}",
+            "k": args.k,
+            "seeds": args.seeds,
+            "polish_images": 10240,
+        },
+        "per_seed": rows,
+        "summary": summary,
+        "sweep_seed0": sweep,
     }
     out_dir = REPO / "bench" / "results"
     (out_dir / "polish.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -96,19 +158,36 @@ def main() -> int:
 def table(r: dict) -> str:
     s = r["summary"]
     pct = lambda d: f"{100 * d['mean']:.2f} ± {100 * d['sd']:.2f}"  # noqa: E731
-    lines = [f"Fashion-MNIST, fashion_mnist_lars recipe with augmentation, {r['setup']['training'].split('epochs=')[-1]}"
-             f" epochs, seeds {r['setup']['seeds']}, K={r['setup']['k']} (git {r['git_sha'][:7]})", "",
-             "| variant | test top-1 % (mean ± sd) | per seed |", "|---|---|---|"]
-    names = {"none": "no polishing", "refit": "BN refit", "k_epochs": f"last {r['setup']['k']} epoch(s) un-augmented",
-             "both": "both"}
+    lines = [
+        f"Fashion-MNIST, fashion_mnist_lars recipe with augmentation, {r['setup']['training'].split('epochs=')[-1]}"
+        f" epochs, seeds {r['setup']['seeds']}, K={r['setup']['k']} (git {r['git_sha'][:7]})",
+        "",
+        "| variant | test top-1 % (mean ± sd) | per seed |",
+        "|---|---|---|",
+    ]
+    names = {
+        "none": "no polishing",
+        "refit": "BN refit",
+        "k_epochs": f"last {r['setup']['k']} epoch(s) un-augmented",
+        "both": "both",
+    }
     for key, name in names.items():
-        lines.append(f"| {name} | {pct(s[key])} | {', '.join(f'{100 * v:.2f}' for v in s[key]['values'])} |")
-    lines += ["", f"BN refit cost: {100 * s['refit_fraction']['mean']:.2f}% of the training time "
-                  f"({statistics.mean(x['refit_s'] for x in r['per_seed']):.1f} s).", "",
-              "| polish images (seed 0, run A) | top-1 before % | top-1 after % | refit s |", "|---|---|---|---|"]
+        lines.append(
+            f"| {name} | {pct(s[key])} | {', '.join(f'{100 * v:.2f}' for v in s[key]['values'])} |"
+        )
+    lines += [
+        "",
+        f"BN refit cost: {100 * s['refit_fraction']['mean']:.2f}% of the training time "
+        f"({statistics.mean(x['refit_s'] for x in r['per_seed']):.1f} s).",
+        "",
+        "| polish images (seed 0, run A) | top-1 before % | top-1 after % | refit s |",
+        "|---|---|---|---|",
+    ]
     for row in r["sweep_seed0"]:
-        lines.append(f"| {row['images']} | {100 * row['top1_before']:.2f} | {100 * row['top1_after']:.2f} | "
-                     f"{row['refit_s']:.1f} |")
+        lines.append(
+            f"| {row['images']} | {100 * row['top1_before']:.2f} | {100 * row['top1_after']:.2f} | "
+            f"{row['refit_s']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,7 @@ resnet18, 64 px, batch 32, ds_configs/bf16.json, channels_last) runs alternating
 ``dstrain.train.run`` sets for one rank); the ratio of the median pass times is the saving.
 Found while comparing the trainer with a bare PyTorch loop (``bench/throughput.py`` on CPU).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,16 +38,17 @@ def main() -> int:
 
     from dstrain import dist, ds_config
     from dstrain.optim import build_optimizer
-    from dstrain.train import git_sha
+    from dstrain.provenance import git_sha
 
     dist.setup_env_for_single_process()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=1000)
-    user = ds_config.load(REPO / "ds_configs/bf16.json")
-    optimizer, _ = build_optimizer(model, user.get("optimizer"))
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                      config=ds_config.for_engine(user, args.batch, 1, 1))
+    spec = ds_config.load(REPO / "ds_configs/bf16.json")
+    optimizer = build_optimizer(model, spec.optimizer)
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=spec.engine_config(args.batch, 1, 1)
+    )
     engine.module.to(memory_format=torch.channels_last)
     x = torch.randn(args.batch, 3, 64, 64).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (args.batch,))
@@ -67,15 +69,24 @@ def main() -> int:
             if pair:  # the first pair warms up
                 times[name].append(seconds)
     med = {k: statistics.median(v) for k, v in times.items()}
-    result = {"what": __doc__.split("\n\n")[0], "command": "python bench/single_rank_allreduce.py " +
-              " ".join(sys.argv[1:]), "git_sha": git_sha(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "torch_threads": torch.get_num_threads(), "batch": args.batch, "steps_per_pass": args.steps,
-              "pass_seconds": times, "median_step_ms": {k: 1000 * v / args.steps for k, v in med.items()},
-              "speedup_without_allreduce": med["allreduce_on"] / med["allreduce_off"]}
+    result = {
+        "what": __doc__.split("\n\n")[0],
+        "command": "python bench/single_rank_allreduce.py " + " ".join(sys.argv[1:]),
+        "git_sha": git_sha(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "torch_threads": torch.get_num_threads(),
+        "batch": args.batch,
+        "steps_per_pass": args.steps,
+        "pass_seconds": times,
+        "median_step_ms": {k: 1000 * v / args.steps for k, v in med.items()},
+        "speedup_without_allreduce": med["allreduce_on"] / med["allreduce_off"],
+    }
     out = Path(args.out)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"step with DeepSpeed's single-rank all-reduce {result['median_step_ms']['allreduce_on']:.1f} ms, without "
-          f"{result['median_step_ms']['allreduce_off']:.1f} ms -> {result['speedup_without_allreduce']:.2f}x ({out})")
+    print(
+        f"step with DeepSpeed's single-rank all-reduce {result['median_step_ms']['allreduce_on']:.1f} ms, without "
+        f"{result['median_step_ms']['allreduce_off']:.1f} ms -> {result['speedup_without_allreduce']:.2f}x ({out})"
+    )
     return 0
 
 

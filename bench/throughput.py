@@ -19,6 +19,7 @@ after ``--bare-warmup`` steps. Every number is images/s per GPU (one process, on
 References (METHODS.md): 2,470 img/s on one A100 (NVIDIA's PyTorch example, AMP), ~7,160 img/s per H100
 (NVIDIA's MLPerf MXNet stack). fp16 needs a GPU; on a CPU the default is bf16 only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,8 +38,16 @@ sys.path.insert(0, str(REPO))
 REFERENCES = {"A100 (NVIDIA PyTorch example, AMP)": 2470, "H100 (NVIDIA MLPerf MXNet)": 7160}
 
 
-def bare_loop(model_name: str, precision: str, channels_last: bool, batch: int, side: int, warmup: int,
-              steps: int, device) -> float:
+def bare_loop(
+    model_name: str,
+    precision: str,
+    channels_last: bool,
+    batch: int,
+    side: int,
+    warmup: int,
+    steps: int,
+    device,
+) -> float:
     """images/s of the plain PyTorch AMP loop on one fixed device batch."""
     import torch
     import torch.nn.functional as F
@@ -47,7 +55,9 @@ def bare_loop(model_name: str, precision: str, channels_last: bool, batch: int, 
 
     torch.manual_seed(0)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    model = torchvision.models.get_model(model_name, weights=None, num_classes=1000).to(device, memory_format=fmt)
+    model = torchvision.models.get_model(model_name, weights=None, num_classes=1000).to(
+        device, memory_format=fmt
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
     dtype = torch.float16 if precision == "fp16" else torch.bfloat16
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
@@ -57,6 +67,7 @@ def bare_loop(model_name: str, precision: str, channels_last: bool, batch: int, 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
+
     for step in range(warmup + steps):
         if step == warmup:
             sync()
@@ -78,6 +89,7 @@ def bare_loop(model_name: str, precision: str, channels_last: bool, batch: int, 
 def _folder_chunk(root: Path, start: int, stop: int, classes: int) -> None:
     sys.path.insert(0, str(REPO / "bench"))
     from loader import make_folder
+
     make_folder(root, stop, classes, start=start)
 
 
@@ -88,64 +100,116 @@ def make_image_folder(root: Path, n: int, classes: int) -> Path:
     workers = max(1, min(os.cpu_count() or 1, n // 100 or 1))
     bounds = [n * k // workers for k in range(workers + 1)]
     with ProcessPoolExecutor(workers) as pool:
-        list(pool.map(_folder_chunk, [root] * workers, bounds[:-1], bounds[1:], [classes] * workers))
+        list(
+            pool.map(_folder_chunk, [root] * workers, bounds[:-1], bounds[1:], [classes] * workers)
+        )
     for cls in sorted((root / "train").iterdir()):
         first = sorted(cls.iterdir())[0]
         shutil.copy(first, root / "val" / cls.name / first.name)
     return root
 
 
-def dstrain_run(loader: str, precision: str, channels_last: bool, args, folder: Path | None, tmp: Path) -> dict:
+def dstrain_run(
+    loader: str, precision: str, channels_last: bool, args, folder: Path | None, tmp: Path
+) -> dict:
     run_dir = tmp / f"{loader}-{precision}-cl{int(channels_last)}"
-    data = (["data.loader=synthetic", f"data.synthetic_train_size={args.images}",
-             f"data.synthetic_val_size={args.batch}"] if loader == "synthetic" else
-            ["data.loader=dali", f"data.root={folder}", f"data.num_workers={args.dali_threads}"])
-    cmd = [sys.executable, "-m", "dstrain", "--config", "imagenet_resnet50", "--deepspeed_config",
-           f"ds_configs/{precision}.json", f"epochs={args.epochs}", f"eval_every_epochs={args.epochs}",
-           f"model.name={args.model}", f"model.channels_last={str(channels_last).lower()}",
-           f"data.image_size={args.image_size}", f"data.val_resize={args.image_size}",
-           f"batch.global_size={args.batch}", f"batch.micro_per_rank={args.batch}",
-           f"batch.eval_per_rank={args.batch}", "optim.warmup_epochs=0", "checkpoint.every_epochs=0",
-           "checkpoint.keep_last=1", "log.tensorboard=false", "log.every_steps=1000", f"run_dir={run_dir}", *data]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"dstrain {loader} {precision} failed ({proc.returncode}): {shlex.join(cmd)}\n"
-                         f"{proc.stderr[-3000:]}")
-    hist = json.loads((run_dir / "summary.json").read_text())["history"][1:]  # epoch 1 (autotune, start-up) untimed
+    data = (
+        [
+            "data.loader=synthetic",
+            f"data.synthetic_train_size={args.images}",
+            f"data.synthetic_val_size={args.batch}",
+        ]
+        if loader == "synthetic"
+        else ["data.loader=dali", f"data.root={folder}", f"data.num_workers={args.dali_threads}"]
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "dstrain",
+        "--config",
+        "imagenet_resnet50",
+        "--deepspeed_config",
+        f"ds_configs/{precision}.json",
+        f"epochs={args.epochs}",
+        f"eval_every_epochs={args.epochs}",
+        f"model.name={args.model}",
+        f"model.channels_last={str(channels_last).lower()}",
+        f"data.image_size={args.image_size}",
+        f"data.val_resize={args.image_size}",
+        f"batch.global_size={args.batch}",
+        f"batch.micro_per_rank={args.batch}",
+        f"batch.eval_per_rank={args.batch}",
+        "optim.warmup_epochs=0",
+        "checkpoint.every_epochs=0",
+        "checkpoint.keep_last=1",
+        "log.tensorboard=false",
+        "log.every_steps=1000",
+        f"run_dir={run_dir}",
+        *data,
+    ]
+    from bench.common import run_trainer
+
+    hist = run_trainer(cmd, run_dir, what=f"dstrain {loader} {precision}")["history"][
+        1:
+    ]  # epoch 1 untimed
     images = sum(h["steps_per_epoch"] * h["global_batch"] for h in hist)
-    return {"images_per_s": images / sum(h["train_s"] for h in hist), "timed_images": images,
-            "command": shlex.join(cmd[1:]).replace(str(tmp), "$TMP")}
+    return {
+        "images_per_s": images / sum(h["train_s"] for h in hist),
+        "timed_images": images,
+        "command": shlex.join(cmd[1:]).replace(str(tmp), "$TMP"),
+    }
 
 
 def environment(device) -> dict:
     import deepspeed
     import torch
     import torchvision
+
     try:
         import nvidia.dali as dali
+
         dali_version = dali.__version__
     except ImportError:
         dali_version = None
-    from dstrain.train import git_sha
-    return {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else f"CPU ({os.cpu_count()} cores)",
-            "torch": torch.__version__, "torchvision": torchvision.__version__, "deepspeed": deepspeed.__version__,
-            "dali": dali_version, "cuda": torch.version.cuda, "git_sha": git_sha(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    from dstrain.provenance import git_sha
+
+    return {
+        "device": torch.cuda.get_device_name(0)
+        if device.type == "cuda"
+        else f"CPU ({os.cpu_count()} cores)",
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "deepspeed": deepspeed.__version__,
+        "dali": dali_version,
+        "cuda": torch.version.cuda,
+        "git_sha": git_sha(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def markdown(result: dict) -> str:
     env, rows = result["environment"], result["rows"]
-    lines = [f"# ResNet training throughput: {env['device']}", "",
-             f"`{result['command']}` at git {env['git_sha']}, {env['date']}; torch {env['torch']}, DeepSpeed "
-             f"{env['deepspeed']}, DALI {env['dali']}, CUDA {env['cuda']}. Model {result['model']}, batch "
-             f"{result['batch']} per GPU, {result['image_size']} px. Images/s per GPU.", "",
-             "| loop | data | precision | channels_last | images/s | vs bare loop (same precision, layout) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# ResNet training throughput: {env['device']}",
+        "",
+        f"`{result['command']}` at git {env['git_sha']}, {env['date']}; torch {env['torch']}, DeepSpeed "
+        f"{env['deepspeed']}, DALI {env['dali']}, CUDA {env['cuda']}. Model {result['model']}, batch "
+        f"{result['batch']} per GPU, {result['image_size']} px. Images/s per GPU.",
+        "",
+        "| loop | data | precision | channels_last | images/s | vs bare loop (same precision, layout) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         ratio = f"{r['vs_bare']:.2f}x" if r.get("vs_bare") else "-"
-        lines.append(f"| {r['loop']} | {r['data']} | {r['precision']} | {'on' if r['channels_last'] else 'off'} | "
-                     f"{r['images_per_s']:.0f} | {ratio} |")
-    lines += ["", "References: " + "; ".join(f"{k}: {v:,} img/s" for k, v in REFERENCES.items()) + ".", ""]
+        lines.append(
+            f"| {r['loop']} | {r['data']} | {r['precision']} | {'on' if r['channels_last'] else 'off'} | "
+            f"{r['images_per_s']:.0f} | {ratio} |"
+        )
+    lines += [
+        "",
+        "References: " + "; ".join(f"{k}: {v:,} img/s" for k, v in REFERENCES.items()) + ".",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -154,18 +218,35 @@ def main() -> int:
     p.add_argument("--model", default="resnet50", help="torchvision model name")
     p.add_argument("--batch", type=int, default=256, help="images per step per GPU")
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--precisions", nargs="+", default=None, choices=("fp16", "bf16"),
-                   help="default: fp16 bf16 on a GPU, bf16 on a CPU")
-    p.add_argument("--loaders", nargs="+", default=["synthetic", "dali"], choices=("synthetic", "dali"))
+    p.add_argument(
+        "--precisions",
+        nargs="+",
+        default=None,
+        choices=("fp16", "bf16"),
+        help="default: fp16 bf16 on a GPU, bf16 on a CPU",
+    )
+    p.add_argument(
+        "--loaders", nargs="+", default=["synthetic", "dali"], choices=("synthetic", "dali")
+    )
     p.add_argument("--channels-last", nargs="+", default=["on", "off"], choices=("on", "off"))
     p.add_argument("--images", type=int, default=25600, help="dstrain synthetic: images per epoch")
-    p.add_argument("--dali-images", type=int, default=6400, help="JPEGs generated for the DALI runs")
-    p.add_argument("--dali-threads", type=int, default=8, help="DALI CPU threads (data.num_workers)")
-    p.add_argument("--epochs", type=int, default=3, help="dstrain epochs; all but the first are timed")
+    p.add_argument(
+        "--dali-images", type=int, default=6400, help="JPEGs generated for the DALI runs"
+    )
+    p.add_argument(
+        "--dali-threads", type=int, default=8, help="DALI CPU threads (data.num_workers)"
+    )
+    p.add_argument(
+        "--epochs", type=int, default=3, help="dstrain epochs; all but the first are timed"
+    )
     p.add_argument("--bare-steps", type=int, default=60)
     p.add_argument("--bare-warmup", type=int, default=15)
-    p.add_argument("--out", default="", help="result JSON (default bench/results/throughput_<device>.json; "
-                                             "a .md table is written next to it)")
+    p.add_argument(
+        "--out",
+        default="",
+        help="result JSON (default bench/results/throughput_<device>.json; "
+        "a .md table is written next to it)",
+    )
     args = p.parse_args()
     if args.epochs < 2:
         raise SystemExit("--epochs must be >= 2: the first epoch is not timed")
@@ -174,8 +255,10 @@ def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precisions = args.precisions or (["fp16", "bf16"] if device.type == "cuda" else ["bf16"])
     if "fp16" in precisions and device.type != "cuda":
-        raise SystemExit("--precisions fp16 needs a GPU (DeepSpeed's fp16 engine and GradScaler are CUDA-only); "
-                         "use --precisions bf16 on a CPU")
+        raise SystemExit(
+            "--precisions fp16 needs a GPU (DeepSpeed's fp16 engine and GradScaler are CUDA-only); "
+            "use --precisions bf16 on a CPU"
+        )
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     env = environment(device)
@@ -184,31 +267,71 @@ def main() -> int:
     rows, t_start = [], time.perf_counter()
     for precision in precisions:
         for cl in layouts:
-            ips = bare_loop(args.model, precision, cl, args.batch, args.image_size, args.bare_warmup,
-                            args.bare_steps, device)
-            rows.append({"loop": "bare PyTorch", "data": "synthetic", "precision": precision, "channels_last": cl,
-                         "images_per_s": ips})
+            ips = bare_loop(
+                args.model,
+                precision,
+                cl,
+                args.batch,
+                args.image_size,
+                args.bare_warmup,
+                args.bare_steps,
+                device,
+            )
+            rows.append(
+                {
+                    "loop": "bare PyTorch",
+                    "data": "synthetic",
+                    "precision": precision,
+                    "channels_last": cl,
+                    "images_per_s": ips,
+                }
+            )
             print(f"bare     synthetic {precision} channels_last={cl}: {ips:.0f} img/s", flush=True)
     with tempfile.TemporaryDirectory(prefix="dstrain-throughput-") as tmp:
         folder = None
         if "dali" in args.loaders:
             t0 = time.perf_counter()
             folder = make_image_folder(Path(tmp) / "images", args.dali_images, classes=100)
-            print(f"generated {args.dali_images} JPEGs in {time.perf_counter() - t0:.0f} s", flush=True)
+            print(
+                f"generated {args.dali_images} JPEGs in {time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
         for loader in args.loaders:
             for precision in precisions:
                 for cl in layouts:
                     r = dstrain_run(loader, precision, cl, args, folder, Path(tmp))
-                    bare = next(b["images_per_s"] for b in rows if b["loop"] == "bare PyTorch"
-                                and (b["precision"], b["channels_last"]) == (precision, cl))
-                    rows.append({"loop": "dstrain", "data": loader, "precision": precision, "channels_last": cl,
-                                 "vs_bare": r["images_per_s"] / bare, **r})
-                    print(f"dstrain  {loader:9s} {precision} channels_last={cl}: {r['images_per_s']:.0f} img/s "
-                          f"({r['images_per_s'] / bare:.2f}x the bare loop)", flush=True)
-    result = {"what": "training images/s per GPU, dstrain vs a bare PyTorch AMP loop, one device, one run",
-              "command": "python bench/throughput.py " + " ".join(sys.argv[1:]), "model": args.model,
-              "batch": args.batch, "image_size": args.image_size, "environment": env, "references": REFERENCES,
-              "total_s": time.perf_counter() - t_start, "rows": rows}
+                    bare = next(
+                        b["images_per_s"]
+                        for b in rows
+                        if b["loop"] == "bare PyTorch"
+                        and (b["precision"], b["channels_last"]) == (precision, cl)
+                    )
+                    rows.append(
+                        {
+                            "loop": "dstrain",
+                            "data": loader,
+                            "precision": precision,
+                            "channels_last": cl,
+                            "vs_bare": r["images_per_s"] / bare,
+                            **r,
+                        }
+                    )
+                    print(
+                        f"dstrain  {loader:9s} {precision} channels_last={cl}: {r['images_per_s']:.0f} img/s "
+                        f"({r['images_per_s'] / bare:.2f}x the bare loop)",
+                        flush=True,
+                    )
+    result = {
+        "what": "training images/s per GPU, dstrain vs a bare PyTorch AMP loop, one device, one run",
+        "command": "python bench/throughput.py " + " ".join(sys.argv[1:]),
+        "model": args.model,
+        "batch": args.batch,
+        "image_size": args.image_size,
+        "environment": env,
+        "references": REFERENCES,
+        "total_s": time.perf_counter() - t_start,
+        "rows": rows,
+    }
     slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
     out = Path(args.out or REPO / f"bench/results/throughput_{slug}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

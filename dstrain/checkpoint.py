@@ -15,9 +15,10 @@ renames it to ``<tag>`` and then replaces ``latest`` atomically (write to a
 temporary file, fsync, ``os.replace``). A process killed at any point leaves the
 previous checkpoint complete and ``latest`` pointing at it (tested by killing at
 each phase: ``DSTRAIN_FAULT_KILL_IN_CHECKPOINT``). A write that fails (a full
-disk) fails on every rank with :class:`~dstrain.guard.CheckpointWriteError`,
+disk) fails on every rank with :class:`~dstrain.errors.CheckpointWriteError`,
 and the partial directory is removed.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,14 +34,15 @@ import numpy as np
 import torch
 
 from dstrain import dist
-from dstrain.config import ConfigError
-from dstrain.guard import CheckpointWriteError
+from dstrain.errors import CheckpointWriteError, ConfigError
+from dstrain.files import atomic_write_text, fsync_dir
 
-log = logging.getLogger("dstrain")
+log = logging.getLogger(__name__)
 TAG_RE = re.compile(r"^epoch(\d{4,})(?:-step(\d{8,}))?$")
 POINTER = "latest"
 STATE_FILE = "trainer_state.json"
-FAULT_ENV = "DSTRAIN_FAULT_KILL_IN_CHECKPOINT"  # tests: TAG:PHASE SIGKILLs rank 0 there (phase written|renamed)
+# tests: TAG:PHASE SIGKILLs rank 0 there (phase written|renamed)
+KILL_IN_CHECKPOINT_ENV = "DSTRAIN_FAULT_KILL_IN_CHECKPOINT"
 
 
 def tag_for(epoch: int, step: int | None = None) -> str:
@@ -54,33 +56,16 @@ def _order(tag: str) -> tuple[int, int]:
 
 
 def _fault(tag: str, phase: str) -> None:
-    if os.environ.get(FAULT_ENV) == f"{tag}:{phase}" and dist.is_main():
+    if os.environ.get(KILL_IN_CHECKPOINT_ENV) == f"{tag}:{phase}" and dist.is_main():
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -109,7 +94,9 @@ def newest_complete(root: Path) -> str | None:
         tag = pointer.read_text().strip()
         if TAG_RE.match(tag) and (root / tag / STATE_FILE).is_file():
             return tag
-        log.warning("%s names %r, which is not a complete checkpoint; scanning the directory", pointer, tag)
+        log.warning(
+            "%s names %r, which is not a complete checkpoint; scanning the directory", pointer, tag
+        )
     tags = complete_tags(root)
     return tags[-1] if tags else None
 
@@ -123,23 +110,31 @@ def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) 
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(root / partial, ignore_errors=True)
         dist.barrier()
-        engine.save_checkpoint(str(root), tag=partial, client_state={"dstrain": trainer_state}, save_latest=False)
+        engine.save_checkpoint(
+            str(root), tag=partial, client_state={"dstrain": trainer_state}, save_latest=False
+        )
         (root / partial).mkdir(parents=True, exist_ok=True)
         torch.save(rng_state(), root / partial / f"rng_rank{dist.rank():05d}.pt")
-    except (OSError, RuntimeError) as err:  # torch.save reports ENOSPC as e.g. "unexpected pos N vs M"
+    except (
+        OSError,
+        RuntimeError,
+    ) as err:  # torch.save reports ENOSPC as e.g. "unexpected pos N vs M"
         error = f"{root / partial}: {_describe(err, root)}"
-    _agree_or_fail(root / partial, error)  # every rank's files are on disk before the checkpoint is complete
+    # every rank's files are on disk before the checkpoint is complete
+    _agree_or_fail(root / partial, error)
     _fault(tag, "written")
     if dist.is_main():
         try:
             atomic_write_text(root / partial / STATE_FILE, json.dumps(trainer_state, indent=2))
             stale = root / f"{tag}.stale"
-            if (root / tag).exists():  # re-saving a tag (e.g. after a resume): move the old copy aside first
+            if (
+                root / tag
+            ).exists():  # re-saving a tag (e.g. after a resume): move the old copy aside first
                 shutil.rmtree(stale, ignore_errors=True)
                 os.rename(root / tag, stale)
             os.rename(root / partial, root / tag)
             shutil.rmtree(stale, ignore_errors=True)
-            _fsync_dir(root)
+            fsync_dir(root)
             _fault(tag, "renamed")
             atomic_write_text(root / POINTER, tag + "\n")
             _prune(root, keep_last)
@@ -150,7 +145,11 @@ def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) 
 
 
 def _describe(err: Exception, root: Path) -> str:
-    text = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip().splitlines()[-1]
+    text = (
+        err.strerror
+        if isinstance(err, OSError) and err.strerror
+        else str(err).strip().splitlines()[-1]
+    )
     try:
         free = shutil.disk_usage(root).free
         if free < 2**20:
@@ -167,8 +166,10 @@ def _agree_or_fail(partial: Path, error: str) -> None:
     if dist.is_main():
         shutil.rmtree(partial, ignore_errors=True)
     where = error or "another rank could not write its part of the checkpoint"
-    raise CheckpointWriteError(f"could not write a checkpoint: {where}. The previous complete checkpoint is "
-                               "untouched; free disk space (or fix permissions) and resume with resume=auto")
+    raise CheckpointWriteError(
+        f"could not write a checkpoint: {where}. The previous complete checkpoint is "
+        "untouched; free disk space (or fix permissions) and resume with resume=auto"
+    )
 
 
 def _prune(root: Path, keep_last: int) -> None:
@@ -181,19 +182,26 @@ def _prune(root: Path, keep_last: int) -> None:
 def load(engine, root: Path, tag: str) -> dict:
     """Load a complete checkpoint into the engine; returns the trainer state saved with it."""
     try:
-        path, client_state = engine.load_checkpoint(str(root), tag=tag, load_optimizer_states=True,
-                                                    load_lr_scheduler_states=False)
+        path, client_state = engine.load_checkpoint(
+            str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
     except RuntimeError as err:  # load_state_dict's "size mismatch" / "Missing key(s)"
         if "size mismatch" not in str(err) and "key(s)" not in str(err):
             raise
-        raise ConfigError(f"{root / tag}: this checkpoint belongs to a different model "
-                          f"({str(err).splitlines()[-1].strip()[:160]}). Resume with the model.* settings it was "
-                          "trained with, or start a new run_dir") from None
+        raise ConfigError(
+            f"{root / tag}: this checkpoint belongs to a different model "
+            f"({str(err).splitlines()[-1].strip()[:160]}). Resume with the model.* settings it was "
+            "trained with, or start a new run_dir"
+        ) from None
     if path is None or not client_state or "dstrain" not in client_state:
         raise RuntimeError(f"{root / tag}: DeepSpeed could not load this checkpoint")
     rng_file = root / tag / f"rng_rank{dist.rank():05d}.pt"
     if rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))
     else:
-        log.warning("%s missing (world size changed?): RNG state not restored on rank %d", rng_file, dist.rank())
+        log.warning(
+            "%s missing (world size changed?): RNG state not restored on rank %d",
+            rng_file,
+            dist.rank(),
+        )
     return client_state["dstrain"]

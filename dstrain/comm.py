@@ -42,85 +42,118 @@ the native ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` are used.
 Bytes: each rank counts the bytes it sends (ring algorithms: exact; a
 library ``all_reduce`` of S bytes over W ranks: the ring's 2(W-1)/W x S).
 """
+
 from __future__ import annotations
 
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from dstrain.config import ConfigError
-from dstrain.ds_config import COMM_BLOCK as BLOCK
+from dstrain.errors import ConfigError
 
-log = logging.getLogger("dstrain")
-MODES, COMPRESSIONS = ("allreduce", "torus2d"), ("none", "sign", "powersgd")
-DTYPES = {"fp16": torch.float16, "float16": torch.float16, "half": torch.float16, "bf16": torch.bfloat16,
-          "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
+log = logging.getLogger(__name__)
+BLOCK = "dstrain_communication"  # ours: read by the trainer, removed before DeepSpeed sees the JSON
+DTYPES = {
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
 
 
 @dataclass
 class CommConfig:
-    mode: str = "allreduce"
-    compression: str = "none"
-    grid: list | str = "auto"
+    """The ``dstrain_communication`` block, typed: OmegaConf rejects unknown keys, wrong types and choices."""
+
+    mode: Literal["allreduce", "torus2d"] = "allreduce"
+    compression: Literal["none", "sign", "powersgd"] = "none"
+    # torus2d: [X, Y], X ranks per row; [] or "auto" = most square
+    grid: list[int] = field(default_factory=list)
     powersgd_rank: int = 4
-    warmup_steps: int = 0
-    bucket_mb: float = 25.0
-    dtype: torch.dtype | None = None   # from the JSON's communication_data_type
+    warmup_steps: int = 0  # optimizer steps synchronised uncompressed before compression starts
+    bucket_mb: float = 25.0  # flattened gradient bucket size (MiB)
 
 
-def parse(ds: dict, source: str) -> CommConfig | None:
-    """The validated ``dstrain_communication`` block of a (checked) DeepSpeed JSON, or None."""
+@dataclass(frozen=True)
+class CommSpec:
+    """Our gradient sync as a DeepSpeed JSON chose it: the block and ``communication_data_type``."""
+
+    config: CommConfig
+    dtype: torch.dtype | None = None  # None: the gradients' own dtype
+
+
+def parse(ds: dict, source: str) -> CommSpec | None:
+    """The validated ``dstrain_communication`` block of a DeepSpeed JSON, or None when it has none."""
     block = ds.get(BLOCK)
     if block is None:
         return None
     where = f"{source}: {BLOCK}"
     if not isinstance(block, dict):
-        raise ConfigError(f"{where} must be an object, e.g. {{\"mode\": \"torus2d\"}}")
-    known = {f for f in CommConfig.__dataclass_fields__ if f != "dtype"}
-    for key in block:
-        if key not in known and not key.startswith("_"):
-            raise ConfigError(f"{where}: unknown key '{key}'; known keys: {', '.join(sorted(known))}")
-    cfg = CommConfig(**{k: v for k, v in block.items() if k in known})
-    if cfg.mode not in MODES:
-        raise ConfigError(f"{where}.mode={cfg.mode!r}: use one of {', '.join(MODES)}")
-    if cfg.compression not in COMPRESSIONS:
-        raise ConfigError(f"{where}.compression={cfg.compression!r}: use one of {', '.join(COMPRESSIONS)}")
+        raise ConfigError(f'{where} must be an object, e.g. {{"mode": "torus2d"}}')
+    block = {k: v for k, v in block.items() if not k.startswith("_")}
+    if block.get("grid") == "auto":
+        block["grid"] = []
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CommConfig), block))
+    except OmegaConfBaseException as err:
+        key = str(getattr(err, "full_key", "") or "?").split("[")[0]
+        if key not in CommConfig.__dataclass_fields__:
+            known = ", ".join(CommConfig.__dataclass_fields__)
+            raise ConfigError(f"{where}: unknown key '{key}'; known keys: {known}") from None
+        reason = str(err).splitlines()[0]
+        raise ConfigError(f"{where}.{key}={block.get(key)!r}: {reason}") from None
     if cfg.mode == "torus2d" and cfg.compression == "powersgd":
-        raise ConfigError(f"{where}: powersgd does not compose with torus2d (it needs whole weight matrices, the "
-                          "torus moves flat chunks). Use compression sign, or mode allreduce.")
-    if not (cfg.grid == "auto" or (isinstance(cfg.grid, list) and len(cfg.grid) == 2
-                                   and all(isinstance(v, int) and v >= 1 for v in cfg.grid))):
-        raise ConfigError(f"{where}.grid={cfg.grid!r}: use \"auto\" or [X, Y] with X*Y = world size")
-    for key, ok in (("powersgd_rank", isinstance(cfg.powersgd_rank, int) and cfg.powersgd_rank >= 1),
-                    ("warmup_steps", isinstance(cfg.warmup_steps, int) and cfg.warmup_steps >= 0),
-                    ("bucket_mb", isinstance(cfg.bucket_mb, (int, float)) and cfg.bucket_mb > 0)):
+        raise ConfigError(
+            f"{where}: powersgd does not compose with torus2d (it needs whole weight matrices, the "
+            "torus moves flat chunks). Use compression sign, or mode allreduce."
+        )
+    if cfg.grid and (len(cfg.grid) != 2 or min(cfg.grid) < 1):
+        raise ConfigError(f'{where}.grid={cfg.grid!r}: use "auto" or [X, Y] with X*Y = world size')
+    for key, ok in (
+        ("powersgd_rank", cfg.powersgd_rank >= 1),
+        ("warmup_steps", cfg.warmup_steps >= 0),
+        ("bucket_mb", cfg.bucket_mb > 0),
+    ):
         if not ok:
-            raise ConfigError(f"{where}.{key}={getattr(cfg, key)!r}: must be a positive number "
-                              "(warmup_steps may be 0)")
+            raise ConfigError(
+                f"{where}.{key}={getattr(cfg, key)!r}: must be a positive number "
+                "(warmup_steps may be 0)"
+            )
     if ds.get("zero_optimization", {}).get("stage", 0) != 0:
-        raise ConfigError(f"{where} replaces the engine's gradient all-reduce, which ZeRO stages > 0 do not use; "
-                          "set \"zero_optimization\": {\"stage\": 0} or remove the block")
+        raise ConfigError(
+            f"{where} replaces the engine's gradient all-reduce, which ZeRO stages > 0 do not use; "
+            'set "zero_optimization": {"stage": 0} or remove the block'
+        )
     if ds.get("bf16", {}).get("enabled", False):
-        raise ConfigError(f"{where} does not work with bf16.enabled (its optimizer reduces a private fp32 "
-                          "buffer); use torch_autocast bf16 as in ds_configs/bf16.json")
+        raise ConfigError(
+            f"{where} does not work with bf16.enabled (its optimizer reduces a private fp32 "
+            "buffer); use torch_autocast bf16 as in ds_configs/bf16.json"
+        )
     name = ds.get("communication_data_type")
-    if name is not None:
-        if str(name).lower() not in DTYPES:
-            raise ConfigError(f"{source}: communication_data_type={name!r}: use fp32, fp16 or bf16")
-        cfg.dtype = DTYPES[str(name).lower()]
-    return cfg
+    if name is not None and str(name).lower() not in DTYPES:
+        raise ConfigError(f"{source}: communication_data_type={name!r}: use fp32, fp16 or bf16")
+    return CommSpec(cfg, DTYPES[str(name).lower()] if name is not None else None)
 
 
 def grid_for(world: int, grid: list | str) -> tuple[int, int]:
-    """(X, Y): X ranks per row, Y rows. auto = the most square factorisation with X >= Y."""
-    if grid != "auto":
+    """(X, Y): X ranks per row, Y rows. ``auto`` (or []) = the most square factorisation with X >= Y."""
+    if grid and grid != "auto":
         x, y = int(grid[0]), int(grid[1])
         if x * y != world:
-            raise ConfigError(f"{BLOCK}.grid=[{x}, {y}] needs {x * y} ranks but the world size is {world}; "
-                              f"use \"auto\" or a factorisation of {world}")
+            raise ConfigError(
+                f"{BLOCK}.grid=[{x}, {y}] needs {x * y} ranks but the world size is {world}; "
+                f'use "auto" or a factorisation of {world}'
+            )
         return x, y
     y = max(d for d in range(1, int(math.isqrt(world)) + 1) if world % d == 0)
     return world // y, y
@@ -141,21 +174,27 @@ def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
 
 @dataclass
 class _State:
-    error: dict = field(default_factory=dict)   # bucket/param key -> carried compression error
-    q: dict = field(default_factory=dict)       # powersgd: param key -> warm-started Q
+    error: dict = field(default_factory=dict)  # bucket/param key -> carried compression error
+    q: dict = field(default_factory=dict)  # powersgd: param key -> warm-started Q
 
 
 class GradientSync:
     """Averages the gradients of ``params`` across the data-parallel world, as configured."""
 
-    def __init__(self, cfg: CommConfig, params: list[torch.nn.Parameter], seed: int = 0):
-        self.cfg = cfg
+    def __init__(
+        self,
+        cfg: CommConfig,
+        params: list[torch.nn.Parameter],
+        seed: int = 0,
+        dtype: torch.dtype | None = None,
+    ):
+        self.cfg, self.dtype = cfg, dtype
         self.params = [p for p in params if p.requires_grad]
-        self.world, self.rank = dist.get_world_size(), dist.get_rank()
-        self.native = dist.get_backend() == "nccl"
+        self.world, self.rank = torch_dist.get_world_size(), torch_dist.get_rank()
+        self.native = torch_dist.get_backend() == "nccl"
         self.state = _State()
         self.steps = 0
-        self.bytes_sent = 0   # this rank, since the last take_bytes()
+        self.bytes_sent = 0  # this rank, since the last take_bytes()
         self.total_bytes = 0  # this rank, since the start
         self.seed = seed
         if cfg.mode == "torus2d":
@@ -165,15 +204,20 @@ class GradientSync:
             self.col_ranks = [r * self.x + self.col_index for r in range(self.y)]
             self.row_group = self.col_group = None
             for r in range(self.y):  # every rank creates every group, in the same order
-                g = dist.new_group([r * self.x + c for c in range(self.x)])
+                g = torch_dist.new_group([r * self.x + c for c in range(self.x)])
                 self.row_group = g if r == self.row_index else self.row_group
             for c in range(self.x):
-                g = dist.new_group([r * self.x + c for r in range(self.y)])
+                g = torch_dist.new_group([r * self.x + c for r in range(self.y)])
                 self.col_group = g if c == self.col_index else self.col_group
-        log.info("gradient sync: %s%s, compression %s%s, %s buckets of %.0f MiB", cfg.mode,
-                 f" {self.x}x{self.y}" if cfg.mode == "torus2d" else "", cfg.compression,
-                 f" after {cfg.warmup_steps} uncompressed steps" if cfg.warmup_steps else "",
-                 "fp32" if cfg.dtype is None else str(cfg.dtype).replace("torch.", ""), cfg.bucket_mb)
+        log.info(
+            "gradient sync: %s%s, compression %s%s, %s buckets of %.0f MiB",
+            cfg.mode,
+            f" {self.x}x{self.y}" if cfg.mode == "torus2d" else "",
+            cfg.compression,
+            f" after {cfg.warmup_steps} uncompressed steps" if cfg.warmup_steps else "",
+            "fp32" if dtype is None else str(dtype).replace("torch.", ""),
+            cfg.bucket_mb,
+        )
 
     # ------------------------------------------------------------ entry point
     @torch.no_grad()
@@ -185,7 +229,7 @@ class GradientSync:
             compress = False  # fp16 overflow: let the loss scaler see it; keep the error as it was
         self.steps += 1
         if compress and self.cfg.compression == "powersgd":
-            self._powersgd(grads)
+            self._powersgd()
             return
         if not compress:
             self._sync_buckets(grads, lambda flat, key: self._uncompressed(flat))
@@ -199,7 +243,7 @@ class GradientSync:
         for key, bucket in enumerate(self._buckets(grads)):
             out, offset = reduce(torch.cat([g.reshape(-1) for g in bucket]), key), 0
             for g in bucket:
-                g.copy_(out[offset:offset + g.numel()].view_as(g))
+                g.copy_(out[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
 
     def take_bytes(self) -> int:
@@ -208,9 +252,13 @@ class GradientSync:
         return sent
 
     def summary(self) -> dict:
-        return {"mode": self.cfg.mode, "compression": self.cfg.compression, "steps": self.steps,
-                "bytes_sent_per_step": self.total_bytes / max(self.steps, 1),
-                "grid": [self.x, self.y] if self.cfg.mode == "torus2d" else None}
+        return {
+            "mode": self.cfg.mode,
+            "compression": self.cfg.compression,
+            "steps": self.steps,
+            "bytes_sent_per_step": self.total_bytes / max(self.steps, 1),
+            "grid": [self.x, self.y] if self.cfg.mode == "torus2d" else None,
+        }
 
     def _count(self, n: float) -> None:
         self.bytes_sent += int(n)
@@ -220,12 +268,14 @@ class GradientSync:
         if not grads:
             local = torch.zeros(1)
         else:  # one device reduction, no host sync per tensor
-            local = (~torch.stack([torch.isfinite(g).all() for g in grads]).all()).float().reshape(1)
-        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+            local = (
+                (~torch.stack([torch.isfinite(g).all() for g in grads]).all()).float().reshape(1)
+            )
+        torch_dist.all_reduce(local, op=torch_dist.ReduceOp.MAX)
         return bool(local.item())  # host sync: once per step, only when compressing
 
     def _buckets(self, grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-        limit = int(self.cfg.bucket_mb * 2 ** 20 / 4)
+        limit = int(self.cfg.bucket_mb * 2**20 / 4)
         buckets, current, size = [], [], 0
         for g in grads:
             if current and (size + g.numel() > limit or g.dtype != current[0].dtype):
@@ -237,7 +287,7 @@ class GradientSync:
 
     # ------------------------------------------------------------ uncompressed
     def _uncompressed(self, flat: torch.Tensor) -> torch.Tensor:
-        work = flat.to(self.cfg.dtype) if self.cfg.dtype is not None else flat
+        work = flat.to(self.dtype) if self.dtype is not None else flat
         if self.cfg.mode == "torus2d":
             work = self._torus(work)
         else:
@@ -246,7 +296,7 @@ class GradientSync:
 
     def _all_reduce(self, t: torch.Tensor, group, size: int) -> None:
         if size > 1:
-            dist.all_reduce(t, group=group)
+            torch_dist.all_reduce(t, group=group)
             self._count(int(2 * (size - 1) / size * t.numel() * t.element_size()))
 
     def _torus(self, flat: torch.Tensor) -> torch.Tensor:
@@ -266,9 +316,9 @@ class GradientSync:
         if self.native:
             padded = torch.nn.functional.pad(flat, (0, (-len(flat)) % self.x))
             out = torch.empty(len(padded) // self.x, dtype=flat.dtype, device=flat.device)
-            dist.reduce_scatter_tensor(out, padded, group=self.row_group)
+            torch_dist.reduce_scatter_tensor(out, padded, group=self.row_group)
             self._count((self.x - 1) * out.numel() * out.element_size())
-            return out[:len(self._chunks(flat)[self.col_index])]
+            return out[: len(self._chunks(flat)[self.col_index])]
         chunks = [c.clone() for c in self._chunks(flat)]
         i, x = self.col_index, self.x
         nxt, prv = self.row_ranks[(i + 1) % x], self.row_ranks[(i - 1) % x]
@@ -286,10 +336,11 @@ class GradientSync:
         if self.native:
             width = -(-len(like) // self.x)
             out = torch.empty(width * self.x, dtype=chunk.dtype, device=chunk.device)
-            dist.all_gather_into_tensor(out, torch.nn.functional.pad(chunk, (0, width - len(chunk))),
-                                        group=self.row_group)
+            torch_dist.all_gather_into_tensor(
+                out, torch.nn.functional.pad(chunk, (0, width - len(chunk))), group=self.row_group
+            )
             self._count((self.x - 1) * width * chunk.element_size())
-            return torch.cat([out[k * width:k * width + n] for k, n in enumerate(sizes)])
+            return torch.cat([out[k * width : k * width + n] for k, n in enumerate(sizes)])
         chunks = [torch.empty(n, dtype=chunk.dtype, device=chunk.device) for n in sizes]
         i, x = self.col_index, self.x
         chunks[i] = chunk
@@ -299,7 +350,7 @@ class GradientSync:
         return torch.cat(chunks)
 
     def _exchange(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
-        reqs = [dist.isend(send.contiguous(), dst), dist.irecv(recv, src)]
+        reqs = [torch_dist.isend(send.contiguous(), dst), torch_dist.irecv(recv, src)]
         for r in reqs:
             r.wait()
         self._count(send.numel() * send.element_size())
@@ -321,8 +372,8 @@ class GradientSync:
         signs, scale = self._compress(v, key)
         all_signs = [torch.empty_like(signs) for _ in ranks]
         all_scales = [torch.empty_like(scale) for _ in ranks]
-        dist.all_gather(all_signs, signs, group=group)
-        dist.all_gather(all_scales, scale, group=group)
+        torch_dist.all_gather(all_signs, signs, group=group)
+        torch_dist.all_gather(all_scales, scale, group=group)
         self._count((len(ranks) - 1) * (signs.numel() + 4))  # ring all-gather: forward W-1 blocks
         total = torch.zeros(len(v), dtype=torch.float32, device=v.device)
         for s, c in zip(all_signs, all_scales):
@@ -335,11 +386,12 @@ class GradientSync:
     def _sign_torus(self, flat: torch.Tensor, key) -> torch.Tensor:
         """Rows full precision (reduce-scatter), columns 1-bit (the slow inter-node links), rows all-gather."""
         chunk = self._reduce_scatter_row(flat.float())
-        chunk = self._sign_exchange(chunk, key, self.col_ranks, self.col_group)  # mean over the column of row sums
+        # mean over the column of row sums
+        chunk = self._sign_exchange(chunk, key, self.col_ranks, self.col_group)
         return self._all_gather_row(chunk, flat).div_(self.x).to(flat.dtype)
 
     # ------------------------------------------------------------ PowerSGD
-    def _powersgd(self, grads: list[torch.Tensor]) -> None:
+    def _powersgd(self) -> None:
         r = self.cfg.powersgd_rank
         small = []
         for key, p in enumerate(self.params):

@@ -1,11 +1,15 @@
-"""Process-group helpers: ranks come from the environment (DeepSpeed launcher, torchrun, mpirun)."""
+"""Ground floor: process-group helpers; ranks come from the environment (DeepSpeed launcher, torchrun, mpirun).
+
+Imports nothing of dstrain. Every helper is a no-op in a world of one.
+"""
+
 from __future__ import annotations
 
 import os
 import socket
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
 
 
 def free_port() -> int:
@@ -18,16 +22,26 @@ def setup_env_for_single_process() -> None:
     """`python dstrain/main.py` without a launcher: make a world of one."""
     if "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ:
         return
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    os.environ.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+    )
 
 
 def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+    return torch_dist.get_rank() if torch_dist.is_initialized() else int(os.environ.get("RANK", 0))
 
 
 def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+    return (
+        torch_dist.get_world_size()
+        if torch_dist.is_initialized()
+        else int(os.environ.get("WORLD_SIZE", 1))
+    )
 
 
 def local_rank() -> int:
@@ -39,8 +53,8 @@ def is_main() -> bool:
 
 
 def barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        torch_dist.barrier()
 
 
 _host_group = None  # a gloo group for small CPU messages when the default backend is NCCL
@@ -49,8 +63,12 @@ _host_group = None  # a gloo group for small CPU messages when the default backe
 def init_host_group() -> None:
     """Collective: every rank calls it once after the process group is up."""
     global _host_group
-    if dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() != "gloo":
-        _host_group = dist.new_group(backend="gloo")
+    if (
+        torch_dist.is_initialized()
+        and torch_dist.get_world_size() > 1
+        and torch_dist.get_backend() != "gloo"
+    ):
+        _host_group = torch_dist.new_group(backend="gloo")
 
 
 def set_timeout_everywhere(seconds: float) -> int:
@@ -62,55 +80,104 @@ def set_timeout_everywhere(seconds: float) -> int:
     """
     from datetime import timedelta
 
-    if not dist.is_initialized():
+    if not torch_dist.is_initialized():
         return 0
-    world = getattr(dist.distributed_c10d, "_world", None)  # torch keeps the group registry private
-    groups = list(world.pg_map) if world is not None else [dist.group.WORLD]
+    # torch keeps the group registry private
+    world = getattr(torch_dist.distributed_c10d, "_world", None)
+    groups = list(world.pg_map) if world is not None else [torch_dist.group.WORLD]
     n = 0
     for group in groups:
         try:
-            dist.set_timeout(timedelta(seconds=seconds), group)
+            torch_dist.set_timeout(timedelta(seconds=seconds), group)
             n += 1
         except (ValueError, RuntimeError):  # not a member / a backend without settable timeouts
             continue
     return n
 
 
+def sync_bn_buffers(model: torch.nn.Module) -> None:
+    """Average BN running statistics over ranks (DeepSpeed broadcasts parameters, not buffers)."""
+    bns = [
+        m
+        for m in model.modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.running_mean is not None
+    ]
+    if world_size() == 1 or not bns:
+        return
+    flat = torch.cat([torch.cat([m.running_mean.float(), m.running_var.float()]) for m in bns])
+    all_reduce_sum(flat).div_(world_size())
+    offset = 0
+    for m in bns:
+        c = m.running_mean.numel()
+        m.running_mean.copy_(flat[offset : offset + c])
+        m.running_var.copy_(flat[offset + c : offset + 2 * c])
+        offset += 2 * c
+
+
 def host_all_reduce(values: list[float], op: str = "sum") -> list[float]:
     """Reduce a few host numbers over ranks (CPU, gloo): no device sync, safe inside a signal-driven stop."""
     t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=_reduce_op(op), group=_host_group)
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        torch_dist.all_reduce(t, op=_reduce_op(op), group=_host_group)
     return t.tolist()
 
 
 def _reduce_op(name: str):
-    return {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[name]
+    return {
+        "sum": torch_dist.ReduceOp.SUM,
+        "max": torch_dist.ReduceOp.MAX,
+        "min": torch_dist.ReduceOp.MIN,
+    }[name]
+
+
+def init_process_group(timeout_s: float) -> None:
+    """Join the job's process group (NCCL on GPUs, gloo on CPUs) with ``timeout_s`` for every collective."""
+    from datetime import timedelta
+
+    import deepspeed
+
+    deepspeed.init_distributed(
+        dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+        timeout=timedelta(seconds=timeout_s),
+    )
+    init_host_group()
+
+
+def shutdown() -> None:
+    """Leave the process group before the interpreter exits (its teardown at exit is where native
+    libraries have crashed after a finished run)."""
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def device() -> torch.device:
+    """This rank's device: its local GPU, or the CPU."""
+    return torch.device("cuda", local_rank()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def host_all_reduce_async(values: list[float], op: str = "max"):
     """Start :func:`host_all_reduce` without waiting; returns (work, tensor): ``work.wait()``, then read it."""
     t = torch.tensor(values, dtype=torch.float64)
-    work = dist.all_reduce(t, op=_reduce_op(op), group=_host_group, async_op=True)
+    work = torch_dist.all_reduce(t, op=_reduce_op(op), group=_host_group, async_op=True)
     return work, t
 
 
 def all_reduce_min(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MIN)
     return t
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """In-place sum across ranks (no-op for a world of one)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM)
     return t
 
 
 def broadcast_object(obj):
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        torch_dist.broadcast_object_list(box, src=0)
         return box[0]
     return obj

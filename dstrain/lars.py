@@ -16,6 +16,7 @@ timm's ``Lars`` applies the LR after the momentum (``v = m*v + trust*g; w -= lr*
 this is the paper's form, with the LR inside the momentum. The two agree while the
 LR is constant and differ while it changes (warmup, decay).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,12 +25,29 @@ from dstrain.multitensor import GroupwiseOptimizer, chunks
 
 
 class LARS(GroupwiseOptimizer):
-    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 1e-4,
-                 trust_coefficient: float = 0.001, eps: float = 0.0, larc_clip: bool = False):
+    def __init__(
+        self,
+        params,
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 1e-4,
+        trust_coefficient: float = 0.001,
+        eps: float = 0.0,
+        larc_clip: bool = False,
+    ):
         if lr < 0 or momentum < 0 or weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
-            raise ValueError("LARS: lr, momentum, weight_decay, eps must be >= 0 and trust_coefficient > 0")
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, trust_coefficient=trust_coefficient,
-                        eps=eps, larc_clip=larc_clip, lars_exclude=False)
+            raise ValueError(
+                "LARS: lr, momentum, weight_decay, eps must be >= 0 and trust_coefficient > 0"
+            )
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient,
+            eps=eps,
+            larc_clip=larc_clip,
+            lars_exclude=False,
+        )
         super().__init__(params, defaults)
 
     def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:

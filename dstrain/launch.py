@@ -16,6 +16,7 @@ for rendezvous and NCCL's bootstrap (NCCL_SOCKET_IFNAME, exported by DeepSpeed's
 launchers; for OpenMPI also ``--mca btl_tcp_if_include``, which DeepSpeed
 otherwise sets to eth0).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,7 +58,9 @@ def _read_lines(path: str, var: str) -> list[str]:
     except OSError as err:
         raise LaunchError(f"${var}={path}: cannot read the node list ({err.strerror})") from None
     if not lines:
-        raise LaunchError(f"${var}={path}: the node list is empty; is this a multi-node job allocation?")
+        raise LaunchError(
+            f"${var}={path}: the node list is empty; is this a multi-node job allocation?"
+        )
     return lines
 
 
@@ -104,7 +107,9 @@ def local_gpus() -> int:
     if visible is not None:
         return len([d for d in visible.split(",") if d.strip()])
     try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
@@ -113,17 +118,23 @@ def local_gpus() -> int:
 def pick_launcher(choice: str) -> str:
     if choice != "auto":
         if shutil.which("pdsh" if choice == "pdsh" else "mpirun") is None:
-            raise LaunchError(f"--launcher {choice}: {'pdsh' if choice == 'pdsh' else 'mpirun'} is not on PATH")
+            raise LaunchError(
+                f"--launcher {choice}: {'pdsh' if choice == 'pdsh' else 'mpirun'} is not on PATH"
+            )
         return choice
     if shutil.which("pdsh"):
         return "pdsh"
     if shutil.which("mpirun"):
         return "openmpi"
-    raise LaunchError("several nodes but neither pdsh nor mpirun is on PATH: load an MPI module "
-                      "(ABCI: `module load hpcx`) or install pdsh")
+    raise LaunchError(
+        "several nodes but neither pdsh nor mpirun is on PATH: load an MPI module "
+        "(ABCI: `module load hpcx`) or install pdsh"
+    )
 
 
-def build(args: argparse.Namespace, env: dict, deepspeed: str) -> tuple[list[str], str | None, dict]:
+def build(
+    args: argparse.Namespace, env: dict, deepspeed: str
+) -> tuple[list[str], str | None, dict]:
     """(command, hostfile text or None, extra environment)."""
     gpus = args.gpus_per_node or int(env.get("GPUS_PER_NODE", "0") or 0) or None
     port = env.get("MASTER_PORT", "29500")
@@ -131,30 +142,53 @@ def build(args: argparse.Namespace, env: dict, deepspeed: str) -> tuple[list[str
     found = scheduler_nodes(env)
     trainer = ["dstrain/main.py", *args.trainer_args]
     if found is None or len(found[1]) == 1:
-        n = gpus or (found[1][0][1] if found and found[1][0][1] else 0) or local_gpus() \
+        n = (
+            gpus
+            or (found[1][0][1] if found and found[1][0][1] else 0)
+            or local_gpus()
             or int(env.get("DSTRAIN_CPU_RANKS", "1"))
+        )
         return [deepspeed, "--num_gpus", str(n), "--master_port", port, *trainer], None, extra_env
     _, nodes = found
     text = hostfile_text(nodes, gpus)
     launcher = pick_launcher(args.launcher)
-    cmd = [deepspeed, "--hostfile", args.hostfile, "--master_addr", nodes[0][0], "--master_port", port,
-           "--launcher", launcher]
+    cmd = [
+        deepspeed,
+        "--hostfile",
+        args.hostfile,
+        "--master_addr",
+        nodes[0][0],
+        "--master_port",
+        port,
+        "--launcher",
+        launcher,
+    ]
     if launcher == "openmpi" and args.iface:
         cmd += ["--launcher_args", f"--mca btl_tcp_if_include {args.iface}"]
     return cmd + trainer, text, extra_env
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="launch.sh", description=__doc__.split("\n\n")[0], add_help=True)
-    p.add_argument("--dry-run", action="store_true", help="print the hostfile and the command, run nothing")
+    p = argparse.ArgumentParser(
+        prog="launch.sh", description=__doc__.split("\n\n")[0], add_help=True
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the hostfile and the command, run nothing"
+    )
     p.add_argument("--launcher", choices=("auto", "pdsh", "openmpi"), default="auto")
-    p.add_argument("--iface", default=os.environ.get("DSTRAIN_IFACE", ""), help="network interface (e.g. ib0)")
-    p.add_argument("--gpus-per-node", type=int, default=0, help="slots per node (default: from the scheduler)")
+    p.add_argument(
+        "--iface", default=os.environ.get("DSTRAIN_IFACE", ""), help="network interface (e.g. ib0)"
+    )
+    p.add_argument(
+        "--gpus-per-node", type=int, default=0, help="slots per node (default: from the scheduler)"
+    )
     p.add_argument("--hostfile", default="", help="where to write the hostfile (default: $TMPDIR)")
     args, rest = p.parse_known_args(argv)
     args.trainer_args = rest
     if not args.hostfile:
-        args.hostfile = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"dstrain-hostfile.{os.getpid()}")
+        args.hostfile = str(
+            Path(os.environ.get("TMPDIR", "/tmp")) / f"dstrain-hostfile.{os.getpid()}"
+        )
     return args
 
 
@@ -169,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra_env.items())
     if hostfile is not None:
-        print(f"launch.sh: {hostfile.count(chr(10))} nodes, hostfile {args.hostfile}:\n{hostfile}", end="")
+        print(
+            f"launch.sh: {hostfile.count(chr(10))} nodes, hostfile {args.hostfile}:\n{hostfile}",
+            end="",
+        )
     print(f"launch.sh: {(env_text + ' ') if env_text else ''}{shlex.join(cmd)}", flush=True)
     if args.dry_run:
         return 0
@@ -183,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ---------------------------------------------------------------- supervision
-RUN_DIR_FILE_ENV = "DSTRAIN_RUN_DIR_FILE"  # rank 0 writes the run directory's path here
+RUN_DIR_FILE_ENV = (
+    "DSTRAIN_RUN_DIR_FILE"  # rank 0 writes the run directory's path there (dstrain/rundir.py)
+)
 GRACE_S = 120  # after the launcher's child exits, how long its leftover ranks may take (a checkpoint write)
 
 
@@ -204,8 +243,12 @@ def supervise(cmd: list[str], env: dict) -> int:
     def forward(signum, frame):
         if not forwarded:
             forwarded.append(signum)
-            print(f"launch.sh: {signal.Signals(signum).name}: asking every rank to checkpoint and stop", flush=True)
+            print(
+                f"launch.sh: {signal.Signals(signum).name}: asking every rank to checkpoint and stop",
+                flush=True,
+            )
             _killpg(proc.pid, signal.SIGTERM)
+
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, forward)
     code = proc.wait()
@@ -213,7 +256,10 @@ def supervise(cmd: list[str], env: dict) -> int:
     while _group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
     if _group_alive(proc.pid):
-        print(f"launch.sh: ranks still running {GRACE_S} s after the launcher exited; killing them", flush=True)
+        print(
+            f"launch.sh: ranks still running {GRACE_S} s after the launcher exited; killing them",
+            flush=True,
+        )
         _killpg(proc.pid, signal.SIGKILL)
     run_dir = Path(pointer).read_text().strip()
     os.unlink(pointer)
@@ -239,25 +285,44 @@ def _group_alive(pgid: int) -> bool:
 
 def report(run_dir: Path | None, launcher_code: int) -> int:
     """Print one line per rank that did not finish cleanly; return the job's exit status."""
-    from dstrain.guard import EXIT_PEER_LOST, EXIT_PREEMPTED, failed_ranks, read_records
+    from dstrain.errors import EXIT_PEER_LOST, EXIT_PREEMPTED
+    from dstrain.fault import failed_ranks, read_records
 
     records = read_records(run_dir) if run_dir else []
     if not records:
         return launcher_code
     states = {r["state"] for r in records}
     if states == {"done"}:
+        # the run is complete (summary.json written); only the process's teardown failed
+        for r in records:
+            if r.get("crash"):
+                print(
+                    f"launch.sh: rank {r['rank']} (pid {r.get('pid', '?')} on {r.get('host', '?')}) finished "
+                    f"its run, then crashed while exiting: {r['crash'][:300]}. The results in {run_dir} "
+                    "are complete",
+                    flush=True,
+                )
         return 0
     if states == {"preempted"}:
-        print(f"launch.sh: every rank stopped with a checkpoint ({run_dir}); rerun with resume=auto "
-              f"run_dir={run_dir} to continue", flush=True)
+        print(
+            f"launch.sh: every rank stopped with a checkpoint ({run_dir}); rerun with resume=auto "
+            f"run_dir={run_dir} to continue",
+            flush=True,
+        )
         return EXIT_PREEMPTED
     blamed = failed_ranks(records, me=-1)
     print(f"launch.sh: the job failed ({run_dir}); how each rank ended:", flush=True)
     for r in records:
         mark = "  <- failed first" if blamed and r["rank"] == blamed[0]["rank"] else ""
-        verdict = r["verdict"] if r["state"] != "lost_peer" else "lost_peer (exit 4): stopped when a peer was lost"
-        print(f"  rank {r['rank']} (pid {r.get('pid', '?')} on {r.get('host', '?')}): {verdict[:300]}{mark}",
-              flush=True)
+        verdict = (
+            r["verdict"]
+            if r["state"] != "lost_peer"
+            else "lost_peer (exit 4): stopped when a peer was lost"
+        )
+        print(
+            f"  rank {r['rank']} (pid {r.get('pid', '?')} on {r.get('host', '?')}): {verdict[:300]}{mark}",
+            flush=True,
+        )
     if not blamed:
         return launcher_code or 1
     # a rank that vanished without a record: the job lost a rank (4); else the first failed rank's own status

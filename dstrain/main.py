@@ -3,66 +3,76 @@
     deepspeed dstrain/main.py --deepspeed_config ds_configs/fp32.json \\
         --config fashion_mnist optim.warmup_epochs=2 data.root=/path
 """
+
 from __future__ import annotations
 
 import argparse
-import logging
+import faulthandler
 import os
 import sys
 
-if __package__ in (None, ""):  # run as a script (the deepspeed launcher does this): make `dstrain` importable
+# run as a script (the deepspeed launcher does this): make `dstrain` importable
+if __package__ in (
+    None,
+    "",
+):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-EXIT_CONFIG = 2  # the full table of exit statuses: dstrain/guard.py, docs/reliability.md
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="dstrain", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", "-c", default=None,
-                   help="trainer recipe: a YAML path or a name in dstrain/recipes/ (default: built-in defaults)")
-    p.add_argument("--deepspeed_config", "--deepspeed-config", default=None,
-                   help="DeepSpeed JSON (precision, optimizer, communication); overrides deepspeed_config=")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None,
-                   help="set by the deepspeed launcher; ranks are read from the environment")
-    p.add_argument("--deepspeed", action="store_true", help=argparse.SUPPRESS)  # accepted for compatibility
-    p.add_argument("--help-config", action="store_true", help="list every trainer config key with its unit")
+    p = argparse.ArgumentParser(
+        prog="dstrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--config",
+        "-c",
+        default=None,
+        help="trainer recipe: a YAML path or a name in dstrain/recipes/ (default: built-in defaults)",
+    )
+    p.add_argument(
+        "--deepspeed_config",
+        "--deepspeed-config",
+        default=None,
+        help="DeepSpeed JSON (precision, optimizer, communication); overrides deepspeed_config=",
+    )
+    p.add_argument(
+        "--local_rank",
+        "--local-rank",
+        type=int,
+        default=None,
+        help="set by the deepspeed launcher; ranks are read from the environment",
+    )
+    # accepted for compatibility
+    p.add_argument("--deepspeed", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--help-config", action="store_true", help="list every trainer config key with its unit"
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="trainer config overrides")
     return p.parse_intermixed_args(argv)  # options and key=value overrides in any order
 
 
-def setup_logging() -> None:
-    rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format="%(asctime)s dstrain %(levelname).1s %(message)s" if rank == 0 else
-                        f"%(asctime)s dstrain[rank {rank}] %(levelname).1s %(message)s",
-                        datefmt="%H:%M:%S", stream=sys.stdout)
-    try:
-        from deepspeed.utils import logger as ds_logger
-        ds_logger.setLevel(logging.WARNING)
-    except ImportError:
-        pass
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from dstrain.config import ConfigError, help_lines, load_config
+    from dstrain.config import help_lines, load_config
+    from dstrain.errors import ConfigError, Preempted, RunStopped
+    from dstrain.monitor import setup_logging
 
     if args.help_config:
         print("\n".join(help_lines()))
         return 0
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    faulthandler.enable()  # a native crash before the run directory exists: signal and stack on stderr
     setup_logging()
-    from dstrain.guard import RunStopped
     try:
         cfg = load_config(args.config, args.overrides)
-        from dstrain.train import run
+        from dstrain.train import (
+            run,  # torch and DeepSpeed: not needed for --help-config or a config error
+        )
+
         run(cfg, args.deepspeed_config or cfg.deepspeed_config)
-    except ConfigError as err:
-        return report(err, EXIT_CONFIG)
-    except RunStopped as err:
-        return report(err, err.exit_code, "stopped" if err.exit_code == 75 else "error")
+    except (ConfigError, RunStopped) as err:
+        return report(err, err.exit_code, "stopped" if isinstance(err, Preempted) else "error")
     return 0
 
 

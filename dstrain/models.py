@@ -1,4 +1,5 @@
 """Models: torchvision classifiers by name, and a small ResNet for 28x28/32x32 inputs."""
+
 from __future__ import annotations
 
 import torch
@@ -6,7 +7,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 
-from dstrain.config import ConfigError
+from dstrain.config import ModelConfig
+from dstrain.errors import ConfigError
 
 
 class BasicBlock(nn.Module):
@@ -18,7 +20,9 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(c_out)
         self.shortcut = nn.Sequential()
         if stride != 1 or c_in != c_out:
-            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -29,10 +33,19 @@ class BasicBlock(nn.Module):
 class SmallResNet(nn.Module):
     """CIFAR-style ResNet (He et al. 2016, sec. 4.2): 3 stages of widths w, 2w, 4w."""
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 16, blocks_per_stage: int = 1):
+    def __init__(
+        self,
+        in_channels: int = 1,
+        num_classes: int = 10,
+        width: int = 16,
+        blocks_per_stage: int = 1,
+    ):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
-                                  nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+        )
         layers, c_in = [], width
         for stage in range(3):
             c_out = width * 2**stage
@@ -57,8 +70,27 @@ def zero_init_last_bn(model: nn.Module) -> None:
             nn.init.zeros_(m.bn2.weight)
 
 
-def build_model(name: str, num_classes: int, in_channels: int = 3, width: int = 16, blocks_per_stage: int = 1,
-                zero_init_residual: bool = True) -> nn.Module:
+def model_from_config(cfg: ModelConfig) -> nn.Module:
+    """The network the ``model`` section describes."""
+    return build_model(
+        cfg.name,
+        cfg.num_classes,
+        in_channels=cfg.in_channels,
+        width=cfg.width,
+        blocks_per_stage=cfg.blocks_per_stage,
+        zero_init_residual=cfg.zero_init_residual,
+    )
+
+
+def build_model(
+    name: str,
+    num_classes: int,
+    *,
+    in_channels: int = 3,
+    width: int = 16,
+    blocks_per_stage: int = 1,
+    zero_init_residual: bool = True,
+) -> nn.Module:
     if name == "resnet_small":
         model = SmallResNet(in_channels, num_classes, width, blocks_per_stage)
         if zero_init_residual:
@@ -66,8 +98,10 @@ def build_model(name: str, num_classes: int, in_channels: int = 3, width: int = 
         return model
     available = torchvision.models.list_models(module=torchvision.models)
     if name not in available:
-        raise ConfigError(f"model.name={name!r}: not resnet_small nor a torchvision classification model "
-                          f"(e.g. resnet18, resnet50, wide_resnet50_2)")
+        raise ConfigError(
+            f"model.name={name!r}: not resnet_small nor a torchvision classification model "
+            f"(e.g. resnet18, resnet50, wide_resnet50_2)"
+        )
     kwargs = {"weights": None, "num_classes": num_classes}
     if name.startswith(("resnet", "wide_resnet", "resnext")):
         kwargs["zero_init_residual"] = zero_init_residual
@@ -76,3 +110,29 @@ def build_model(name: str, num_classes: int, in_channels: int = 3, width: int = 
 
 def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def input_dtype(precision: str) -> torch.dtype:
+    """The dtype the model's inputs are cast to: FP16/BF16 engines take half-precision inputs."""
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+
+
+def memory_format(channels_last: bool) -> torch.memory_format:
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def cpu_channels_last_hazards(model: nn.Module) -> list[str]:
+    """Convolutions that oneDNN's channels_last (NHWC) backward corrupts memory on, on the CPU.
+
+    Seen with torch 2.15.0 (bench/results/cpu_channels_last_crash.md): a strided 1x1 convolution with
+    fewer than 8 input channels (resnet_small's downsampling shortcut at model.width < 8) segfaults,
+    aborts ("free(): invalid pointer", "double free") or hangs in backward. Wider layers are fine.
+    """
+    return [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Conv2d)
+        and m.kernel_size == (1, 1)
+        and max(m.stride) > 1
+        and m.in_channels < 8
+    ]

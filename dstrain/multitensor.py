@@ -1,4 +1,5 @@
 """Helpers shared by the multi-tensor optimizers (LARS, LAMB)."""
+
 from __future__ import annotations
 
 import torch

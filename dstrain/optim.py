@@ -1,27 +1,37 @@
 """Client optimizers built from the DeepSpeed JSON ``optimizer`` block.
 
+:func:`parse_spec` reads the block once into an :class:`OptimizerSpec` (type
+checked and normalised, parameters range-checked); :func:`build_optimizer`
+builds it for a model.
+
 The trainer builds the optimizer itself so that parameter groups can be chosen
 by tensor shape: tensors with ``ndim <= 1`` (BN gamma/beta, biases) get no
 weight decay (Goyal et al.). The result is handed to ``deepspeed.initialize``
 as the client optimizer, so DeepSpeed's precision wrappers, clipping and
 checkpointing apply as usual.
 """
+
 from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass, field
 
 import torch
 
-from dstrain.config import ConfigError
+from dstrain.errors import ConfigError
 from dstrain.lamb import LAMB
 from dstrain.lars import LARS
 
-log = logging.getLogger("dstrain")
+log = logging.getLogger(__name__)
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float, exclude_bn_bias: bool = True,
-                 layerwise: bool = False) -> list[dict]:
+def param_groups(
+    model: torch.nn.Module,
+    weight_decay: float,
+    exclude_bn_bias: bool = True,
+    layerwise: bool = False,
+) -> list[dict]:
     """Two groups by tensor shape: ``ndim > 1`` (conv/FC weights) and ``ndim <= 1`` (BN, biases).
 
     The second gets no weight decay and, for layer-wise optimizers (``layerwise``),
@@ -32,9 +42,16 @@ def param_groups(model: torch.nn.Module, weight_decay: float, exclude_bn_bias: b
     for p in model.parameters():
         if p.requires_grad:
             (no_decay if (exclude_bn_bias and p.ndim <= 1) else decay).append(p)
-    log.info("param groups: %d tensors (%d values) with weight decay %.3g%s, %d BN/bias tensors (%d values) "
-             "without", len(decay), sum(p.numel() for p in decay), weight_decay,
-             " and layer-wise adaptation" if layerwise else "", len(no_decay), sum(p.numel() for p in no_decay))
+    log.info(
+        "param groups: %d tensors (%d values) with weight decay %.3g%s, %d BN/bias tensors (%d values) "
+        "without",
+        len(decay),
+        sum(p.numel() for p in decay),
+        weight_decay,
+        " and layer-wise adaptation" if layerwise else "",
+        len(no_decay),
+        sum(p.numel() for p in no_decay),
+    )
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
@@ -58,8 +75,17 @@ def _adam(groups, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
 
 
 # weight_decay is accepted by every builder but already set per group by param_groups().
-def _lars(groups, lr, momentum=0.9, weight_decay=1e-4, trust_coefficient=0.001, eps=0.0, larc_clip=False):
-    return LARS(groups, lr=lr, momentum=momentum, trust_coefficient=trust_coefficient, eps=eps, larc_clip=larc_clip)
+def _lars(
+    groups, lr, momentum=0.9, weight_decay=1e-4, trust_coefficient=0.001, eps=0.0, larc_clip=False
+):
+    return LARS(
+        groups,
+        lr=lr,
+        momentum=momentum,
+        trust_coefficient=trust_coefficient,
+        eps=eps,
+        larc_clip=larc_clip,
+    )
 
 
 def fused_lamb_available() -> bool:
@@ -68,75 +94,157 @@ def fused_lamb_available() -> bool:
         return False
     try:
         from deepspeed.ops.op_builder import FusedLambBuilder
+
         return bool(FusedLambBuilder().is_compatible())
     except Exception:  # no builder, no compiler, wrong CUDA...
         return False
 
 
-def _lamb(groups, lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_coeff=10.0, min_coeff=0.01,
-          bias_correction=True):
+def _lamb(
+    groups,
+    lr,
+    betas=(0.9, 0.999),
+    eps=1e-6,
+    weight_decay=0.01,
+    max_coeff=10.0,
+    min_coeff=0.01,
+    bias_correction=True,
+):
     if fused_lamb_available():
         from deepspeed.ops.lamb import FusedLamb
-        log.info("Lamb: DeepSpeed FusedLamb (CUDA op); note it applies the trust ratio to BN/bias tensors too")
-        return FusedLamb([{k: v for k, v in g.items() if k != "lars_exclude"} for g in groups], lr=lr,
-                         betas=tuple(betas), eps=eps, max_coeff=max_coeff, min_coeff=min_coeff,
-                         bias_correction=bias_correction)
-    log.info("Lamb: DeepSpeed's fused op is not available here (no CUDA); using dstrain's multi-tensor LAMB "
-             "with the same formula and coefficient clamping")
-    return LAMB(groups, lr=lr, betas=tuple(betas), eps=eps, max_coeff=max_coeff, min_coeff=min_coeff,
-                bias_correction=bias_correction)
+
+        log.info(
+            "Lamb: DeepSpeed FusedLamb (CUDA op); note it applies the trust ratio to BN/bias tensors too"
+        )
+        return FusedLamb(
+            [{k: v for k, v in g.items() if k != "lars_exclude"} for g in groups],
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            max_coeff=max_coeff,
+            min_coeff=min_coeff,
+            bias_correction=bias_correction,
+        )
+    log.info(
+        "Lamb: DeepSpeed's fused op is not available here (no CUDA); using dstrain's multi-tensor LAMB "
+        "with the same formula and coefficient clamping"
+    )
+    return LAMB(
+        groups,
+        lr=lr,
+        betas=tuple(betas),
+        eps=eps,
+        max_coeff=max_coeff,
+        min_coeff=min_coeff,
+        bias_correction=bias_correction,
+    )
 
 
 def check_ranges(params: dict, where: str) -> None:
     """Values no optimizer accepts; the builders' own messages do not name the JSON field."""
+
     def num(key):
         try:
             return float(params[key])
         except (TypeError, ValueError):
             raise ConfigError(f"{where}.{key}={params[key]!r}: must be a number") from None
+
     if "lr" in params and not num("lr") > 0:
-        raise ConfigError(f"{where}.lr={params['lr']}: must be > 0 (the LR per optim.lr_reference_batch images)")
+        raise ConfigError(
+            f"{where}.lr={params['lr']}: must be > 0 (the LR per optim.lr_reference_batch images)"
+        )
     if "momentum" in params and not 0 <= num("momentum") < 1:
         raise ConfigError(f"{where}.momentum={params['momentum']}: must be in [0, 1)")
     if "weight_decay" in params and num("weight_decay") < 0:
         raise ConfigError(f"{where}.weight_decay={params['weight_decay']}: must be >= 0")
     betas = params.get("betas")
-    if betas is not None and not (isinstance(betas, (list, tuple)) and len(betas) == 2
-                                  and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)):
+    if betas is not None and not (
+        isinstance(betas, (list, tuple))
+        and len(betas) == 2
+        and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)
+    ):
         raise ConfigError(f"{where}.betas={betas}: must be [beta1, beta2], each in [0, 1)")
 
 
 # JSON "type" (lower-cased) -> builder(groups, **params).
 OPTIMIZERS = {"sgd": _sgd, "adamw": _adamw, "adam": _adam, "lars": _lars, "lamb": _lamb}
 REMOVED_1BIT = {"onebitadam", "onebitlamb", "zerooneadam"}
-LAYERWISE = {"lars", "lamb"}  # need ZeRO stage 0: per-tensor norms are meaningless on flat partitions
+LAYERWISE = {
+    "lars",
+    "lamb",
+}  # need ZeRO stage 0: per-tensor norms are meaningless on flat partitions
+DEFAULT_BLOCK = {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-5}}
 
 
-def build_optimizer(model: torch.nn.Module, spec: dict | None, source: str = "optimizer") -> tuple[torch.optim.Optimizer, float]:
-    """(optimizer, base LR per reference batch) from a JSON optimizer block."""
-    spec = spec or {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-5}}
-    kind = str(spec.get("type", "")).lower()
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """The JSON ``optimizer`` block, read once: what every later step (ZeRO check, build, resume) takes."""
+
+    kind: str  # key of OPTIMIZERS: the JSON "type", lower-cased
+    name: str  # the JSON "type" as written, for messages
+    params: dict = field(default_factory=dict)  # builder keyword arguments, "lr" included
+    exclude_bn_bias: bool = (
+        True  # tensors with ndim <= 1 get no weight decay (and no layer-wise trust ratio)
+    )
+    source: str = "optimizer"  # the JSON file, for messages
+
+    @property
+    def lr(self) -> float:
+        """The LR per optim.lr_reference_batch images."""
+        return float(self.params["lr"])
+
+    @property
+    def layerwise(self) -> bool:
+        return self.kind in LAYERWISE
+
+
+def parse_spec(block: dict | None, source: str = "optimizer") -> OptimizerSpec:
+    """Check a JSON ``optimizer`` block (None: the default SGD) and return its typed spec."""
+    block = DEFAULT_BLOCK if block is None else block
+    if not isinstance(block, dict) or "type" not in block:
+        raise ConfigError(
+            f"{source}: 'optimizer' must be an object with a 'type' (e.g. \"SGD\") and 'params'"
+        )
+    name = str(block["type"])
+    kind = name.lower()
     if kind in REMOVED_1BIT:
-        raise ConfigError(f"{source}: optimizer type {spec.get('type')!r} (1-bit compressed communication) was removed "
-                          "in DeepSpeed 0.19; use \"type\": \"Adam\" or \"Lamb\" with a \"dstrain_communication\": "
-                          "{\"compression\": \"sign\"} block (ds_configs/comm_sign.json, docs/communication.md)")
+        raise ConfigError(
+            f"{source}: optimizer type {name!r} (1-bit compressed communication) was removed "
+            'in DeepSpeed 0.19; use "type": "Adam" or "Lamb" with a "dstrain_communication": '
+            '{"compression": "sign"} block (ds_configs/comm_sign.json, docs/communication.md)'
+        )
     if kind not in OPTIMIZERS:
-        raise ConfigError(f"{source}: optimizer type {spec.get('type')!r} is not supported; "
-                          f"use one of {', '.join(sorted(OPTIMIZERS))} (case-insensitive)")
-    params = dict(spec.get("params", {}))
+        raise ConfigError(
+            f"{source}: optimizer type {name!r} is not supported; "
+            f"use one of {', '.join(sorted(OPTIMIZERS))} (case-insensitive)"
+        )
+    params = dict(block.get("params", {}))
     if "lr" not in params:
-        raise ConfigError(f"{source}: optimizer.params.lr is missing (the LR per optim.lr_reference_batch images)")
+        raise ConfigError(
+            f"{source}: optimizer.params.lr is missing (the LR per optim.lr_reference_batch images)"
+        )
     check_ranges(params, f"{source}: optimizer.params")
     exclude = bool(params.pop("exclude_bn_bias", True))
-    groups = param_groups(model, float(params.get("weight_decay", 0.0)), exclude, layerwise=kind in LAYERWISE)
+    return OptimizerSpec(kind, name, params, exclude, source)
+
+
+def build_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.Optimizer:
+    """The client optimizer for ``model``: parameter groups by shape, then the spec's builder."""
+    groups = param_groups(
+        model,
+        float(spec.params.get("weight_decay", 0.0)),
+        spec.exclude_bn_bias,
+        layerwise=spec.layerwise,
+    )
     try:
-        opt = OPTIMIZERS[kind](groups, **params)
+        return OPTIMIZERS[spec.kind](groups, **spec.params)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{source}: optimizer.params for {spec['type']}: {err}") from None
-    return opt, float(params["lr"])
+        raise ConfigError(f"{spec.source}: optimizer.params for {spec.name}: {err}") from None
 
 
-def apply_schedule(optimizer: torch.optim.Optimizer, lr: float, wd_factor: float | None = None) -> None:
+def apply_schedule(
+    optimizer: torch.optim.Optimizer, lr: float, wd_factor: float | None = None
+) -> None:
     """Set this step's LR on every group; with ``wd_factor``, scale each group's initial weight decay."""
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -154,6 +262,7 @@ def steps_suppressed(optimizer: torch.optim.Optimizer):
     moves the weights and seeds the momentum before training starts. Wrapping
     ``initialize`` in this block makes that call harmless.
     """
+
     def skipped_step(closure=None):
         log.debug("optimizer step suppressed (DeepSpeed initialize)")
         return None

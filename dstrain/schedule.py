@@ -27,13 +27,20 @@ Decay after warmup, with ``p = (t - W) / (epochs - W)`` in (0, 1]:
 (times ``gamma`` at each milestone epoch) and ``constant``; all but ``step`` end at
 ``end_lr_factor * peak``.
 """
+
 from __future__ import annotations
 
 import bisect
 import math
+from dataclasses import dataclass
+
+from dstrain.config import OptimConfig
 
 
-def scaled_lr(base_lr: float, global_batch: int, reference_batch: int = 256, rule: str = "linear") -> float:
+def scaled_lr(
+    base_lr: float, global_batch: int, reference_batch: int = 256, rule: str = "linear"
+) -> float:
+    """The peak LR for ``global_batch`` from the LR per ``reference_batch`` images (the one scaling rule)."""
     ratio = global_batch / reference_batch
     if rule == "linear":
         return base_lr * ratio
@@ -44,53 +51,73 @@ def scaled_lr(base_lr: float, global_batch: int, reference_batch: int = 256, rul
     raise ValueError(f"unknown LR scaling rule {rule!r}")
 
 
-def warmup_lr(t: float, *, base_lr: float, peak_lr: float, warmup_epochs: float, shape: str = "linear",
-              start_factor: float = 1e-3, hybrid_exp_fraction: float = 0.5) -> float:
-    """LR at progress ``t`` (epochs, 0 < t <= warmup_epochs) of the warmup."""
-    x = min(1.0, t / warmup_epochs)
-    if shape == "linear":
+def warmup_lr(t: float, cfg: OptimConfig, *, base_lr: float, peak_lr: float) -> float:
+    """LR at progress ``t`` (epochs, 0 < t <= cfg.warmup_epochs) of the warmup."""
+    x = min(1.0, t / cfg.warmup_epochs)
+    if cfg.warmup == "linear":
         return peak_lr * x
     start = min(base_lr, peak_lr)  # a batch below the reference one has nothing to warm up from
-    if shape == "gradual":
+    if cfg.warmup == "gradual":
         return start + (peak_lr - start) * x
-    if shape == "hybrid":
-        f = hybrid_exp_fraction
-        low = peak_lr * start_factor
+    if cfg.warmup == "hybrid":
+        f = cfg.hybrid_exp_fraction
+        low = peak_lr * cfg.warmup_start_factor
         if x < f:
             return low * (start / low) ** (x / f)
         return start + (peak_lr - start) * (x - f) / (1 - f)
-    raise ValueError(f"unknown warmup shape {shape!r}")
+    raise ValueError(f"unknown warmup shape {cfg.warmup!r}")
 
 
-def decay_lr(p: float, *, peak_lr: float, decay: str = "cosine", end_lr_factor: float = 0.0,
-             poly_power: float = 2.0) -> float:
+def decay_lr(p: float, cfg: OptimConfig, *, peak_lr: float) -> float:
     """LR at decay progress ``p`` in [0, 1] for cosine, poly and constant."""
-    end = peak_lr * end_lr_factor
+    end = peak_lr * cfg.end_lr_factor
     p = min(1.0, max(0.0, p))
-    if decay == "cosine":
+    if cfg.decay == "cosine":
         return end + (peak_lr - end) * 0.5 * (1.0 + math.cos(math.pi * p))
-    if decay == "poly":
-        return end + (peak_lr - end) * (1.0 - p) ** poly_power
-    if decay == "constant":
+    if cfg.decay == "poly":
+        return end + (peak_lr - end) * (1.0 - p) ** cfg.poly_power
+    if cfg.decay == "constant":
         return peak_lr
-    raise ValueError(f"unknown decay {decay!r}")
+    raise ValueError(f"unknown decay {cfg.decay!r}")
 
 
-def lr_at(t: float, *, base_lr: float, peak_lr: float, epochs: float, warmup_epochs: float = 0.0,
-          warmup: str = "linear", start_factor: float = 1e-3, hybrid_exp_fraction: float = 0.5,
-          decay: str = "cosine", end_lr_factor: float = 0.0, poly_power: float = 2.0,
-          milestones: tuple[float, ...] = (), gamma: float = 0.1) -> float:
+def lr_at(t: float, cfg: OptimConfig, *, base_lr: float, peak_lr: float, epochs: float) -> float:
     """The LR for the optimizer step that ends at progress ``t`` (epochs)."""
-    if warmup_epochs > 0 and t <= warmup_epochs:
-        return warmup_lr(t, base_lr=base_lr, peak_lr=peak_lr, warmup_epochs=warmup_epochs, shape=warmup,
-                         start_factor=start_factor, hybrid_exp_fraction=hybrid_exp_fraction)
-    if decay == "step":
+    if cfg.warmup_epochs > 0 and t <= cfg.warmup_epochs:
+        return warmup_lr(t, cfg, base_lr=base_lr, peak_lr=peak_lr)
+    if cfg.decay == "step":
         # a step that ends exactly on a milestone still uses the LR before it
-        return peak_lr * gamma ** bisect.bisect_left(list(milestones), t)
-    p = (t - warmup_epochs) / max(epochs - warmup_epochs, 1e-12)
-    return decay_lr(p, peak_lr=peak_lr, decay=decay, end_lr_factor=end_lr_factor, poly_power=poly_power)
+        return peak_lr * cfg.step_gamma ** bisect.bisect_left(list(cfg.step_milestones), t)
+    p = (t - cfg.warmup_epochs) / max(epochs - cfg.warmup_epochs, 1e-12)
+    return decay_lr(p, cfg, peak_lr=peak_lr)
 
 
-def weight_decay_at(lr: float, peak_lr: float, weight_decay: float) -> float:
-    """Fujitsu's schedule: weight decay warmed up and decayed with the LR curve."""
-    return weight_decay * (lr / peak_lr if peak_lr > 0 else 0.0)
+def weight_decay_factor(lr: float, peak_lr: float) -> float:
+    """Fujitsu's schedule: weight decay warmed up and decayed with the LR curve (a factor on its initial value)."""
+    return lr / peak_lr if peak_lr > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """The whole LR schedule of a run, from its ``optim`` config section: ``at(t, B)`` per optimizer step."""
+
+    cfg: OptimConfig
+    base_lr: float  # LR per cfg.lr_reference_batch images
+    epochs: int
+
+    @classmethod
+    def from_config(cls, cfg: OptimConfig, json_lr: float, epochs: int) -> LRSchedule:
+        """``optim.base_lr`` when set (a command-line sweep), else the DeepSpeed JSON's ``optimizer.params.lr``."""
+        return cls(cfg, cfg.base_lr or json_lr, epochs)
+
+    def peak(self, global_batch: int) -> float:
+        """The peak LR at global batch ``global_batch`` (the scaling rule applied to the base LR)."""
+        return scaled_lr(
+            self.base_lr, global_batch, self.cfg.lr_reference_batch, self.cfg.lr_scaling
+        )
+
+    def at(self, t: float, global_batch: int) -> tuple[float, float | None]:
+        """(LR, weight-decay factor or None) for the step ending at progress ``t`` (epochs) at batch B."""
+        peak = self.peak(global_batch)
+        lr = lr_at(t, self.cfg, base_lr=self.base_lr, peak_lr=peak, epochs=self.epochs)
+        return lr, (weight_decay_factor(lr, peak) if self.cfg.wd_follows_lr else None)

@@ -15,7 +15,7 @@ status=0
 ./launch.sh --launcher openmpi --iface "${DSTRAIN_IFACE:?set it to the InfiniBand interface of the nodes, see ip -br link}" \
     --deepspeed_config ds_configs/lars_bf16.json --config imagenet_resnet50_lars \
     data.root=/groups/<group>/imagenet run_dir=runs/rn50-lars-32k resume=auto || status=$?
-# 75: stopped by the walltime limit or qdel after writing a checkpoint (docs/reliability.md);
+# 75: stopped by the walltime limit or qdel after writing a checkpoint (docs/faults.md);
 # submitting this script again continues the run (resume=auto starts fresh when run_dir is empty).
 [[ $status -eq 75 ]] && echo "stopped with a checkpoint: qsub this script again to continue"
 exit $status

@@ -1,4 +1,5 @@
 """Shared fixtures: Fashion-MNIST-shaped idx files that a small model can learn quickly."""
+
 from __future__ import annotations
 
 import gzip
@@ -16,12 +17,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(
+        ">" + "I" * array.ndim, *array.shape
+    )
     with gzip.open(path, "wb") as fh:
         fh.write(header + array.astype(np.uint8).tobytes())
 
 
-def make_fake_fashion_mnist(root: Path, n_train: int = 512, n_val: int = 301, seed: int = 0) -> Path:
+def make_fake_fashion_mnist(
+    root: Path, n_train: int = 512, n_val: int = 301, seed: int = 0
+) -> Path:
     """10 classes of oriented gratings (class k at angle k*18 degrees, random phase) plus noise.
 
     Like Fashion-MNIST, the class is in the local structure, so a small convnet
@@ -46,14 +51,22 @@ def fake_fmnist(tmp_path_factory) -> Path:
     return make_fake_fashion_mnist(tmp_path_factory.mktemp("fmnist"))
 
 
-def run_cli(args: list[str], launcher: list[str] | None = None, env: dict | None = None, timeout: int = 300,
-            module: str = "dstrain", script: str = "dstrain/main.py") -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str],
+    launcher: list[str] | None = None,
+    env: dict | None = None,
+    timeout: int = 300,
+    module: str = "dstrain",
+    script: str = "dstrain/main.py",
+) -> subprocess.CompletedProcess:
     """Run a command as a user would: `python -m dstrain ...` or `<launcher> dstrain/main.py ...`."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         full_env.pop(var, None)
     cmd = (launcher + [script]) if launcher else [sys.executable, "-m", module]
-    return subprocess.run(cmd + args, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        cmd + args, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def deepspeed_launcher(num_procs: int) -> list[str]:
@@ -63,13 +76,23 @@ def deepspeed_launcher(num_procs: int) -> list[str]:
 
 
 # 512 images / 32 per step = 16 steps per epoch; peak LR 0.2 (no scaling)
-TINY = ["--config", "fashion_mnist", "model.width=8", "batch.global_size=32", "optim.base_lr=0.2",
-        "optim.lr_scaling=none", "epochs=3",
-        "optim.warmup_epochs=0.25", "batch.eval_per_rank=64", "log.every_steps=4", "model.channels_last=false"]
+TINY = [
+    "--config",
+    "fashion_mnist",
+    "model.width=8",
+    "batch.global_size=32",
+    "optim.base_lr=0.2",
+    "optim.lr_scaling=none",
+    "epochs=3",
+    "optim.warmup_epochs=0.25",
+    "batch.eval_per_rank=64",
+    "log.every_steps=4",
+    "model.channels_last=false",
+]
 
 
 # ---------------------------------------------------------------- image folders
-CLASS_RED = (30, 130, 230)       # class c is painted with red level CLASS_RED[c]
+CLASS_RED = (30, 130, 230)  # class c is painted with red level CLASS_RED[c]
 FILE_GREEN_STEP, FILE_GREEN_BASE = 28, 16  # file i of a class has green level BASE + i * STEP
 
 
@@ -86,13 +109,17 @@ def make_jpeg_folder(root: Path, per_class: int = 8, val_per_class: int = 3, siz
             (root / split / name).mkdir(parents=True, exist_ok=True)
             for i in range(n):
                 h, w = size[0] + 4 * i, size[1]
-                colour = np.array([CLASS_RED[c], FILE_GREEN_BASE + i * FILE_GREEN_STEP, 90], np.uint8)
+                colour = np.array(
+                    [CLASS_RED[c], FILE_GREEN_BASE + i * FILE_GREEN_STEP, 90], np.uint8
+                )
                 rgb = np.zeros((h, w, 3), np.uint8) + colour
                 Image.fromarray(rgb).save(root / split / name / f"{i:03d}.JPEG", quality=95)
     return root
 
 
-def decode_colour(x, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) -> list[tuple[int, int]]:
+def decode_colour(
+    x, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)
+) -> list[tuple[int, int]]:
     """(class, file index) of each image of an NCHW batch made by make_jpeg_folder."""
     import torch
 
@@ -109,29 +136,48 @@ def jpeg_folder(tmp_path_factory) -> Path:
     return make_jpeg_folder(tmp_path_factory.mktemp("imagefolder"))
 
 
-# ---------------------------------------------------------------- evidence table (docs/results/reliability.md)
+# ---------------------------------------------------------------- evidence table (docs/results/faults.md)
 EVIDENCE: list[dict] = []
 
 
 def pytest_addoption(parser):
-    parser.addoption("--evidence", default="", metavar="FILE.md",
-                     help="write the table of every bad input and fault the tests tried, with what was observed")
+    parser.addoption(
+        "--evidence",
+        default="",
+        metavar="FILE.md",
+        help="write the table of every bad input and fault the tests tried, with what was observed",
+    )
 
 
 def error_lines(text: str) -> list[str]:
     """The lines a user reads: `dstrain...: error|stopped: ...` and the launcher's report."""
     keep = ("dstrain: ", "dstrain[rank", "dstrain.polish: ", "launch.sh: ")
-    return [line for line in text.splitlines() if line.startswith(keep) and ("error" in line or "stopped" in line
-                                                                             or "rank " in line or "every" in line)]
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith(keep)
+        and ("error" in line or "stopped" in line or "rank " in line or "every" in line)
+    ]
 
 
 @pytest.fixture
 def evidence(request):
     """evidence(category, case, exit=..., seen=..., disk=..., seconds=None): one row of the table, from what
     the test observed (call it after the assertions, so a failing behaviour is never recorded)."""
+
     def add(category: str, case: str, *, exit, seen: str, disk: str, seconds: float | None = None):
-        EVIDENCE.append({"category": category, "case": case, "exit": exit, "seen": seen, "disk": disk,
-                         "seconds": seconds, "test": request.node.nodeid})
+        EVIDENCE.append(
+            {
+                "category": category,
+                "case": case,
+                "exit": exit,
+                "seen": seen,
+                "disk": disk,
+                "seconds": seconds,
+                "test": request.node.nodeid,
+            }
+        )
+
     return add
 
 
@@ -139,19 +185,26 @@ def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--evidence")
     if not path or not EVIDENCE:
         return
-    from dstrain.train import git_sha
+    from dstrain.provenance import git_sha
+
     sha = git_sha()
-    lines = ["# Reliability evidence: every bad input and fault the tests tried", "",
-             "Generated by `./run.sh evidence` (pytest `--evidence`) from what each test observed; "
-             f"git {sha}, pytest exit status {int(exitstatus)}. Exit statuses: "
-             "docs/reliability.md.", "",
-             "| what | case | exit | what the user sees | on disk afterwards | time to exit |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "# Reliability evidence: every bad input and fault the tests tried",
+        "",
+        "Generated by `./run.sh evidence` (pytest `--evidence`) from what each test observed; "
+        f"git {sha}, pytest exit status {int(exitstatus)}. Exit statuses: "
+        "docs/faults.md.",
+        "",
+        "| what | case | exit | what the user sees | on disk afterwards | time to exit |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in EVIDENCE:
         seen = re.sub(r"/tmp/pytest-of-[^/\s]+/pytest-\d+/[^/\s]+", "<tmp>", row["seen"])
         seen = seen.replace("|", "\\|").replace("\n", " <br> ")
         disk = re.sub(r"/tmp/pytest-of-[^/\s]+/pytest-\d+/[^/\s]+", "<tmp>", row["disk"])
         secs = f"{row['seconds']:.1f} s" if row["seconds"] is not None else ""
-        lines.append(f"| {row['category']} | {row['case']} | {row['exit']} | {seen} | {disk} | {secs} |")
+        lines.append(
+            f"| {row['category']} | {row['case']} | {row['exit']} | {seen} | {disk} | {secs} |"
+        )
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(lines) + "\n")

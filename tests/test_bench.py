@@ -1,4 +1,5 @@
 """The evidence scripts under bench/: their arithmetic, and short real runs of the throughput and scaling benches."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,14 +22,24 @@ def load(name: str):
 
 
 def bench(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, f"bench/{script}", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, f"bench/{script}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_time_to_target_counts_epoch_times_until_first_reach():
     study = load("accuracy_study")
-    hist = [{"epoch_time_s": 10, "val_top1": 0.85}, {"epoch_time_s": 12, "val_top1": 0.91},
-            {"epoch_time_s": 11, "val_top1": 0.89}, {"epoch_time_s": 9, "val_top1": 0.925}]
+    hist = [
+        {"epoch_time_s": 10, "val_top1": 0.85},
+        {"epoch_time_s": 12, "val_top1": 0.91},
+        {"epoch_time_s": 11, "val_top1": 0.89},
+        {"epoch_time_s": 9, "val_top1": 0.925},
+    ]
     assert study.time_to(hist, 0.90) == 22
     assert study.time_to(hist, 0.92) == 42
     assert study.time_to(hist, 0.95) is None
@@ -37,8 +48,24 @@ def test_time_to_target_counts_epoch_times_until_first_reach():
 def test_study_table_mean_spread_and_reach_counts():
     study = load("accuracy_study")
     base = {"epochs": 3, "steps": 30, "wall_s": 10.0, "gpu_time_s": 10.0, "time_to_92": None}
-    records = [{**base, "row": "baseline", "seed": 0, "final_top1": 0.90, "best_top1": 0.91, "time_to_90": 5.0},
-               {**base, "row": "baseline", "seed": 1, "final_top1": 0.92, "best_top1": 0.92, "time_to_90": None}]
+    records = [
+        {
+            **base,
+            "row": "baseline",
+            "seed": 0,
+            "final_top1": 0.90,
+            "best_top1": 0.91,
+            "time_to_90": 5.0,
+        },
+        {
+            **base,
+            "row": "baseline",
+            "seed": 1,
+            "final_top1": 0.92,
+            "best_top1": 0.92,
+            "time_to_90": None,
+        },
+    ]
     lines = study.table(records, ["baseline", "naive_4096"])
     assert len(lines) == 3  # header, rule, one row: rows without runs are left out
     cells = [c.strip() for c in lines[2].split("|")[1:-1]]
@@ -48,8 +75,14 @@ def test_study_table_mean_spread_and_reach_counts():
 
 def test_study_derived_no_polish_row_reads_the_recipe_runs_before_the_refit():
     study = load("accuracy_study")
-    rec = {"row": "recipe_lars", "seed": 0, "final_top1": 0.80, "best_top1": 0.80, "before_polish": 0.78,
-           "top1_per_epoch": [0.5, 0.79, 0.78]}
+    rec = {
+        "row": "recipe_lars",
+        "seed": 0,
+        "final_top1": 0.80,
+        "best_top1": 0.80,
+        "before_polish": 0.78,
+        "top1_per_epoch": [0.5, 0.79, 0.78],
+    }
     (d,) = study.derived([rec])
     assert d["row"] == "no_polish" and d["final_top1"] == 0.78 and d["best_top1"] == 0.79
 
@@ -57,9 +90,29 @@ def test_study_derived_no_polish_row_reads_the_recipe_runs_before_the_refit():
 @pytest.mark.slow
 def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
     out = tmp_path / "tp.json"
-    proc = bench("throughput.py", "--model", "resnet18", "--batch", "4", "--image-size", "32", "--images", "16",
-                 "--loaders", "synthetic", "--channels-last", "on", "--bare-steps", "2", "--bare-warmup", "1",
-                 "--epochs", "2", "--out", str(out))
+    proc = bench(
+        "throughput.py",
+        "--model",
+        "resnet18",
+        "--batch",
+        "4",
+        "--image-size",
+        "32",
+        "--images",
+        "16",
+        "--loaders",
+        "synthetic",
+        "--channels-last",
+        "on",
+        "--bare-steps",
+        "2",
+        "--bare-warmup",
+        "1",
+        "--epochs",
+        "2",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     loops = {(r["loop"], r["data"], r["precision"]) for r in result["rows"]}
@@ -70,7 +123,9 @@ def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
 
 
 def test_throughput_bench_refuses_fp16_without_a_gpu(tmp_path):
-    proc = bench("throughput.py", "--precisions", "fp16", "--out", str(tmp_path / "x.json"), timeout=120)
+    proc = bench(
+        "throughput.py", "--precisions", "fp16", "--out", str(tmp_path / "x.json"), timeout=120
+    )
     assert proc.returncode != 0 and "fp16 needs a GPU" in proc.stderr
     assert not (tmp_path / "x.json").exists()
 
@@ -78,15 +133,26 @@ def test_throughput_bench_refuses_fp16_without_a_gpu(tmp_path):
 @pytest.mark.slow
 def test_scaling_bench_one_vs_two_ranks_under_launch_sh(tmp_path, fake_fmnist):
     out = tmp_path / "scaling.json"
-    proc = bench("scaling.py", "--repeats", "1", "--out", str(out), f"data.root={fake_fmnist}", "data.download=false",
-                 "model.width=4", timeout=900)
+    proc = bench(
+        "scaling.py",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+        f"data.root={fake_fmnist}",
+        "data.download=false",
+        "model.width=4",
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert {run["world_size"] for run in r["runs"]} == {1, 2}
     assert set(r["images_per_s"]) == {"1x1", "2x1", "1x2"}
     assert r["speedup"] == pytest.approx(r["images_per_s"]["2x1"] / r["images_per_s"]["1x1"])
     assert r["scaling_efficiency"] == pytest.approx(r["speedup"] / 2)
-    assert all(run["images"] == 512 // 256 * 256 for run in r["runs"])  # whole global batches of the 512 images
+    assert all(
+        run["images"] == 512 // 256 * 256 for run in r["runs"]
+    )  # whole global batches of the 512 images
 
 
 def test_scaling_bench_rejects_impossible_rank_arithmetic(tmp_path):

@@ -4,6 +4,7 @@ A new case is one line in CASES: (kind, name, extra arguments, text the error li
 arguments may use {data} (a small Fashion-MNIST), {tmp} (an empty scratch directory) and the names of the
 files ``case_files`` writes. Every case also lands in the evidence table (``./run.sh evidence``).
 """
+
 import hashlib
 import sys
 from pathlib import Path
@@ -48,45 +49,148 @@ CASES = [
     # kind, name, extra args, text the error line must contain
     ("config", "malformed JSON", [JSON, "{bad_json}"], "bad.json:3:"),
     ("config", "malformed YAML recipe", ["--config", "{bad_yaml}"], "bad.yaml: malformed YAML"),
-    ("config", "missing JSON", [JSON, "ds_configs/nope.json"], "ds_configs/nope.json: no such file"),
+    (
+        "config",
+        "missing JSON",
+        [JSON, "ds_configs/nope.json"],
+        "ds_configs/nope.json: no such file",
+    ),
     ("config", "unknown recipe", ["--config", "nope"], "no such file or recipe"),
-    ("config", "unknown trainer key", ["optim.warmup_epoch=5"], "unknown config key 'optim.warmup_epoch'"),
-    ("config", "unknown JSON key (a typo)", [JSON, "{typo_key}"], "Did you mean 'gradient_clipping'"),
+    (
+        "config",
+        "unknown trainer key",
+        ["optim.warmup_epoch=5"],
+        "unknown config key 'optim.warmup_epoch'",
+    ),
+    (
+        "config",
+        "unknown JSON key (a typo)",
+        [JSON, "{typo_key}"],
+        "Did you mean 'gradient_clipping'",
+    ),
     ("config", "wrong type", ["epochs=three"], "bad value for 'epochs'"),
     ("config", "negative LR (trainer)", ["optim.base_lr=-0.1"], "optim.base_lr=-0.1: must be >= 0"),
-    ("config", "negative LR (JSON)", [JSON, "{negative_lr}"], "optimizer.params.lr=-0.1: must be > 0"),
-    ("config", "momentum out of range", [JSON, "{momentum}"], "optimizer.params.momentum=1.5: must be in [0, 1)"),
-    ("config", "label smoothing 1.0", ["optim.label_smoothing=1.0"], "optim.label_smoothing=1.0: must be in [0, 1)"),
+    (
+        "config",
+        "negative LR (JSON)",
+        [JSON, "{negative_lr}"],
+        "optimizer.params.lr=-0.1: must be > 0",
+    ),
+    (
+        "config",
+        "momentum out of range",
+        [JSON, "{momentum}"],
+        "optimizer.params.momentum=1.5: must be in [0, 1)",
+    ),
+    (
+        "config",
+        "label smoothing 1.0",
+        ["optim.label_smoothing=1.0"],
+        "optim.label_smoothing=1.0: must be in [0, 1)",
+    ),
     ("config", "warmup longer than training", ["optim.warmup_epochs=5"], "shorter than epochs=3"),
-    ("config", "ramp steps out of order", ["batch.ramp=[[2,64],[1,128]]"], "epochs must increase strictly"),
+    (
+        "config",
+        "ramp steps out of order",
+        ["batch.ramp=[[2,64],[1,128]]"],
+        "epochs must increase strictly",
+    ),
     ("config", "unknown model", ["model.name=resnet_tiny"], "model.name='resnet_tiny'"),
     ("config", "unknown loader", ["data.loader=ffcv"], "data.loader='ffcv'"),
-    ("config", "impossible crop area", ["data.random_area=[0.5,0.1]"], "data.random_area=[0.5, 0.1]"),
+    (
+        "config",
+        "impossible crop area",
+        ["data.random_area=[0.5,0.1]"],
+        "data.random_area=[0.5, 0.1]",
+    ),
     ("config", "synthetic as a data set", ["data.dataset=synthetic"], "data.loader=synthetic"),
-    ("config", "negative collective timeout", ["fault.collective_timeout_s=-1"], "fault.collective_timeout_s=-1"),
-    ("optimizer", "optimizer neither DeepSpeed nor dstrain has", [JSON, "{shampoo}"],
-     "optimizer type 'Shampoo' is not supported"),
-    ("optimizer", "1-bit Adam (removed in DeepSpeed 0.19)", [JSON, "{onebit}"], "removed in DeepSpeed 0.19"),
+    (
+        "config",
+        "negative collective timeout",
+        ["fault.collective_timeout_s=-1"],
+        "fault.collective_timeout_s=-1",
+    ),
+    (
+        "optimizer",
+        "optimizer neither DeepSpeed nor dstrain has",
+        [JSON, "{shampoo}"],
+        "optimizer type 'Shampoo' is not supported",
+    ),
+    (
+        "optimizer",
+        "1-bit Adam (removed in DeepSpeed 0.19)",
+        [JSON, "{onebit}"],
+        "removed in DeepSpeed 0.19",
+    ),
     ("precision", "fp16 without a GPU", [JSON, "ds_configs/fp16.json"], "ds_configs/fp32.json"),
-    ("precision", "bf16 weight cast with BatchNorm on CPU", [JSON, "{bf16_cast}"], "Use ds_configs/bf16.json"),
-    ("communication", "compressed all-reduce with ZeRO stage 1", [JSON, "{zero_comm}"], "ZeRO stages > 0"),
-    ("communication", "torus grid larger than the world", [JSON, "{grid}"],
-     "grid=[2, 2] needs 4 ranks but the world size is 1"),
-    ("data", "data directory missing", ["data.root={tmp}/no-such-dir", "data.download=false"],
-     "apt-get install dataset-fashion-mnist"),
-    ("data", "data directory empty", ["data.root={tmp}/empty", "data.download=false"], "no Fashion-MNIST idx files"),
-    ("data", "image folder without a root", ["data.dataset=imagefolder", "data.root=''"], "needs data.root=DIR"),
-    ("data", "image folder without train/ and val/", ["data.dataset=imagefolder", "data.root={tmp}/empty"],
-     "missing"),
-    ("data", "image folder with no class folders", ["data.dataset=imagefolder", "data.root={tmp}/no_classes"],
-     "no class folders"),
+    (
+        "precision",
+        "bf16 weight cast with BatchNorm on CPU",
+        [JSON, "{bf16_cast}"],
+        "Use ds_configs/bf16.json",
+    ),
+    (
+        "communication",
+        "compressed all-reduce with ZeRO stage 1",
+        [JSON, "{zero_comm}"],
+        "ZeRO stages > 0",
+    ),
+    (
+        "communication",
+        "torus grid larger than the world",
+        [JSON, "{grid}"],
+        "grid=[2, 2] needs 4 ranks but the world size is 1",
+    ),
+    (
+        "data",
+        "data directory missing",
+        ["data.root={tmp}/no-such-dir", "data.download=false"],
+        "apt-get install dataset-fashion-mnist",
+    ),
+    (
+        "data",
+        "data directory empty",
+        ["data.root={tmp}/empty", "data.download=false"],
+        "no Fashion-MNIST idx files",
+    ),
+    (
+        "data",
+        "image folder without a root",
+        ["data.dataset=imagefolder", "data.root=''"],
+        "needs data.root=DIR",
+    ),
+    (
+        "data",
+        "image folder without train/ and val/",
+        ["data.dataset=imagefolder", "data.root={tmp}/empty"],
+        "missing",
+    ),
+    (
+        "data",
+        "image folder with no class folders",
+        ["data.dataset=imagefolder", "data.root={tmp}/no_classes"],
+        "no class folders",
+    ),
     ("data", "DALI for Fashion-MNIST", ["data.loader=dali"], "served from memory"),
-    ("batch", "micro batch does not divide the per-rank batch", ["batch.global_size=32", "batch.micro_per_rank=12"],
-     "batch.micro_per_rank=12 does not divide"),
-    ("batch", "global batch larger than the data set", ["batch.global_size=1024"], "less than one global batch"),
+    (
+        "batch",
+        "micro batch does not divide the per-rank batch",
+        ["batch.global_size=32", "batch.micro_per_rank=12"],
+        "batch.micro_per_rank=12 does not divide",
+    ),
+    (
+        "batch",
+        "global batch larger than the data set",
+        ["batch.global_size=1024"],
+        "less than one global batch",
+    ),
     ("run dir", "run_dir is a file", ["run_dir={a_file}"], "is a file"),
-    ("run dir", "resume=auto on a directory that is not a run", ["run_dir={not_a_run}", "resume=auto"],
-     "is not a dstrain run"),
+    (
+        "run dir",
+        "resume=auto on a directory that is not a run",
+        ["run_dir={not_a_run}", "resume=auto"],
+        "is not a dstrain run",
+    ),
 ]
 
 
@@ -104,13 +208,17 @@ def check_one_clear_line(proc, expected: str, ranks: int = 1) -> str:
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     prefix = "dstrain: error:" if ranks == 1 else "dstrain[rank "
     errors = [line for line in proc.stderr.splitlines() if line.startswith(prefix)]
-    assert len(errors) == ranks and all(expected in e for e in errors), proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert len(errors) == ranks and all(expected in e for e in errors), (
+        proc.stdout[-2000:] + proc.stderr[-3000:]
+    )
     assert len({e.split(":", 1)[1] for e in errors}) == 1  # every rank says the same
     return errors[0]
 
 
 @pytest.mark.parametrize("kind, name, extra, expected", CASES, ids=[c[1] for c in CASES])
-def test_bad_input_gives_one_clear_line(kind, name, extra, expected, fake_fmnist, tmp_path, evidence):
+def test_bad_input_gives_one_clear_line(
+    kind, name, extra, expected, fake_fmnist, tmp_path, evidence
+):
     subs = {"data": str(fake_fmnist), "tmp": str(tmp_path), **case_files(tmp_path)}
     run_dir = tmp_path / "run"
     args = [JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}"]
@@ -126,46 +234,96 @@ def test_bad_input_gives_one_clear_line(kind, name, extra, expected, fake_fmnist
 
 def test_batch_that_does_not_split_over_the_world_size(fake_fmnist, tmp_path, evidence):
     run_dir = tmp_path / "run"
-    proc = run_cli([JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}",
-                    "batch.global_size=33"], launcher=deepspeed_launcher(2), timeout=240)
+    proc = run_cli(
+        [
+            JSON,
+            "ds_configs/fp32.json",
+            *TINY,
+            f"data.root={fake_fmnist}",
+            f"run_dir={run_dir}",
+            "batch.global_size=33",
+        ],
+        launcher=deepspeed_launcher(2),
+        timeout=240,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    line = check_one_clear_line(proc, "batch.global_size=33 is not divisible by the world size 2", ranks=2)
+    line = check_one_clear_line(
+        proc, "batch.global_size=33 is not divisible by the world size 2", ranks=2
+    )
     assert not run_dir.exists()
-    evidence("bad input: batch", "global batch 33 on 2 ranks", exit=proc.returncode, seen=line,
-             disk="nothing written")
+    evidence(
+        "bad input: batch",
+        "global batch 33 on 2 ranks",
+        exit=proc.returncode,
+        seen=line,
+        disk="nothing written",
+    )
 
 
 def test_existing_run_dir_is_not_overwritten(fake_fmnist, tmp_path, evidence):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "summary.json").write_text("precious")
-    proc = run_cli([JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}"],
-                   timeout=120)
+    proc = run_cli(
+        [JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}"],
+        timeout=120,
+    )
     assert proc.returncode == 2
     line = check_one_clear_line(proc, "resume=auto")
-    assert (run_dir / "summary.json").read_text() == "precious" and len(list(run_dir.iterdir())) == 1
-    evidence("bad input: run dir", "existing run_dir without resume=auto", exit=2, seen=line,
-             disk="existing files untouched")
+    assert (run_dir / "summary.json").read_text() == "precious" and len(
+        list(run_dir.iterdir())
+    ) == 1
+    evidence(
+        "bad input: run dir",
+        "existing run_dir without resume=auto",
+        exit=2,
+        seen=line,
+        disk="existing files untouched",
+    )
 
 
 @pytest.fixture(scope="module")
 def finished_run(fake_fmnist, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    proc = run_cli([JSON, "ds_configs/fp32.json", *TINY, "epochs=1", f"data.root={fake_fmnist}",
-                    f"run_dir={run_dir}"])
+    proc = run_cli(
+        [
+            JSON,
+            "ds_configs/fp32.json",
+            *TINY,
+            "epochs=1",
+            f"data.root={fake_fmnist}",
+            f"run_dir={run_dir}",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return run_dir
 
 
 def test_resume_with_a_different_model_is_refused(finished_run, fake_fmnist, evidence):
     before = tree_digest(finished_run)
-    proc = run_cli([JSON, "ds_configs/fp32.json", *TINY, "epochs=2", "model.width=16", f"data.root={fake_fmnist}",
-                    f"run_dir={finished_run}", "resume=auto"], timeout=120)
+    proc = run_cli(
+        [
+            JSON,
+            "ds_configs/fp32.json",
+            *TINY,
+            "epochs=2",
+            "model.width=16",
+            f"data.root={fake_fmnist}",
+            f"run_dir={finished_run}",
+            "resume=auto",
+        ],
+        timeout=120,
+    )
     assert proc.returncode == 2
     line = check_one_clear_line(proc, "model.width=8 there, 16 here")
     assert tree_digest(finished_run) == before
-    evidence("bad input: checkpoint", "resume=auto with a different model (width 16 vs 8)", exit=2, seen=line,
-             disk="run untouched")
+    evidence(
+        "bad input: checkpoint",
+        "resume=auto with a different model (width 16 vs 8)",
+        exit=2,
+        seen=line,
+        disk="run untouched",
+    )
 
 
 @pytest.mark.parametrize("case", ["not a run directory", "a different model"])
@@ -175,12 +333,19 @@ def test_polish_refuses_a_checkpoint_it_cannot_use(case, finished_run, tmp_path,
     before = tree_digest(finished_run)
     proc = run_cli(["--checkpoint", target, *extra], module="dstrain.polish", timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("dstrain.polish: error:")]
+    errors = [
+        line for line in proc.stderr.splitlines() if line.startswith("dstrain.polish: error:")
+    ]
     expected = "no config.yaml" if case == "not a run directory" else "belongs to a different model"
     assert len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
     assert tree_digest(finished_run) == before
-    evidence("bad input: checkpoint", f"`python -m dstrain.polish --checkpoint` {case}", exit=2, seen=errors[0],
-             disk="nothing written")
+    evidence(
+        "bad input: checkpoint",
+        f"`python -m dstrain.polish --checkpoint` {case}",
+        exit=2,
+        seen=errors[0],
+        disk="nothing written",
+    )
 
 
 @pytest.mark.parametrize("entry", ["python -m dstrain", "python dstrain/main.py"])
@@ -188,6 +353,8 @@ def test_help_config_lists_keys_with_units(entry):
     launcher = [sys.executable] if entry.endswith("main.py") else None
     proc = run_cli(["--help-config"], launcher=launcher, timeout=120)
     assert proc.returncode == 0
-    assert "optim.warmup_epochs (float, default 0.0): warmup length (epochs, fractions allowed)" in proc.stdout
+    assert (
+        "optim.warmup_epochs (float, default 0.0): warmup length (epochs, fractions allowed)"
+        in proc.stdout
+    )
     assert "fault.collective_timeout_s (float, default 600.0)" in proc.stdout
-

@@ -1,4 +1,5 @@
 """The gradient-sync layer (dstrain/comm.py) on gloo: 2D-Torus equals all_reduce, compression identities."""
+
 import json
 import os
 
@@ -8,11 +9,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dstrain import comm
-from dstrain.config import ConfigError
 from dstrain.dist import free_port
+from dstrain.errors import ConfigError
 from tests.conftest import TINY, deepspeed_launcher, run_cli
 
-SIZES = (1, 7, 1001, 4099, 33)   # odd sizes; bucket_mb below makes several buckets
+SIZES = (1, 7, 1001, 4099, 33)  # odd sizes; bucket_mb below makes several buckets
 
 
 def _params(rank: int, sizes=SIZES, seed: int = 0) -> list[torch.nn.Parameter]:
@@ -34,7 +35,9 @@ def _torus_worker(rank: int, world: int, port: int, grids, out) -> None:
         t.div_(world)
     for grid in grids:
         params = _params(rank)
-        sync = comm.GradientSync(comm.CommConfig(mode="torus2d", grid=list(grid), bucket_mb=0.01), params)
+        sync = comm.GradientSync(
+            comm.CommConfig(mode="torus2d", grid=list(grid), bucket_mb=0.01), params
+        )
         sync.sync()
         err = max(float((p.grad - r).abs().max()) for p, r in zip(params, reference))
         out[(tuple(grid), rank)] = (err, sync.take_bytes())
@@ -68,7 +71,9 @@ def _compression_worker(rank: int, world: int, port: int, mode: str, compression
     torch.manual_seed(rank)
     shapes = [(16, 12), (12,), (8, 3, 3, 3), (40, 9)]
     params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
-    cfg = comm.CommConfig(mode=mode, grid="auto", compression=compression, powersgd_rank=2, bucket_mb=0.002)
+    cfg = comm.CommConfig(
+        mode=mode, grid="auto", compression=compression, powersgd_rank=2, bucket_mb=0.002
+    )
     sync = comm.GradientSync(cfg, params, seed=3)
     total_in = [torch.zeros(s) for s in shapes]
     total_out = [torch.zeros(s) for s in shapes]
@@ -81,11 +86,15 @@ def _compression_worker(rank: int, world: int, port: int, mode: str, compression
             acc += p.grad
     # the error each rank carries into the next step, in the parameters' shapes
     if compression == "powersgd":
-        errors = [sync.state.error[k].view(s) if k in sync.state.error else torch.zeros(s)
-                  for k, s in enumerate(shapes)]
+        errors = [
+            sync.state.error[k].view(s) if k in sync.state.error else torch.zeros(s)
+            for k, s in enumerate(shapes)
+        ]
     else:  # per bucket of the flattened gradients, buckets in parameter order
         flat = torch.cat([sync.state.error[k] for k in sorted(sync.state.error)])
-        errors = [e.view(s) for e, s in zip(flat.split([torch.Size(s).numel() for s in shapes]), shapes)]
+        errors = [
+            e.view(s) for e, s in zip(flat.split([torch.Size(s).numel() for s in shapes]), shapes)
+        ]
     for t in total_in + errors:
         dist.all_reduce(t)
         t.div_(world)
@@ -97,11 +106,19 @@ def _compression_worker(rank: int, world: int, port: int, mode: str, compression
 def test_compression_with_error_feedback_loses_nothing_over_steps(mode, compression):
     out = _spawn(_compression_worker, 2, mode, compression)
     outs, ins, errs, summary = out[0]
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(outs, out[1][0]))  # every rank: same gradients
+    assert all(
+        torch.allclose(a, b, atol=1e-6) for a, b in zip(outs, out[1][0])
+    )  # every rank: same gradients
     for got, mean_in, mean_err in zip(outs, ins, errs):
-        assert torch.allclose(got, mean_in - mean_err, atol=1e-4)  # telescoping: nothing lost, only delayed
-    assert not all(torch.allclose(got, mean_in, atol=1e-2) for got, mean_in in zip(outs, ins))  # it compressed
-    n_bytes = sum(t.numel() for t in ins) * 4  # what an uncompressed ring all-reduce sends: 2(W-1)/W x n_bytes
+        assert torch.allclose(
+            got, mean_in - mean_err, atol=1e-4
+        )  # telescoping: nothing lost, only delayed
+    assert not all(
+        torch.allclose(got, mean_in, atol=1e-2) for got, mean_in in zip(outs, ins)
+    )  # it compressed
+    n_bytes = (
+        sum(t.numel() for t in ins) * 4
+    )  # what an uncompressed ring all-reduce sends: 2(W-1)/W x n_bytes
     assert summary["bytes_sent_per_step"] < n_bytes / (16 if compression == "sign" else 1.5)
 
 
@@ -113,7 +130,9 @@ def _powersgd_full_rank_worker(rank, world, port, out):
     p.grad = torch.randn(6, 4)
     ref = p.grad.clone()
     dist.all_reduce(ref)
-    sync = comm.GradientSync(comm.CommConfig(compression="powersgd", powersgd_rank=3), [p])  # rank 3 < min(6, 4)
+    sync = comm.GradientSync(
+        comm.CommConfig(compression="powersgd", powersgd_rank=3), [p]
+    )  # rank 3 < min(6, 4)
     sync.sync()
     out[rank] = (p.grad.clone(), ref / world)
     dist.destroy_process_group()
@@ -132,8 +151,18 @@ def test_sign_pack_roundtrip():
     assert signs.tolist() == [1, -1, 1, 1, 1, -1, 1, -1, 1, -1, 1]
 
 
-@pytest.mark.parametrize("world, expected", [(1, (1, 1)), (4, (2, 2)), (6, (3, 2)), (8, (4, 2)), (7, (7, 1)),
-                                             (4096, (64, 64)), (512, (32, 16))])
+@pytest.mark.parametrize(
+    "world, expected",
+    [
+        (1, (1, 1)),
+        (4, (2, 2)),
+        (6, (3, 2)),
+        (8, (4, 2)),
+        (7, (7, 1)),
+        (4096, (64, 64)),
+        (512, (32, 16)),
+    ],
+)
 def test_auto_grid_is_the_most_square_factorisation(world, expected):
     assert comm.grid_for(world, "auto") == expected
 
@@ -143,17 +172,20 @@ def test_grid_that_does_not_match_the_world_is_a_clear_error():
         comm.grid_for(4, [2, 3])
 
 
-@pytest.mark.parametrize("block, extra, match", [
-    ({"mode": "ring"}, {}, "mode='ring'"),
-    ({"compression": "topk"}, {}, "compression='topk'"),
-    ({"mode": "torus2d", "compression": "powersgd"}, {}, "does not compose"),
-    ({"grid": [2]}, {}, "grid"),
-    ({"bucket_mb": 0}, {}, "bucket_mb"),
-    ({"mdoe": "torus2d"}, {}, "unknown key 'mdoe'"),
-    ({"mode": "torus2d"}, {"zero_optimization": {"stage": 1}}, "ZeRO stages > 0"),
-    ({"mode": "torus2d"}, {"bf16": {"enabled": True}}, "torch_autocast"),
-    ({}, {"communication_data_type": "fp8"}, "communication_data_type='fp8'"),
-])
+@pytest.mark.parametrize(
+    "block, extra, match",
+    [
+        ({"mode": "ring"}, {}, "mode='ring'"),
+        ({"compression": "topk"}, {}, "compression='topk'"),
+        ({"mode": "torus2d", "compression": "powersgd"}, {}, "does not compose"),
+        ({"grid": [2]}, {}, "grid"),
+        ({"bucket_mb": 0}, {}, "bucket_mb"),
+        ({"mdoe": "torus2d"}, {}, "unknown key 'mdoe'"),
+        ({"mode": "torus2d"}, {"zero_optimization": {"stage": 1}}, "ZeRO stages > 0"),
+        ({"mode": "torus2d"}, {"bf16": {"enabled": True}}, "torch_autocast"),
+        ({}, {"communication_data_type": "fp8"}, "communication_data_type='fp8'"),
+    ],
+)
 def test_bad_blocks_are_rejected_naming_the_key(block, extra, match):
     with pytest.raises(ConfigError, match=match):
         comm.parse({"dstrain_communication": block, **extra}, "x.json")
@@ -162,10 +194,12 @@ def test_bad_blocks_are_rejected_naming_the_key(block, extra, match):
 def test_shipped_comm_configs_parse():
     from dstrain import ds_config
     from tests.conftest import REPO
+
     names = ["comm_torus2d", "comm_sign", "comm_powersgd", "comm_torus2d_sign", "bf16_comm_bf16"]
     for name in names:
-        cfg = ds_config.load(REPO / "ds_configs" / f"{name}.json", cuda_available=False)
-        assert "dstrain_communication" not in ds_config.for_engine(cfg, 8, 1, 2)
+        spec = ds_config.load(REPO / "ds_configs" / f"{name}.json", cuda_available=False)
+        assert "dstrain_communication" not in spec.engine_config(8, 1, 2)
+        assert (spec.comm is None) == (name == "bf16_comm_bf16")
 
 
 # ---------------------------------------------------------------- through the launcher
@@ -176,26 +210,52 @@ def _final_weights(run_dir):
 
 
 @pytest.mark.slow
-def test_training_with_torus2d_gives_the_default_weights_and_compression_logs_bytes(fake_fmnist, tmp_path):
+def test_training_with_torus2d_gives_the_default_weights_and_compression_logs_bytes(
+    fake_fmnist, tmp_path
+):
     from tests.conftest import REPO
+
     sign = json.loads((REPO / "ds_configs" / "comm_sign.json").read_text())
-    sign["dstrain_communication"]["warmup_steps"] = 0  # compress from the first step of this short run
+    sign["dstrain_communication"]["warmup_steps"] = (
+        0  # compress from the first step of this short run
+    )
     (tmp_path / "comm_sign.json").write_text(json.dumps(sign))
     runs = {}
     for name in ("fp32", "comm_torus2d", "comm_sign", "bf16_comm_bf16"):
         run_dir = tmp_path / name
         path = tmp_path / "comm_sign.json" if name == "comm_sign" else f"ds_configs/{name}.json"
-        proc = run_cli(["--deepspeed_config", str(path), *TINY, "epochs=1",
-                        f"data.root={fake_fmnist}", f"run_dir={run_dir}"], launcher=deepspeed_launcher(2))
+        proc = run_cli(
+            [
+                "--deepspeed_config",
+                str(path),
+                *TINY,
+                "epochs=1",
+                f"data.root={fake_fmnist}",
+                f"run_dir={run_dir}",
+            ],
+            launcher=deepspeed_launcher(2),
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        runs[name] = (json.loads((run_dir / "summary.json").read_text()), _final_weights(run_dir), proc.stdout)
+        runs[name] = (
+            json.loads((run_dir / "summary.json").read_text()),
+            _final_weights(run_dir),
+            proc.stdout,
+        )
     base = runs["fp32"][1]
     torus_summary, torus, torus_log = runs["comm_torus2d"]
     for key in base:  # our torus on 2 ranks (a 2x1 grid: ring reduce-scatter + all-gather) = DeepSpeed's all-reduce
         assert torch.allclose(base[key].float(), torus[key].float(), rtol=1e-5, atol=1e-6), key
-    assert torus_summary["comm"]["mode"] == "torus2d" and torus_summary["comm"]["bytes_sent_per_step"] > 0
+    assert (
+        torus_summary["comm"]["mode"] == "torus2d"
+        and torus_summary["comm"]["bytes_sent_per_step"] > 0
+    )
     assert "gradient sync: torus2d 2x1" in torus_log and "MiB/step" in torus_log
     sign_summary = runs["comm_sign"][0]
     assert sign_summary["comm"]["compression"] == "sign"
-    assert sign_summary["comm"]["bytes_sent_per_step"] < torus_summary["comm"]["bytes_sent_per_step"] / 8
-    assert runs["bf16_comm_bf16"][0]["final_top1"] > 0.2  # DeepSpeed's own bf16 gradient all-reduce trains
+    assert (
+        sign_summary["comm"]["bytes_sent_per_step"]
+        < torus_summary["comm"]["bytes_sent_per_step"] / 8
+    )
+    assert (
+        runs["bf16_comm_bf16"][0]["final_top1"] > 0.2
+    )  # DeepSpeed's own bf16 gradient all-reduce trains

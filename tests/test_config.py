@@ -2,7 +2,9 @@ import dataclasses
 
 import pytest
 
-from dstrain.config import RECIPE_DIR, ConfigError, TrainConfig, batch_arithmetic, help_lines, load_config, validate
+from dstrain.config import RECIPE_DIR, TrainConfig, help_lines, load_config, validate
+from dstrain.errors import ConfigError
+from dstrain.ramp import batch_arithmetic
 
 
 def test_defaults_load_and_validate():
@@ -12,34 +14,55 @@ def test_defaults_load_and_validate():
 
 
 def test_yaml_then_overrides_win():
-    cfg = load_config("fashion_mnist", ["optim.warmup_epochs=0.5", "data.root=/x", "model.channels_last=true"])
-    assert cfg.optim.warmup_epochs == 0.5 and cfg.data.root == "/x" and cfg.model.channels_last is True
+    cfg = load_config(
+        "fashion_mnist", ["optim.warmup_epochs=0.5", "data.root=/x", "model.channels_last=true"]
+    )
+    assert (
+        cfg.optim.warmup_epochs == 0.5 and cfg.data.root == "/x" and cfg.model.channels_last is True
+    )
     assert cfg.name == "fashion_mnist"  # from the YAML
 
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPE_DIR.glob("*.yaml")))
 def test_every_shipped_recipe_validates(recipe):
     cfg = load_config(recipe)
-    for world in (1, 2):  # what CPU runs use; cluster recipes are also checked at their own scale below
+    for world in (
+        1,
+        2,
+    ):  # what CPU runs use; cluster recipes are also checked at their own scale below
         validate(cfg, world_size=world)
 
 
-@pytest.mark.parametrize("recipe, worlds", [("imagenet_resnet50", (32, 64)), ("imagenet_resnet50_lars", (128, 256))])
+@pytest.mark.parametrize(
+    "recipe, worlds", [("imagenet_resnet50", (32, 64)), ("imagenet_resnet50_lars", (128, 256))]
+)
 def test_imagenet_recipes_validate_at_cluster_scale(recipe, worlds):
     cfg = load_config(recipe)
     for world in worlds:
         validate(cfg, world_size=world)
 
 
-@pytest.mark.parametrize("override, key", [("optim.warmup_epoch=5", "optim.warmup_epoch"),
-                                           ("nonsense=1", "nonsense"), ("data.rooot=/x", "data.rooot")])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("optim.warmup_epoch=5", "optim.warmup_epoch"),
+        ("nonsense=1", "nonsense"),
+        ("data.rooot=/x", "data.rooot"),
+    ],
+)
 def test_unknown_key_is_rejected_by_name(override, key):
     with pytest.raises(ConfigError, match=f"unknown config key '{key}'"):
         load_config(None, [override])
 
 
-@pytest.mark.parametrize("override, key", [("epochs=ten", "epochs"), ("optim.warmup_epochs=abc", "optim.warmup_epochs"),
-                                           ("model.channels_last=maybe", "model.channels_last")])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("epochs=ten", "epochs"),
+        ("optim.warmup_epochs=abc", "optim.warmup_epochs"),
+        ("model.channels_last=maybe", "model.channels_last"),
+    ],
+)
 def test_wrong_type_is_rejected_by_name(override, key):
     with pytest.raises(ConfigError, match=f"bad value for '{key}'"):
         load_config(None, [override])
@@ -64,16 +87,22 @@ def test_override_without_equals():
         load_config(None, ["epochs"])
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["optim.warmup_epochs=10", "epochs=10"], "optim.warmup_epochs=10.0: must be >= 0 and shorter than epochs=10"),
-    (["optim.label_smoothing=1.0"], "optim.label_smoothing=1.0"),
-    (["optim.decay=linear"], "optim.decay='linear'"),
-    (["batch.global_size=255"], "not divisible by the world size 2"),
-    (["batch.global_size=256", "batch.micro_per_rank=48"], "does not divide the per-rank batch 128"),
-    (["data.dataset=imagenet"], "data.dataset='imagenet'"),
-    (["resume=latest"], "resume='latest'"),
-    (["model.name=resnet50"], "set model.in_channels=3"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["optim.warmup_epochs=10", "epochs=10"],
+            "optim.warmup_epochs=10.0: must be >= 0 and shorter than epochs=10",
+        ),
+        (["optim.label_smoothing=1.0"], "optim.label_smoothing=1.0"),
+        (["batch.global_size=255"], "not divisible by the world size 2"),
+        (
+            ["batch.global_size=256", "batch.micro_per_rank=48"],
+            "does not divide the per-rank batch 128",
+        ),
+        (["model.name=resnet50"], "set model.in_channels=3"),
+    ],
+)
 def test_validate_names_the_field(overrides, message):
     cfg = load_config(None, overrides)
     with pytest.raises(ConfigError) as err:
@@ -81,9 +110,38 @@ def test_validate_names_the_field(overrides, message):
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("global_size, micro, world, expected", [
-    (256, 0, 1, (256, 1)), (256, 0, 2, (128, 1)), (256, 32, 2, (32, 4)), (4096, 128, 8, (128, 4)),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.decay=linear", "optim.decay='linear'"),
+        ("data.dataset=imagenet", "data.dataset='imagenet'"),
+        ("resume=latest", "resume='latest'"),
+        ("data.loader=ffcv", "expected one of ['auto', 'dali'"),
+        ("optim.lr_scaling=cubic", "optim.lr_scaling='cubic'"),
+        ("optim.warmup=exp", "optim.warmup='exp'"),
+        ("batch.ramp=[[2,4096.5]]", "batch.ramp[0][1]"),
+        ("batch.ramp=[4096]", "batch.ramp"),
+        ("optim.step_milestones=[a]", "optim.step_milestones[0]"),
+    ],
+)
+def test_choices_and_typed_lists_are_checked_on_load(override, message):
+    """Literal choices and typed lists: OmegaConf rejects them when the config is loaded, naming the key."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert f"bad value for '{override.split('=')[0]}" in str(err.value) and message in str(
+        err.value
+    )
+
+
+@pytest.mark.parametrize(
+    "global_size, micro, world, expected",
+    [
+        (256, 0, 1, (256, 1)),
+        (256, 0, 2, (128, 1)),
+        (256, 32, 2, (32, 4)),
+        (4096, 128, 8, (128, 4)),
+    ],
+)
 def test_batch_arithmetic(global_size, micro, world, expected):
     assert batch_arithmetic(global_size, micro, world) == expected
 

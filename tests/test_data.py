@@ -2,9 +2,10 @@ import numpy as np
 import pytest
 import torch
 
-from dstrain.config import ConfigError, DataConfig
+from dstrain.config import DataConfig
 from dstrain.data import Shard, build_data, epoch_order, val_range
 from dstrain.data.fashion_mnist import TensorLoader, load_fashion_mnist, read_idx
+from dstrain.errors import ConfigError
 from tests.conftest import write_idx
 
 
@@ -23,7 +24,9 @@ def test_global_batches_do_not_depend_on_world_size(world, micro, acc):
     steps = n // (micro * acc * world)
     assert len(one) == steps
     for s in range(steps):
-        together = torch.cat([torch.cat(per_rank[r][s * acc:(s + 1) * acc]) for r in range(world)])
+        together = torch.cat(
+            [torch.cat(per_rank[r][s * acc : (s + 1) * acc]) for r in range(world)]
+        )
         assert sorted(together.tolist()) == sorted(one[s].tolist())
     flat = torch.cat([torch.cat(b) for b in per_rank])
     assert len(set(flat.tolist())) == len(flat)  # no image twice in an epoch
@@ -32,7 +35,9 @@ def test_global_batches_do_not_depend_on_world_size(world, micro, acc):
 def test_epochs_reshuffle_and_are_reproducible():
     shard = Shard(0, 1, 10, 1, seed=1)
     assert torch.equal(torch.cat(epoch_order(100, shard, 0)), torch.cat(epoch_order(100, shard, 0)))
-    assert not torch.equal(torch.cat(epoch_order(100, shard, 0)), torch.cat(epoch_order(100, shard, 1)))
+    assert not torch.equal(
+        torch.cat(epoch_order(100, shard, 0)), torch.cat(epoch_order(100, shard, 1))
+    )
 
 
 def test_idx_roundtrip(tmp_path):
@@ -58,7 +63,7 @@ def test_fashion_mnist_loader_shapes_and_normalisation(fake_fmnist):
     cfg = DataConfig(root=str(fake_fmnist), download=False)
     data = build_data(cfg, shard, channels=1, num_classes=10)
     train, val = data.train, data.val
-    assert (data.n_train, data.n_val, data.loader) == (512, 301, "tensor")
+    assert (data.n_train, data.n_val, data.kind) == (512, 301, "tensor")
     batches = list(train)
     assert len(batches) == len(train) == (512 // 64) * 2
     x, y = batches[0]
@@ -72,8 +77,8 @@ def test_augmentation_is_a_function_of_seed_epoch_and_rank(fake_fmnist):
     cfg = DataConfig(root=str(fake_fmnist), download=False)
     a = build_data(cfg, Shard(0, 1, 64, 1, seed=0), 1, 10).train
     b = build_data(cfg, Shard(0, 1, 64, 1, seed=0), 1, 10).train
-    a.set_epoch(2)
-    b.set_epoch(2)
+    a.start_epoch(2)
+    b.start_epoch(2)
     assert all(torch.equal(xa, xb) for (xa, _), (xb, _) in zip(a, b))
 
 
@@ -83,23 +88,33 @@ def test_a_resumed_epoch_yields_the_rest_of_the_uninterrupted_one(fake_fmnist):
     cfg = DataConfig(root=str(fake_fmnist), download=False, augment=True)
     full = build_data(cfg, Shard(0, 1, 32, 1, seed=3), 1, 10).train
     rest = build_data(cfg, Shard(0, 1, 32, 1, seed=3), 1, 10).train
-    full.set_epoch(1)
-    rest.set_epoch(1, start=5)
+    full.start_epoch(1)
+    rest.start_epoch(1, start=5)
     expected = list(full)[5:]
     got = list(rest)
     assert len(rest) == len(full) == 16 and len(got) == 11
-    assert all(torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(expected, got))
+    assert all(
+        torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(expected, got)
+    )
 
 
 def test_augmentation_pads_crops_and_flips():
-    loader = TensorLoader(torch.zeros(1, 1, 4, 4, dtype=torch.uint8), torch.zeros(1, dtype=torch.long), Shard(),
-                          "train", True, 0.0, 1.0, 1)
+    loader = TensorLoader(
+        torch.zeros(1, 1, 4, 4, dtype=torch.uint8),
+        torch.zeros(1, dtype=torch.long),
+        Shard(),
+        "train",
+        True,
+        0.0,
+        1.0,
+        1,
+    )
     x = torch.arange(16.0).reshape(1, 1, 4, 4).repeat(64, 1, 1, 1)
     out = loader._augment(x, loader._draw(64, torch.Generator().manual_seed(0)))
     assert out.shape == x.shape
     # every output is a shifted (and maybe mirrored) window of the zero-padded input
     padded = torch.nn.functional.pad(x[0, 0], (2, 2, 2, 2))
-    windows = [padded[dy:dy + 4, dx:dx + 4] for dy in range(5) for dx in range(5)]
+    windows = [padded[dy : dy + 4, dx : dx + 4] for dy in range(5) for dx in range(5)]
     windows += [w.flip(1) for w in windows]
     assert all(any(torch.equal(o[0], w) for w in windows) for o in out)
     assert len({tuple(o.flatten().tolist()) for o in out}) > 10

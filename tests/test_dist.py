@@ -1,4 +1,5 @@
 """Multi-process pieces on gloo, without the launcher (torch.multiprocessing)."""
+
 import os
 
 import torch
@@ -7,24 +8,32 @@ import torch.multiprocessing as mp
 
 from dstrain.data import Shard
 from dstrain.data.fashion_mnist import TensorLoader
-from dstrain.dist import free_port
-from dstrain.train import evaluate, sync_bn_buffers
+from dstrain.dist import free_port, sync_bn_buffers
+from dstrain.evaluate import evaluate
 
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.Flatten(),
-                                torch.nn.Linear(48, 4))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 3, 3),
+        torch.nn.BatchNorm2d(3),
+        torch.nn.Flatten(),
+        torch.nn.Linear(48, 4),
+    )
     return model
 
 
 def _eval_data():
-    images = torch.randint(0, 255, (13, 1, 6, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    images = torch.randint(
+        0, 255, (13, 1, 6, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
+    )
     return images, torch.arange(13) % 4
 
 
 def _worker(rank: int, world: int, port: int, out: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
+    )
     dist.init_process_group("gloo", rank=rank, world_size=world)
     model = _model()
     # rank-specific statistics, as after an epoch of DeepSpeed training (it syncs params, not buffers)
@@ -36,7 +45,9 @@ def _worker(rank: int, world: int, port: int, out: dict) -> None:
     out[f"var{rank}"] = bn.running_var.clone()
     # distributed eval over 13 images: each counted once
     images, labels = _eval_data()
-    loader = TensorLoader(images, labels, Shard(rank, world, 4, 1, eval_batch=3), "val", False, 0.0, 1.0, 1)
+    loader = TensorLoader(
+        images, labels, Shard(rank, world, 4, 1, eval_batch=3), "val", False, 0.0, 1.0, 1
+    )
     out[f"eval{rank}"] = evaluate(model, loader, torch.float32)
     dist.destroy_process_group()
 
@@ -56,8 +67,16 @@ def test_bn_sync_and_exact_distributed_eval():
     model[1].running_mean.fill_(0.5)
     model[1].running_var.fill_(2.0)
     images, labels = _eval_data()
-    single = evaluate(model, TensorLoader(images, labels, Shard(0, 1, 4, 1, eval_batch=5), "val", False, 0.0, 1.0, 1),
-                      torch.float32)
+    single = evaluate(
+        model,
+        TensorLoader(images, labels, Shard(0, 1, 4, 1, eval_batch=5), "val", False, 0.0, 1.0, 1),
+        torch.float32,
+    )
     assert single["val_images"] == 13
-    assert single["val_top1"] == out["eval0"]["val_top1"] and single["val_top5"] == out["eval0"]["val_top5"]
-    assert abs(single["val_loss"] - out["eval0"]["val_loss"]) < 1e-6  # fp32 batch means, summed in fp64
+    assert (
+        single["val_top1"] == out["eval0"]["val_top1"]
+        and single["val_top5"] == out["eval0"]["val_top5"]
+    )
+    assert (
+        abs(single["val_loss"] - out["eval0"]["val_loss"]) < 1e-6
+    )  # fp32 batch means, summed in fp64

@@ -1,4 +1,5 @@
 """End-to-end runs through the real entry points (slow: tens of seconds each)."""
+
 import json
 from pathlib import Path
 
@@ -18,12 +19,24 @@ def final_module_state(run_dir: Path) -> dict:
 
 def test_two_rank_cpu_run_through_the_deepspeed_launcher(fake_fmnist, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}",
-                    f"run_dir={run_dir}"], launcher=deepspeed_launcher(2))
+    proc = run_cli(
+        [
+            "--deepspeed_config",
+            "ds_configs/fp32.json",
+            *TINY,
+            f"data.root={fake_fmnist}",
+            f"run_dir={run_dir}",
+        ],
+        launcher=deepspeed_launcher(2),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     hist = summary["history"]
-    assert summary["world_size"] == 2 and summary["epochs"] == 3 and summary["steps"] == 3 * (512 // 32)
+    assert (
+        summary["world_size"] == 2
+        and summary["epochs"] == 3
+        and summary["steps"] == 3 * (512 // 32)
+    )
     assert hist[-1]["train_loss"] < 0.7 * hist[0]["train_loss"], hist
     assert summary["final_top1"] > 0.4
     # distributed eval: each of the 301 val images counted exactly once across the two ranks
@@ -39,11 +52,14 @@ def test_two_rank_cpu_run_through_the_deepspeed_launcher(fake_fmnist, tmp_path):
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch0003"
     assert (run_dir / "checkpoints" / "epoch0003" / "rng_rank00001.pt").is_file()
     assert "epoch 3/3 done" in proc.stdout
-    assert "base lr 0.2 per 256 images (none scaling rule)" in proc.stdout  # optim.base_lr overrides the JSON
+    assert (
+        "base lr 0.2 per 256 images (none scaling rule)" in proc.stdout
+    )  # optim.base_lr overrides the JSON
 
 
 def tb_tags(run_dir: Path) -> set:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(run_dir / "tb"))
     acc.Reload()
     return set(acc.Tags()["scalars"])
@@ -51,23 +67,53 @@ def tb_tags(run_dir: Path) -> set:
 
 def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(["--deepspeed_config", "ds_configs/lamb_bf16.json", *TINY, "epochs=2", "optim.base_lr=0.01",
-                    f"data.root={fake_fmnist}", f"run_dir={run_dir}"])
+    proc = run_cli(
+        [
+            "--deepspeed_config",
+            "ds_configs/lamb_bf16.json",
+            *TINY,
+            "epochs=2",
+            "optim.base_lr=0.01",
+            f"data.root={fake_fmnist}",
+            f"run_dir={run_dir}",
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tags = tb_tags(run_dir)
-    assert {"train/loss", "train/lr", "train/global_batch", "train/images_per_sec", "epoch/train_top1",
-            "epoch/train_top5", "epoch/val_top1", "epoch/val_top5", "epoch/val_loss", "epoch/epoch_time_s"} <= tags
+    assert {
+        "train/loss",
+        "train/lr",
+        "train/global_batch",
+        "train/images_per_sec",
+        "epoch/train_top1",
+        "epoch/train_top5",
+        "epoch/val_top1",
+        "epoch/val_top5",
+        "epoch/val_loss",
+        "epoch/epoch_time_s",
+    } <= tags
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["precision"] == "autocast-bfloat16"
     assert "using dstrain's multi-tensor LAMB" in proc.stdout
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
 
 
-@pytest.mark.parametrize("extra", [
-    ["--deepspeed_config", "ds_configs/fp32.json"],
-    ["--deepspeed_config", "ds_configs/lars_fp32.json", "optim.base_lr=20", "batch.micro_per_rank=16",
-     "batch.ramp=[[1,64]]", "optim.wd_follows_lr=true", "model.channels_last=true"],
-], ids=["sgd", "lars-ramp-channels-last"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--deepspeed_config", "ds_configs/fp32.json"],
+        [
+            "--deepspeed_config",
+            "ds_configs/lars_fp32.json",
+            "optim.base_lr=20",
+            "batch.micro_per_rank=16",
+            "batch.ramp=[[1,64]]",
+            "optim.wd_follows_lr=true",
+            "model.channels_last=true",
+        ],
+    ],
+    ids=["sgd", "lars-ramp-channels-last"],
+)
 def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path, extra):
     """Killed at step 21: in epoch 2 (sgd: steps 17-32; lars-ramp: batch 64 from epoch 2, steps 17-24)."""
     common = [*TINY, f"data.root={fake_fmnist}", "checkpoint.every_epochs=1", *extra]
@@ -95,18 +141,35 @@ def test_lars_warmup_smoothing_and_ramp_follow_the_plan_on_two_ranks(fake_fmnist
     from omegaconf import OmegaConf
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from dstrain.train import make_lr_fn
+    from dstrain.schedule import LRSchedule
 
     run_dir = tmp_path / "run"
-    proc = run_cli(["--deepspeed_config", "ds_configs/lars_fp32.json", *TINY, f"data.root={fake_fmnist}",
-                    f"run_dir={run_dir}", "optim.base_lr=40", "optim.lr_scaling=linear", "optim.warmup=hybrid",
-                    "optim.warmup_epochs=1.5", "optim.decay=poly", "optim.label_smoothing=0.1",
-                    "batch.micro_per_rank=16", "batch.ramp=[[2,64]]", "log.every_steps=1", "model.channels_last=true"],
-                   launcher=deepspeed_launcher(2))
+    proc = run_cli(
+        [
+            "--deepspeed_config",
+            "ds_configs/lars_fp32.json",
+            *TINY,
+            f"data.root={fake_fmnist}",
+            f"run_dir={run_dir}",
+            "optim.base_lr=40",
+            "optim.lr_scaling=linear",
+            "optim.warmup=hybrid",
+            "optim.warmup_epochs=1.5",
+            "optim.decay=poly",
+            "optim.label_smoothing=0.1",
+            "batch.micro_per_rank=16",
+            "batch.ramp=[[2,64]]",
+            "log.every_steps=1",
+            "model.channels_last=true",
+        ],
+        launcher=deepspeed_launcher(2),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "epoch 3: global batch -> 64 (2 accumulation steps)" in proc.stdout
     cfg = OmegaConf.load(run_dir / "config.yaml")
-    lr_fn = make_lr_fn(cfg.optim, 40.0, 3)
+    schedule = LRSchedule.from_config(
+        cfg.optim, json_lr=1.0, epochs=3
+    )  # optim.base_lr=40 wins over the JSON
     acc = EventAccumulator(str(run_dir / "tb"))
     acc.Reload()
     batches = {e.step: e.value for e in acc.Scalars("train/global_batch")}
@@ -117,7 +180,9 @@ def test_lars_warmup_smoothing_and_ramp_follow_the_plan_on_two_ranks(fake_fmnist
         for k in range(steps):
             step += 1
             assert batches[step] == batch, (step, batches[step])
-            assert lrs[step] == pytest.approx(lr_fn(epoch + (k + 1) / steps, batch)[0], rel=1e-5), step
+            assert lrs[step] == pytest.approx(
+                schedule.at(epoch + (k + 1) / steps, batch)[0], rel=1e-5
+            ), step
     assert max(batches) == step == 40
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [h["global_batch"] for h in summary["history"]] == [32, 32, 64]
@@ -125,17 +190,39 @@ def test_lars_warmup_smoothing_and_ramp_follow_the_plan_on_two_ranks(fake_fmnist
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
 
 
-FOLDER = ["--config", "fashion_mnist", "data.dataset=imagefolder", "model.in_channels=3", "model.num_classes=3",
-          "model.width=8", "data.image_size=16", "data.val_resize=20", "data.num_workers=1",
-          "batch.global_size=12", "batch.eval_per_rank=4", "optim.base_lr=0.1", "epochs=2", "log.every_steps=1"]
+FOLDER = [
+    "--config",
+    "fashion_mnist",
+    "data.dataset=imagefolder",
+    "model.in_channels=3",
+    "model.num_classes=3",
+    "model.width=8",
+    "data.image_size=16",
+    "data.val_resize=20",
+    "data.num_workers=1",
+    "batch.global_size=12",
+    "batch.eval_per_rank=4",
+    "optim.base_lr=0.1",
+    "epochs=2",
+    "log.every_steps=1",
+]
 
 
 @pytest.mark.parametrize("loader, ranks", [("dali", 2), ("torchvision", 1)])
 def test_image_folder_run(loader, ranks, jpeg_folder, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(["--deepspeed_config", "ds_configs/fp32.json", *FOLDER, f"data.loader={loader}",
-                    f"data.root={jpeg_folder}", f"run_dir={run_dir}", "model.channels_last=true"],
-                   launcher=deepspeed_launcher(ranks) if ranks > 1 else None)
+    proc = run_cli(
+        [
+            "--deepspeed_config",
+            "ds_configs/fp32.json",
+            *FOLDER,
+            f"data.loader={loader}",
+            f"data.root={jpeg_folder}",
+            f"run_dir={run_dir}",
+            "model.channels_last=true",
+        ],
+        launcher=deepspeed_launcher(ranks) if ranks > 1 else None,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"{loader} loader, 24 train / 9 val images" in proc.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -145,11 +232,20 @@ def test_image_folder_run(loader, ranks, jpeg_folder, tmp_path):
 
 def test_corrupt_image_stops_the_run_with_one_line(tmp_path, evidence):
     from tests.conftest import make_jpeg_folder
+
     root = make_jpeg_folder(tmp_path / "data", per_class=4, val_per_class=1)
     bad = root / "train" / "cat" / "002.JPEG"
     bad.write_bytes(b"\xff\xd8\xff\xe0 truncated")
-    proc = run_cli(["--deepspeed_config", "ds_configs/fp32.json", *FOLDER, "data.loader=dali", f"data.root={root}",
-                    f"run_dir={tmp_path / 'run'}"])
+    proc = run_cli(
+        [
+            "--deepspeed_config",
+            "ds_configs/fp32.json",
+            *FOLDER,
+            "data.loader=dali",
+            f"data.root={root}",
+            f"run_dir={tmp_path / 'run'}",
+        ]
+    )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dstrain: error:")]
     assert errors == [f"dstrain: error: corrupt image: {bad} " + errors[0].split(f"{bad} ", 1)[1]]
@@ -157,5 +253,42 @@ def test_corrupt_image_stops_the_run_with_one_line(tmp_path, evidence):
     run_dir = tmp_path / "run"
     assert not (run_dir / "checkpoints").exists()
     assert json.loads((run_dir / "ranks" / "rank00000.json").read_text())["state"] == "bad_input"
-    evidence("bad input: data", "a truncated JPEG in the training set (found when decoded)", exit=2,
-             seen=errors[0], disk="run files and rank record only, no checkpoint")
+    evidence(
+        "bad input: data",
+        "a truncated JPEG in the training set (found when decoded)",
+        exit=2,
+        seen=errors[0],
+        disk="run files and rank record only, no checkpoint",
+    )
+
+
+def test_cpu_channels_last_hazard_is_detected_by_shape():
+    from dstrain.models import build_model, cpu_channels_last_hazards
+
+    narrow = build_model("resnet_small", 10, in_channels=1, width=4)
+    assert cpu_channels_last_hazards(narrow) == [
+        "layers.1.shortcut.0"
+    ]  # the 4 -> 8 strided 1x1 conv
+    assert cpu_channels_last_hazards(build_model("resnet_small", 10, in_channels=1, width=8)) == []
+    assert cpu_channels_last_hazards(build_model("resnet18", 10)) == []
+
+
+def test_a_narrow_channels_last_model_trains_on_cpu_instead_of_crashing(fake_fmnist, tmp_path):
+    """width 4 + channels_last made oneDNN's NHWC backward corrupt memory (segfault, abort, hang) with
+    torch 2.15.0 on 1 thread; the trainer trains such a model in NCHW and says why."""
+    proc = run_cli(
+        [
+            "--deepspeed_config",
+            "ds_configs/fp32.json",
+            *TINY,
+            "epochs=1",
+            "model.width=4",
+            "model.channels_last=true",
+            f"data.root={fake_fmnist}",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+        env={"OMP_NUM_THREADS": "1"},
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "training in NCHW instead" in proc.stdout and "layers.1.shortcut.0" in proc.stdout

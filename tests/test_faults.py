@@ -1,5 +1,6 @@
 """Faults on real runs: stop signals, kill -9 during a checkpoint write, divergence, dead and stuck ranks,
 full or read-only disks. Each test records what it observed in the evidence table (./run.sh evidence)."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,15 @@ class Running:
     """A command whose output is watched line by line, so a fault can be injected at a known point."""
 
     def __init__(self, cmd: list[str], env: dict):
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         self.lines: list[str] = []
 
     def wait_for(self, text: str, timeout: float = 240) -> None:
@@ -83,7 +91,10 @@ def max_diff(a: dict, b: dict) -> float:
 
 
 def records(run_dir: Path) -> dict[int, dict]:
-    return {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in (run_dir / "ranks").glob("*.json")}
+    return {
+        json.loads(p.read_text())["rank"]: json.loads(p.read_text())
+        for p in (run_dir / "ranks").glob("*.json")
+    }
 
 
 def user_lines(text: str) -> str:
@@ -95,19 +106,30 @@ def user_lines(text: str) -> str:
 def test_sigint_checkpoints_mid_epoch_and_resume_is_exact(fake_fmnist, tmp_path, evidence):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert run_cli(common(fake_fmnist, f"run_dir={straight}")).returncode == 0
-    run = Running([sys.executable, "-m", "dstrain", *common(fake_fmnist, f"run_dir={stopped}")], clean_env())
+    run = Running(
+        [sys.executable, "-m", "dstrain", *common(fake_fmnist, f"run_dir={stopped}")], clean_env()
+    )
     run.wait_for("epoch 2/3 step 4/16")
     t0 = time.monotonic()
     run.proc.send_signal(signal.SIGINT)
     assert run.finish() == 75, run.output[-3000:]
     seconds = time.monotonic() - t0
     tag = (stopped / "checkpoints" / "latest").read_text().strip()
-    assert tag.startswith("epoch0001-step000000") and (stopped / "checkpoints" / tag / "trainer_state.json").is_file()
+    assert (
+        tag.startswith("epoch0001-step000000")
+        and (stopped / "checkpoints" / tag / "trainer_state.json").is_file()
+    )
     assert records(stopped)[0]["state"] == "preempted"
     lines = user_lines(run.output)
     assert "dstrain: stopped: stopped by SIGINT" in lines and "resume=auto" in lines
-    evidence("fault: signal", "SIGINT (Ctrl-C) in epoch 2, one process", exit=75, seen=lines,
-             disk=f"checkpoint {tag} written, `latest` -> it", seconds=seconds)
+    evidence(
+        "fault: signal",
+        "SIGINT (Ctrl-C) in epoch 2, one process",
+        exit=75,
+        seen=lines,
+        disk=f"checkpoint {tag} written, `latest` -> it",
+        seconds=seconds,
+    )
 
     resumed = run_cli(common(fake_fmnist, f"run_dir={stopped}", "resume=auto"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -116,17 +138,29 @@ def test_sigint_checkpoints_mid_epoch_and_resume_is_exact(fake_fmnist, tmp_path,
     assert diff == 0.0
     h1 = json.loads((straight / "summary.json").read_text())["history"]
     h2 = json.loads((stopped / "summary.json").read_text())["history"]
-    assert [h["train_loss"] for h in h1] == [h["train_loss"] for h in h2]  # even the interrupted epoch's mean
-    evidence("fault: signal", "resume=auto after the SIGINT stop", exit=0,
-             seen=f"resumed from {tag}; final weights equal the uninterrupted run's (max diff {diff:g})",
-             disk="run completed")
+    assert [h["train_loss"] for h in h1] == [
+        h["train_loss"] for h in h2
+    ]  # even the interrupted epoch's mean
+    evidence(
+        "fault: signal",
+        "resume=auto after the SIGINT stop",
+        exit=0,
+        seen=f"resumed from {tag}; final weights equal the uninterrupted run's (max diff {diff:g})",
+        disk="run completed",
+    )
 
 
 def test_sigterm_to_a_two_rank_job_checkpoints_and_resumes(fake_fmnist, tmp_path, evidence):
     """The scheduler's SIGTERM reaches every process of the job (launch.sh, DeepSpeed's launcher, the ranks)."""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    done = subprocess.run(launch_sh(common(fake_fmnist, f"run_dir={straight}")), cwd=REPO, env=launch_env(),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        launch_sh(common(fake_fmnist, f"run_dir={straight}")),
+        cwd=REPO,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = Running(launch_sh(common(fake_fmnist, f"run_dir={stopped}")), launch_env())
     run.wait_for("epoch 2/3 step 4/16")
@@ -136,27 +170,51 @@ def test_sigterm_to_a_two_rank_job_checkpoints_and_resumes(fake_fmnist, tmp_path
     seconds = time.monotonic() - t0
     tag = (stopped / "checkpoints" / "latest").read_text().strip()
     assert tag.startswith("epoch0001-step000000")
-    assert {r["state"] for r in records(stopped).values()} == {"preempted"} and len(records(stopped)) == 2
+    assert {r["state"] for r in records(stopped).values()} == {"preempted"} and len(
+        records(stopped)
+    ) == 2
     lines = user_lines(run.output)
     assert "launch.sh: every rank stopped with a checkpoint" in lines
-    evidence("fault: signal", "SIGTERM to every process of a 2-rank job (launch.sh)", exit=75, seen=lines,
-             disk=f"checkpoint {tag} written by both ranks, `latest` -> it", seconds=seconds)
+    evidence(
+        "fault: signal",
+        "SIGTERM to every process of a 2-rank job (launch.sh)",
+        exit=75,
+        seen=lines,
+        disk=f"checkpoint {tag} written by both ranks, `latest` -> it",
+        seconds=seconds,
+    )
 
-    resumed = subprocess.run(launch_sh(common(fake_fmnist, f"run_dir={stopped}", "resume=auto")), cwd=REPO,
-                             env=launch_env(), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        launch_sh(common(fake_fmnist, f"run_dir={stopped}", "resume=auto")),
+        cwd=REPO,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     diff = max_diff(final_params(straight), final_params(stopped))
     assert diff < 1e-6
-    evidence("fault: signal", "resume=auto after the 2-rank SIGTERM stop", exit=0,
-             seen=f"final weights equal the uninterrupted 2-rank run's (max diff {diff:g})", disk="run completed")
+    evidence(
+        "fault: signal",
+        "resume=auto after the 2-rank SIGTERM stop",
+        exit=0,
+        seen=f"final weights equal the uninterrupted 2-rank run's (max diff {diff:g})",
+        disk="run completed",
+    )
 
 
 # ---------------------------------------------------------------- kill -9 while a checkpoint is written
-@pytest.mark.parametrize("phase, what", [
-    ("written", "after every rank wrote its files, before the checkpoint is marked complete"),
-    ("renamed", "after the rename, before `latest` is updated"),
-])
-def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(phase, what, fake_fmnist, tmp_path, evidence):
+@pytest.mark.parametrize(
+    "phase, what",
+    [
+        ("written", "after every rank wrote its files, before the checkpoint is marked complete"),
+        ("renamed", "after the rename, before `latest` is updated"),
+    ],
+)
+def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(
+    phase, what, fake_fmnist, tmp_path, evidence
+):
     run_dir = tmp_path / "run"
     args = common(fake_fmnist, f"run_dir={run_dir}", "checkpoint.every_epochs=1")
     killed = run_cli(args, env={"DSTRAIN_FAULT_KILL_IN_CHECKPOINT": f"epoch0002:{phase}"})
@@ -168,17 +226,30 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(phase, what, fa
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from {ckpt / 'epoch0001'}: 1 epochs" in resumed.stdout
     assert (ckpt / "latest").read_text().strip() == "epoch0003"
-    evidence("fault: kill -9", f"SIGKILL while writing epoch 2's checkpoint, {what}", exit=-9,
-             seen="(killed) then resume=auto: `resumed from .../epoch0001`, run completes",
-             disk=f"left: {', '.join(left)}; `latest` = epoch0001")
+    evidence(
+        "fault: kill -9",
+        f"SIGKILL while writing epoch 2's checkpoint, {what}",
+        exit=-9,
+        seen="(killed) then resume=auto: `resumed from .../epoch0001`, run completes",
+        disk=f"left: {', '.join(left)}; `latest` = epoch0001",
+    )
 
 
 # ---------------------------------------------------------------- divergence
-@pytest.mark.parametrize("json_file", ["ds_configs/fp32.json", "ds_configs/bf16.json"], ids=["fp32", "bf16"])
-def test_a_nonfinite_loss_stops_with_the_step_and_the_last_good_checkpoint(json_file, fake_fmnist, tmp_path,
-                                                                         evidence):
+@pytest.mark.parametrize(
+    "json_file", ["ds_configs/fp32.json", "ds_configs/bf16.json"], ids=["fp32", "bf16"]
+)
+def test_a_nonfinite_loss_stops_with_the_step_and_the_last_good_checkpoint(
+    json_file, fake_fmnist, tmp_path, evidence
+):
     run_dir = tmp_path / "run"
-    base = ["--deepspeed_config", json_file, *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}"]
+    base = [
+        "--deepspeed_config",
+        json_file,
+        *TINY,
+        f"data.root={fake_fmnist}",
+        f"run_dir={run_dir}",
+    ]
     assert run_cli(base + ["epochs=1"]).returncode == 0
     # continue the run with a learning rate a million times too large: the loss overflows in epoch 2
     proc = run_cli(base + ["epochs=3", "resume=auto", "optim.base_lr=2e5"])
@@ -187,9 +258,16 @@ def test_a_nonfinite_loss_stops_with_the_step_and_the_last_good_checkpoint(json_
     assert "non-finite loss (NaN/inf) at step" in line and "(epoch 2)" in line
     assert f"the last good checkpoint is {run_dir / 'checkpoints' / 'epoch0001'}" in line
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch0001"
-    assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 1  # the first run's, untouched
-    evidence("fault: divergence", f"LR x 1e6 from epoch 2 ({Path(json_file).name})", exit=3, seen=line,
-             disk="no checkpoint of the diverged model; `latest` = epoch0001")
+    assert (
+        json.loads((run_dir / "summary.json").read_text())["epochs"] == 1
+    )  # the first run's, untouched
+    evidence(
+        "fault: divergence",
+        f"LR x 1e6 from epoch 2 ({Path(json_file).name})",
+        exit=3,
+        seen=line,
+        disk="no checkpoint of the diverged model; `latest` = epoch0001",
+    )
 
 
 # ---------------------------------------------------------------- dead and stuck ranks
@@ -204,11 +282,24 @@ def test_a_rank_killed_under_the_launcher_is_named(fake_fmnist, tmp_path, eviden
     seconds = time.monotonic() - t0
     assert code == 4, run.output[-3000:]
     lines = user_lines(run.output)
-    assert f"rank 1 (pid {pid}" in lines and "process gone without a word" in lines and "<- failed first" in lines
-    assert records(run_dir)[0]["state"] in ("lost_peer", "preempted")  # DeepSpeed's launcher SIGTERMs survivors
+    assert (
+        f"rank 1 (pid {pid}" in lines
+        and "process gone without a word" in lines
+        and "<- failed first" in lines
+    )
+    assert records(run_dir)[0]["state"] in (
+        "lost_peer",
+        "preempted",
+    )  # DeepSpeed's launcher SIGTERMs survivors
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch0001"
-    evidence("fault: dead rank", "kill -9 of rank 1 in a 2-rank job (launch.sh)", exit=code, seen=lines,
-             disk="`latest` = epoch0001 (complete)", seconds=seconds)
+    evidence(
+        "fault: dead rank",
+        "kill -9 of rank 1 in a 2-rank job (launch.sh)",
+        exit=code,
+        seen=lines,
+        disk="`latest` = epoch0001 (complete)",
+        seconds=seconds,
+    )
 
 
 def start_ranks(args: list[str], world: int) -> list[subprocess.Popen]:
@@ -216,18 +307,38 @@ def start_ranks(args: list[str], world: int) -> list[subprocess.Popen]:
     port = str(29900 + os.getpid() % 90)
     procs = []
     for r in range(world):
-        env = clean_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([sys.executable, "dstrain/main.py", *args], cwd=REPO, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = clean_env(
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "dstrain/main.py", *args],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return procs
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
-def test_a_lost_rank_ends_the_others_within_the_collective_timeout(how, fake_fmnist, tmp_path, evidence):
+def test_a_lost_rank_ends_the_others_within_the_collective_timeout(
+    how, fake_fmnist, tmp_path, evidence
+):
     run_dir, timeout = tmp_path / "run", 15
-    rank0, rank1 = start_ranks(common(fake_fmnist, f"run_dir={run_dir}", "epochs=20",
-                                      f"fault.collective_timeout_s={timeout}"), 2)
+    rank0, rank1 = start_ranks(
+        common(
+            fake_fmnist, f"run_dir={run_dir}", "epochs=20", f"fault.collective_timeout_s={timeout}"
+        ),
+        2,
+    )
     try:
         seen = []
         for line in rank0.stdout:
@@ -244,15 +355,25 @@ def test_a_lost_rank_ends_the_others_within_the_collective_timeout(how, fake_fmn
         rank0.kill()
     assert rank0.returncode == 4, "".join(seen)[-2000:] + out[-3000:]
     lines = user_lines(out)
-    verdict = "process gone without a word" if how == "SIGKILL" else "process alive but stopped (SIGSTOP"
-    assert f"rank 1 (pid {rank1.pid}" in lines and verdict in lines and "resume=auto" in lines, lines
+    verdict = (
+        "process gone without a word" if how == "SIGKILL" else "process alive but stopped (SIGSTOP"
+    )
+    assert f"rank 1 (pid {rank1.pid}" in lines and verdict in lines and "resume=auto" in lines, (
+        lines
+    )
     assert seconds < (timeout + 30 if how == "SIGSTOP" else 30)
     if how == "SIGSTOP":
         assert seconds >= timeout - 1  # it waited for the timeout, not less
     assert records(run_dir)[0]["state"] == "lost_peer"
-    evidence("fault: dead rank", f"{how} to rank 1 of 2 ranks started without a launcher "
-             f"(fault.collective_timeout_s={timeout})", exit=4, seen=lines, disk="`latest` = epoch0001 (complete)",
-             seconds=seconds)
+    evidence(
+        "fault: dead rank",
+        f"{how} to rank 1 of 2 ranks started without a launcher "
+        f"(fault.collective_timeout_s={timeout})",
+        exit=4,
+        seen=lines,
+        disk="`latest` = epoch0001 (complete)",
+        seconds=seconds,
+    )
 
 
 # ---------------------------------------------------------------- disks
@@ -262,21 +383,45 @@ def in_private_mount(options: str, mountpoint: Path, cmd: list[str], env: dict |
         pytest.skip("unshare (util-linux) is needed to mount a private tmpfs")
     mountpoint.mkdir(parents=True, exist_ok=True)
     # exit 32 = the mount failed; after cmd, list what is left on the tmpfs (it vanishes with the namespace)
-    script = ('mnt=$1; mount -t tmpfs -o "$0" dstrain-test "$mnt" || exit 32; shift; "$@"; rc=$?; '
-              'echo "--- left on the tmpfs:"; find "$mnt" -mindepth 1 | sort; exit $rc')
-    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, options,
-                           str(mountpoint), *cmd], cwd=REPO, env=clean_env(**(env or {})), capture_output=True,
-                          text=True, timeout=300)
+    script = (
+        'mnt=$1; mount -t tmpfs -o "$0" dstrain-test "$mnt" || exit 32; shift; "$@"; rc=$?; '
+        'echo "--- left on the tmpfs:"; find "$mnt" -mindepth 1 | sort; exit $rc'
+    )
+    return subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            options,
+            str(mountpoint),
+            *cmd,
+        ],
+        cwd=REPO,
+        env=clean_env(**(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
-@pytest.mark.parametrize("case, options, expected", [
-    ("full disk (1 MiB free)", "size=1m", "MiB free on its file system"),
-    ("read-only file system", "ro", "not writable (Read-only file system)"),
-])
-def test_an_unusable_run_dir_is_refused_before_training(case, options, expected, fake_fmnist, tmp_path, evidence):
+@pytest.mark.parametrize(
+    "case, options, expected",
+    [
+        ("full disk (1 MiB free)", "size=1m", "MiB free on its file system"),
+        ("read-only file system", "ro", "not writable (Read-only file system)"),
+    ],
+)
+def test_an_unusable_run_dir_is_refused_before_training(
+    case, options, expected, fake_fmnist, tmp_path, evidence
+):
     mnt = tmp_path / "mnt"
-    proc = in_private_mount(options, mnt, [sys.executable, "-m", "dstrain",
-                                           *common(fake_fmnist, f"run_dir={mnt}/run")])
+    proc = in_private_mount(
+        options, mnt, [sys.executable, "-m", "dstrain", *common(fake_fmnist, f"run_dir={mnt}/run")]
+    )
     if proc.returncode == 32:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -288,13 +433,27 @@ def test_an_unusable_run_dir_is_refused_before_training(case, options, expected,
 
 
 def left_on_tmpfs(stdout: str) -> list[str]:
-    return [line.strip() for line in stdout.split("--- left on the tmpfs:", 1)[1].splitlines() if line.strip()]
+    return [
+        line.strip()
+        for line in stdout.split("--- left on the tmpfs:", 1)[1].splitlines()
+        if line.strip()
+    ]
 
 
 def test_a_full_disk_during_a_checkpoint_write_fails_cleanly(fake_fmnist, tmp_path, evidence):
     mnt = tmp_path / "mnt"
-    proc = in_private_mount("size=160k", mnt, [sys.executable, "-m", "dstrain", *common(
-        fake_fmnist, f"run_dir={mnt}/run", "fault.check_disk=false", "log.tensorboard=false")])
+    proc = in_private_mount(
+        "size=160k",
+        mnt,
+        [
+            sys.executable,
+            "-m",
+            "dstrain",
+            *common(
+                fake_fmnist, f"run_dir={mnt}/run", "fault.check_disk=false", "log.tensorboard=false"
+            ),
+        ],
+    )
     if proc.returncode == 32:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     assert proc.returncode == 5, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -302,5 +461,10 @@ def test_a_full_disk_during_a_checkpoint_write_fails_cleanly(fake_fmnist, tmp_pa
     assert "could not write a checkpoint" in line and "Traceback" not in proc.stderr
     left = [Path(p).relative_to(mnt).as_posix() for p in left_on_tmpfs(proc.stdout)]
     assert not any(".partial" in p or p.endswith("latest") for p in left), left
-    evidence("fault: disk", "disk fills up during the first checkpoint write (fault.check_disk=false)", exit=5,
-             seen=line, disk=f"partial checkpoint removed, no `latest`; left: {', '.join(left)}")
+    evidence(
+        "fault: disk",
+        "disk fills up during the first checkpoint write (fault.check_disk=false)",
+        exit=5,
+        seen=line,
+        disk=f"partial checkpoint removed, no `latest`; left: {', '.join(left)}",
+    )

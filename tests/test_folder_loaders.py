@@ -4,15 +4,17 @@ Every JPEG is a flat colour that encodes (class, file index) (tests/conftest.py)
 so these tests check from pixels alone that labels match the class folders and
 that each rank reads the files the sharding rule gives it.
 """
+
 import logging
 import shutil
 
 import pytest
 import torch
 
-from dstrain.config import ConfigError, DataConfig
+from dstrain.config import DataConfig
 from dstrain.data import CorruptImageError, Shard, build_data, resolve_loader
 from dstrain.data.folder import scan_folder
+from dstrain.errors import ConfigError
 from tests.conftest import decode_colour, make_jpeg_folder
 
 LOADERS = ["dali", "torchvision"]
@@ -20,7 +22,14 @@ N_TRAIN, N_VAL = 24, 9  # 3 classes x 8 train / 3 val files
 
 
 def cfg_for(root, loader, **kw):
-    base = dict(dataset="imagefolder", root=str(root), loader=loader, image_size=16, val_resize=20, num_workers=1)
+    base = dict(
+        dataset="imagefolder",
+        root=str(root),
+        loader=loader,
+        image_size=16,
+        val_resize=20,
+        num_workers=1,
+    )
     return DataConfig(**{**base, **kw})
 
 
@@ -37,7 +46,7 @@ def samples(loader):
 @pytest.mark.parametrize("loader", LOADERS)
 def test_shapes_dtype_and_labels_follow_sorted_class_folders(jpeg_folder, loader):
     data = build_data(cfg_for(jpeg_folder, loader), Shard(0, 1, 4, 1, eval_batch=5), 3, 3)
-    assert (data.n_train, data.n_val, data.loader) == (N_TRAIN, N_VAL, loader)
+    assert (data.n_train, data.n_val, data.kind) == (N_TRAIN, N_VAL, loader)
     x, y = next(iter(data.train))
     assert x.shape == (4, 3, 16, 16) and x.dtype == torch.float32 and y.dtype == torch.int64
     assert sorted(samples(data.val)) == [(c, i) for c in range(3) for i in range(3)]
@@ -50,7 +59,9 @@ def test_dali_and_torchvision_agree_on_the_file_list_and_torchvision_imagefolder
     train, val = scan_folder(str(jpeg_folder))
     reference = torchvision.datasets.ImageFolder(str(jpeg_folder / "train"))
     assert [(p, int(label)) for p, label in zip(train.files, train.labels)] == reference.samples
-    assert train.classes == reference.classes == ["ant", "bee", "cat"] and val.classes == train.classes
+    assert (
+        train.classes == reference.classes == ["ant", "bee", "cat"] and val.classes == train.classes
+    )
 
 
 @pytest.mark.parametrize("loader", LOADERS)
@@ -61,7 +72,7 @@ def test_two_ranks_cover_every_file_exactly_once(jpeg_folder, loader):
         seen_train, seen_val = [], []
         for rank in range(2):
             data = build_data(cfg, Shard(rank, 2, 3, 2, eval_batch=2, seed=1), 3, 3)
-            data.train.set_epoch(epoch)
+            data.train.start_epoch(epoch)
             seen_train += samples(data.train)
             seen_val.append(samples(data.val))
         assert sorted(seen_train) == [(c, i) for c in range(3) for i in range(8)]
@@ -74,14 +85,16 @@ def test_val_is_deterministic_and_train_is_reproducible_per_epoch(jpeg_folder, l
     """Val: same tensors on every pass. Train: a function of (seed, epoch, rank): a resumed run sees the same crops."""
     cfg = cfg_for(jpeg_folder, loader)
     if loader == "torchvision":
-        torch.manual_seed(0)  # torchvision's random transforms draw from the global RNG (num_workers=0 here)
+        torch.manual_seed(
+            0
+        )  # torchvision's random transforms draw from the global RNG (num_workers=0 here)
     data = build_data(cfg, Shard(0, 1, 4, 1, eval_batch=4), 3, 3)
     first = [x for x, _ in data.val]
     assert all(torch.equal(a, b) for a, b in zip(first, [x for x, _ in data.val]))
     if loader == "dali":
         again = build_data(cfg, Shard(0, 1, 4, 1, eval_batch=4), 3, 3)
         for d in (data, again):
-            d.train.set_epoch(3)
+            d.train.start_epoch(3)
         assert all(torch.equal(a, b) for (a, _), (b, _) in zip(data.train, again.train))
 
 
@@ -99,35 +112,47 @@ def test_dali_train_crops_are_random_and_val_is_the_center_crop(tmp_path):
     cfg = cfg_for(tmp_path, "dali", random_area=[0.05, 0.2])
     data = build_data(cfg, Shard(0, 1, 8, 1, eval_batch=8), 3, 2)
     val = next(iter(data.val))[0]
-    assert torch.allclose(val[0], val[1]) and float(val[:, :, :, :8].mean()) < float(val[:, :, :, -8:].mean())
+    assert torch.allclose(val[0], val[1]) and float(val[:, :, :, :8].mean()) < float(
+        val[:, :, :, -8:].mean()
+    )
     train = next(iter(data.train))[0]
     means = train.mean(dim=(1, 2, 3))
     assert float(means.max() - means.min()) > 1.0  # some crops all dark, some all bright
 
 
 @pytest.mark.parametrize("loader", LOADERS)
-def test_set_augment_false_gives_the_val_transform_on_training_images(jpeg_folder, loader):
+def test_start_epoch_without_augment_gives_the_val_transform_on_training_images(
+    jpeg_folder, loader
+):
     data = build_data(cfg_for(jpeg_folder, loader), Shard(0, 1, 4, 1, eval_batch=4), 3, 3)
     polish = data.polish(0, 4)
-    data.train.set_augment(False)
+    data.train.start_epoch(0, augment=False)
     for (x, _), (p, _) in zip(data.train, polish):
         assert x.shape == p.shape == (4, 3, 16, 16)
     plain = [x for x, _ in data.train]
-    assert all(torch.equal(a, b) for a, b in zip(plain, [x for x, _ in data.train]))  # no randomness left
+    assert all(
+        torch.equal(a, b) for a, b in zip(plain, [x for x, _ in data.train])
+    )  # no randomness left
 
 
 @pytest.mark.parametrize("loader", LOADERS)
 def test_polish_set_is_fixed_balanced_and_split_exactly_across_ranks(jpeg_folder, loader):
     """12 images = 3 batches of 4, dealt 1 + 2 to two ranks: the same batches as one rank reads."""
     cfg = cfg_for(jpeg_folder, loader)
-    per_rank = [samples(build_data(cfg, Shard(r, 2, 3, 1, seed=2), 3, 3).polish(12, 4)) for r in range(2)]
+    per_rank = [
+        samples(build_data(cfg, Shard(r, 2, 3, 1, seed=2), 3, 3).polish(12, 4)) for r in range(2)
+    ]
     assert (len(per_rank[0]), len(per_rank[1])) == (4, 8)
     together = per_rank[0] + per_rank[1]
     assert len(together) == len(set(together)) == 12
-    assert len({c for c, _ in together}) == 3  # a permutation, not the first 12 files (= classes 0 and 1 only)
+    assert (
+        len({c for c, _ in together}) == 3
+    )  # a permutation, not the first 12 files (= classes 0 and 1 only)
     single = samples(build_data(cfg, Shard(0, 1, 3, 1, seed=2), 3, 3).polish(12, 4))
     assert single == together  # same batches, same order, however many ranks
-    assert len(samples(build_data(cfg, Shard(0, 1, 3, 1, seed=2), 3, 3).polish(14, 4))) == 12  # whole batches
+    assert (
+        len(samples(build_data(cfg, Shard(0, 1, 3, 1, seed=2), 3, 3).polish(14, 4))) == 12
+    )  # whole batches
 
 
 @pytest.mark.parametrize("loader", LOADERS)
@@ -135,26 +160,40 @@ def test_batch_size_ramp_recuts_batches_without_a_new_loader(jpeg_folder, loader
     shard = Shard(0, 1, 4, 1, eval_batch=4)
     data = build_data(cfg_for(jpeg_folder, loader), shard, 3, 3)
     assert len(data.train) == 6
-    shard.accumulation = 3  # global batch 4 -> 12: 2 steps of 3 micro batches
+    data.train.start_epoch(0, accumulation=3)  # global batch 4 -> 12: 2 steps of 3 micro batches
     assert len(data.train) == 6 and len(list(data.train)) == 6
-    shard.accumulation = 5  # global batch 20: 1 step of 5 micro batches, 4 images dropped
+    data.train.start_epoch(
+        0, accumulation=5
+    )  # global batch 20: 1 step of 5 micro batches, 4 images dropped
     assert len(samples(data.train)) == 20
 
 
 def test_dali_fp16_channels_last_output(jpeg_folder):
-    data = build_data(cfg_for(jpeg_folder, "dali"), Shard(0, 1, 4, 1, eval_batch=4), 3, 3,
-                      dtype=torch.float16, channels_last=True)
+    data = build_data(
+        cfg_for(jpeg_folder, "dali"),
+        Shard(0, 1, 4, 1, eval_batch=4),
+        3,
+        3,
+        dtype=torch.float16,
+        channels_last=True,
+    )
     x, _ = next(iter(data.train))
     assert x.shape == (4, 3, 16, 16) and x.dtype == torch.float16
     assert x.is_contiguous(memory_format=torch.channels_last)
     xv, _ = next(iter(data.val))
-    ref, _ = next(iter(build_data(cfg_for(jpeg_folder, "dali"), Shard(0, 1, 4, 1, eval_batch=4), 3, 3).val))
+    ref, _ = next(
+        iter(build_data(cfg_for(jpeg_folder, "dali"), Shard(0, 1, 4, 1, eval_batch=4), 3, 3).val)
+    )
     assert torch.allclose(xv.float(), ref, atol=1e-2)
 
 
 def test_grayscale_models_get_one_channel(jpeg_folder):
     for loader in LOADERS:
-        x, _ = next(iter(build_data(cfg_for(jpeg_folder, loader), Shard(0, 1, 4, 1, eval_batch=4), 1, 3).val))
+        x, _ = next(
+            iter(
+                build_data(cfg_for(jpeg_folder, loader), Shard(0, 1, 4, 1, eval_batch=4), 1, 3).val
+            )
+        )
         assert x.shape == (4, 1, 16, 16)
 
 
@@ -174,7 +213,9 @@ def test_corrupt_jpeg_in_a_dataloader_worker_is_one_line(tmp_path):
     root = make_jpeg_folder(tmp_path / "data", per_class=2, val_per_class=1)
     bad = root / "val" / "ant" / "000.JPEG"
     bad.write_bytes(b"this is not a jpeg")
-    data = build_data(cfg_for(root, "torchvision", num_workers=1), Shard(0, 1, 6, 1, eval_batch=3), 3, 3)
+    data = build_data(
+        cfg_for(root, "torchvision", num_workers=1), Shard(0, 1, 6, 1, eval_batch=3), 3, 3
+    )
     with pytest.raises(CorruptImageError, match=f"^corrupt image: {bad}") as err:
         list(data.val)
     assert "Traceback" not in str(err.value)
@@ -189,12 +230,15 @@ def test_non_image_files_are_skipped_and_counted(tmp_path, caplog):
     assert data.n_train == 6 and "skipped 2 files without an image extension" in caplog.text
 
 
-@pytest.mark.parametrize("layout, match", [
-    ("no_val", r"missing .*val/"),
-    ("no_classes", r"train: no class folders"),
-    ("empty_classes", r"train: no image files"),
-    ("class_mismatch", r"class folders differ from train/"),
-])
+@pytest.mark.parametrize(
+    "layout, match",
+    [
+        ("no_val", r"missing .*val/"),
+        ("no_classes", r"train: no class folders"),
+        ("empty_classes", r"train: no image files"),
+        ("class_mismatch", r"class folders differ from train/"),
+    ],
+)
 def test_bad_folder_layouts_are_clear_errors(tmp_path, layout, match):
     root = tmp_path / "data"
     if layout == "no_val":
@@ -219,7 +263,9 @@ def test_too_few_classes_in_the_model_is_a_clear_error(jpeg_folder):
 
 
 def test_loader_resolution():
-    assert resolve_loader(DataConfig(dataset="imagefolder", loader="auto")) == "dali"  # DALI is installed here
+    assert (
+        resolve_loader(DataConfig(dataset="imagefolder", loader="auto")) == "dali"
+    )  # DALI is installed here
     assert resolve_loader(DataConfig(dataset="fashion_mnist", loader="auto")) == "tensor"
     assert resolve_loader(DataConfig(dataset="fashion_mnist", loader="torchvision")) == "tensor"
     with pytest.raises(ConfigError, match="Fashion-MNIST is served from memory"):
@@ -228,10 +274,15 @@ def test_loader_resolution():
 
 @pytest.mark.parametrize("dataset, side", [("fashion_mnist", 28), ("imagefolder", 16)])
 def test_synthetic_batches_live_on_the_device_with_the_data_set_shape(dataset, side):
-    cfg = DataConfig(dataset=dataset, loader="synthetic", image_size=16, synthetic_train_size=64,
-                     synthetic_val_size=10)
+    cfg = DataConfig(
+        dataset=dataset,
+        loader="synthetic",
+        image_size=16,
+        synthetic_train_size=64,
+        synthetic_val_size=10,
+    )
     data = build_data(cfg, Shard(0, 1, 8, 2), 3, 5)
-    assert len(data.train) == 64 // 16 * 2 and data.n_val == 10 and data.loader == "synthetic"
+    assert len(data.train) == 64 // 16 * 2 and data.n_val == 10 and data.kind == "synthetic"
     x, y = next(iter(data.train))
     assert x.shape == (8, 3, side, side) and int(y.max()) < 5
 

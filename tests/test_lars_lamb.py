@@ -1,4 +1,5 @@
 """LARS and LAMB against their formulas (hand-sized tensors) and LARS against timm's Lars."""
+
 import math
 
 import pytest
@@ -41,14 +42,30 @@ def _run(opt_cls, ws, gs_per_step, group_extra=None, **kw):
 
 
 HAND_W = [torch.tensor([[1.0, -2.0], [0.5, 3.0]]), torch.tensor([0.3, -0.4, 1.2]), torch.zeros(2)]
-HAND_G = [[torch.tensor([[0.1, 0.2], [-0.3, 0.05]]), torch.tensor([1.0, -1.0, 0.5]), torch.tensor([0.2, 0.1])],
-          [torch.tensor([[-0.2, 0.1], [0.0, 0.4]]), torch.tensor([0.0, 0.0, 0.0]), torch.tensor([0.1, -0.3])],
-          [torch.tensor([[0.3, -0.1], [0.2, 0.2]]), torch.tensor([0.2, 0.1, -0.7]), torch.tensor([0.0, 0.5])]]
+HAND_G = [
+    [
+        torch.tensor([[0.1, 0.2], [-0.3, 0.05]]),
+        torch.tensor([1.0, -1.0, 0.5]),
+        torch.tensor([0.2, 0.1]),
+    ],
+    [
+        torch.tensor([[-0.2, 0.1], [0.0, 0.4]]),
+        torch.tensor([0.0, 0.0, 0.0]),
+        torch.tensor([0.1, -0.3]),
+    ],
+    [
+        torch.tensor([[0.3, -0.1], [0.2, 0.2]]),
+        torch.tensor([0.2, 0.1, -0.7]),
+        torch.tensor([0.0, 0.5]),
+    ],
+]
 
 
 @pytest.mark.parametrize("larc", [False, True])
 def test_lars_matches_the_formula_on_hand_sized_tensors(larc):
-    kw = dict(lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02, eps=1e-9, larc_clip=larc)
+    kw = dict(
+        lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02, eps=1e-9, larc_clip=larc
+    )
     got = _run(LARS, HAND_W, HAND_G, **kw)
     want = _lars_reference(HAND_W, HAND_G, lr=0.5, m=0.9, wd=0.01, eta=0.02, eps=1e-9, larc=larc)
     for g, w in zip(got, want):
@@ -58,7 +75,14 @@ def test_lars_matches_the_formula_on_hand_sized_tensors(larc):
 
 
 def test_lars_excluded_group_is_plain_momentum_sgd():
-    got = _run(LARS, HAND_W, HAND_G, group_extra={"lars_exclude": True, "weight_decay": 0.0}, lr=0.5, momentum=0.9)
+    got = _run(
+        LARS,
+        HAND_W,
+        HAND_G,
+        group_extra={"lars_exclude": True, "weight_decay": 0.0},
+        lr=0.5,
+        momentum=0.9,
+    )
     want = _lars_reference(HAND_W, HAND_G, lr=0.5, m=0.9, wd=0.0, eta=0.001, eps=0.0, exclude=True)
     sgd = _run(torch.optim.SGD, HAND_W, HAND_G, lr=0.5, momentum=0.9)
     for g, w, s in zip(got, want, sgd):
@@ -68,13 +92,20 @@ def test_lars_excluded_group_is_plain_momentum_sgd():
 def test_lars_matches_timm_on_a_small_model_over_several_steps():
     timm_optim = pytest.importorskip("timm.optim")
     torch.manual_seed(0)
-    ours_model = build_model("resnet_small", 10, 1, width=8, zero_init_residual=False)
-    timm_model = build_model("resnet_small", 10, 1, width=8, zero_init_residual=False)
+    ours_model = build_model("resnet_small", 10, in_channels=1, width=8, zero_init_residual=False)
+    timm_model = build_model("resnet_small", 10, in_channels=1, width=8, zero_init_residual=False)
     timm_model.load_state_dict(ours_model.state_dict())
-    ours = LARS(param_groups(ours_model, 5e-4, layerwise=True), lr=0.8, momentum=0.9, trust_coefficient=0.01,
-                eps=1e-8)
+    ours = LARS(
+        param_groups(ours_model, 5e-4, layerwise=True),
+        lr=0.8,
+        momentum=0.9,
+        trust_coefficient=0.01,
+        eps=1e-8,
+    )
     timm_groups = param_groups(timm_model, 5e-4)  # timm skips adaptation where weight_decay == 0
-    theirs = timm_optim.Lars(timm_groups, lr=0.8, momentum=0.9, trust_coeff=0.01, eps=1e-8, foreach=False)
+    theirs = timm_optim.Lars(
+        timm_groups, lr=0.8, momentum=0.9, trust_coeff=0.01, eps=1e-8, foreach=False
+    )
     x = torch.randn(16, 1, 28, 28, generator=torch.Generator().manual_seed(1))
     y = torch.arange(16) % 10
     for _ in range(5):
@@ -96,7 +127,7 @@ def _lamb_reference(ws, gs_per_step, lr, b1, b2, eps, wd, exclude=False, lo=0.0,
             g = g.double()
             ms[k] = b1 * ms[k] + (1 - b1) * g
             vs[k] = b2 * vs[k] + (1 - b2) * g * g
-            r = (ms[k] / (1 - b1 ** t)) / ((vs[k] / (1 - b2 ** t)).sqrt() + eps)
+            r = (ms[k] / (1 - b1**t)) / ((vs[k] / (1 - b2**t)).sqrt() + eps)
             if exclude:
                 ratio = 1.0
             else:
@@ -109,15 +140,28 @@ def _lamb_reference(ws, gs_per_step, lr, b1, b2, eps, wd, exclude=False, lo=0.0,
 
 @pytest.mark.parametrize("lo, hi", [(0.0, math.inf), (0.01, 10.0), (0.5, 0.6)])
 def test_lamb_matches_the_formula(lo, hi):
-    got = _run(LAMB, HAND_W, HAND_G, lr=0.1, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, min_coeff=lo,
-               max_coeff=hi)
-    want = _lamb_reference(HAND_W, HAND_G, lr=0.1, b1=0.9, b2=0.999, eps=1e-6, wd=0.01, lo=lo, hi=hi)
+    got = _run(
+        LAMB,
+        HAND_W,
+        HAND_G,
+        lr=0.1,
+        betas=(0.9, 0.999),
+        eps=1e-6,
+        weight_decay=0.01,
+        min_coeff=lo,
+        max_coeff=hi,
+    )
+    want = _lamb_reference(
+        HAND_W, HAND_G, lr=0.1, b1=0.9, b2=0.999, eps=1e-6, wd=0.01, lo=lo, hi=hi
+    )
     for g, w in zip(got, want):
         assert torch.allclose(g.double(), w, atol=1e-6), (g, w)
 
 
 def test_lamb_excluded_group_has_no_decay_and_no_adaptation():
-    got = _run(LAMB, HAND_W, HAND_G, group_extra={"lars_exclude": True, "weight_decay": 0.0}, lr=0.1)
+    got = _run(
+        LAMB, HAND_W, HAND_G, group_extra={"lars_exclude": True, "weight_decay": 0.0}, lr=0.1
+    )
     want = _lamb_reference(HAND_W, HAND_G, lr=0.1, b1=0.9, b2=0.999, eps=1e-6, wd=0.0, exclude=True)
     for g, w in zip(got, want):
         assert torch.allclose(g.double(), w, atol=1e-6)
@@ -126,7 +170,9 @@ def test_lamb_excluded_group_has_no_decay_and_no_adaptation():
 def test_lars_lowers_the_loss_of_a_small_problem():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-    opt = LARS(param_groups(model, 1e-4, layerwise=True), lr=0.5, momentum=0.9, trust_coefficient=0.05)
+    opt = LARS(
+        param_groups(model, 1e-4, layerwise=True), lr=0.5, momentum=0.9, trust_coefficient=0.05
+    )
     x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
     losses = []
     for _ in range(100):
@@ -141,11 +187,20 @@ def test_lars_lowers_the_loss_of_a_small_problem():
 def test_cpu_chunking_gives_the_same_step(monkeypatch):
     """Tiny chunks (one tensor or less each) must not change the result."""
     import dstrain.multitensor as mt
-    whole_lars = _run(LARS, HAND_W, HAND_G, lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02)
+
+    whole_lars = _run(
+        LARS, HAND_W, HAND_G, lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02
+    )
     whole_lamb = _run(LAMB, HAND_W, HAND_G, lr=0.1, weight_decay=0.01)
     monkeypatch.setattr(mt, "CPU_CHUNK_VALUES", 3)
-    assert mt.chunks([torch.zeros(4), torch.zeros(2), torch.zeros(1), torch.zeros(5)]) == [(0, 1), (1, 3), (3, 4)]
-    chunked_lars = _run(LARS, HAND_W, HAND_G, lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02)
+    assert mt.chunks([torch.zeros(4), torch.zeros(2), torch.zeros(1), torch.zeros(5)]) == [
+        (0, 1),
+        (1, 3),
+        (3, 4),
+    ]
+    chunked_lars = _run(
+        LARS, HAND_W, HAND_G, lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02
+    )
     chunked_lamb = _run(LAMB, HAND_W, HAND_G, lr=0.1, weight_decay=0.01)
     for a, b in zip(whole_lars + whole_lamb, chunked_lars + chunked_lamb):
         assert torch.equal(a, b)

@@ -1,4 +1,5 @@
 """launch.sh / dstrain/launch.py: hostfiles from fake scheduler environments and dry-run command lines."""
+
 import os
 import subprocess
 
@@ -17,24 +18,32 @@ def test_pbs_duplicate_hosts_collapse_into_slots(tmp_path):
     assert hostfile_text(nodes, 8) == "hnode001 slots=8\nhnode002 slots=8\n"  # GPUS_PER_NODE wins
 
 
-@pytest.mark.parametrize("nodelist, hosts", [
-    ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
-    ("a5,b[8-10]", ["a5", "b8", "b9", "b10"]),
-    ("gpu001", ["gpu001"]),
-])
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+        ("a5,b[8-10]", ["a5", "b8", "b9", "b10"]),
+        ("gpu001", ["gpu001"]),
+    ],
+)
 def test_slurm_nodelists_expand_like_scontrol(nodelist, hosts):
     assert expand_slurm(nodelist) == hosts
 
 
 def test_slurm_and_uge_node_lists(tmp_path):
-    name, nodes = scheduler_nodes({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS_PER_NODE": "4(x2)"})
+    name, nodes = scheduler_nodes(
+        {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS_PER_NODE": "4(x2)"}
+    )
     assert name == "slurm" and nodes == [("n1", 4), ("n2", 4)]
     pe = tmp_path / "pe"
     pe.write_text("g0001 4 gpu.q@g0001 UNDEFINED\ng0002 4 gpu.q@g0002 UNDEFINED\n")
     assert scheduler_nodes({"PE_HOSTFILE": str(pe)}) == ("uge", [("g0001", 4), ("g0002", 4)])
     hosts = tmp_path / "hosts"
     hosts.write_text("g0001\ng0001\ng0002\ng0002\n")
-    assert scheduler_nodes({"SGE_JOB_HOSTLIST": str(hosts)}) == ("uge", [("g0001", 2), ("g0002", 2)])
+    assert scheduler_nodes({"SGE_JOB_HOSTLIST": str(hosts)}) == (
+        "uge",
+        [("g0001", 2), ("g0002", 2)],
+    )
     assert scheduler_nodes({}) is None
 
 
@@ -50,12 +59,26 @@ def test_empty_or_unreadable_node_lists_are_clear_errors(tmp_path):
 
 
 def dry_run(env: dict, *args: str, path_dirs=()) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("PBS_NODEFILE", "SLURM_JOB_NODELIST", "PE_HOSTFILE", "SGE_JOB_HOSTLIST", "GPUS_PER_NODE")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "PBS_NODEFILE",
+            "SLURM_JOB_NODELIST",
+            "PE_HOSTFILE",
+            "SGE_JOB_HOSTLIST",
+            "GPUS_PER_NODE",
+        )
+    }
     base["PATH"] = os.pathsep.join([*map(str, path_dirs), "/usr/bin", "/bin"])
-    return subprocess.run([str(REPO / "launch.sh"), "--dry-run", *args, "--config", "fashion_mnist", "epochs=2"],
-                          env={**base, "CUDA_VISIBLE_DEVICES": "", **env}, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [str(REPO / "launch.sh"), "--dry-run", *args, "--config", "fashion_mnist", "epochs=2"],
+        env={**base, "CUDA_VISIBLE_DEVICES": "", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def fake_tool(tmp_path, name):
@@ -69,8 +92,9 @@ def fake_tool(tmp_path, name):
 def test_dry_run_outside_a_job_starts_local_ranks():
     proc = dry_run({"DSTRAIN_CPU_RANKS": "2"})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().endswith("deepspeed --num_gpus 2 --master_port 29500 dstrain/main.py "
-                                        "--config fashion_mnist epochs=2")
+    assert proc.stdout.strip().endswith(
+        "deepspeed --num_gpus 2 --master_port 29500 dstrain/main.py --config fashion_mnist epochs=2"
+    )
 
 
 @pytest.mark.parametrize("scheduler", ["pbs", "slurm", "uge"])
@@ -82,16 +106,26 @@ def test_dry_run_in_a_job_prints_hostfile_and_multi_node_command(tmp_path, sched
     elif scheduler == "slurm":
         env = {"SLURM_JOB_NODELIST": "hnode[001-002]", "GPUS_PER_NODE": "8"}
     else:
-        nodes.write_text("hnode001 8 gpu.q@hnode001 UNDEFINED\nhnode002 8 gpu.q@hnode002 UNDEFINED\n")
+        nodes.write_text(
+            "hnode001 8 gpu.q@hnode001 UNDEFINED\nhnode002 8 gpu.q@hnode002 UNDEFINED\n"
+        )
         env = {"PE_HOSTFILE": str(nodes)}
     bindir = fake_tool(tmp_path, "mpirun")
-    proc = dry_run({**env, "MASTER_PORT": "29600"}, "--iface", "ib0", "--hostfile", str(tmp_path / "hf"),
-                   path_dirs=[bindir])
+    proc = dry_run(
+        {**env, "MASTER_PORT": "29600"},
+        "--iface",
+        "ib0",
+        "--hostfile",
+        str(tmp_path / "hf"),
+        path_dirs=[bindir],
+    )
     assert proc.returncode == 0, proc.stderr
     assert "hnode001 slots=8\nhnode002 slots=8\n" in proc.stdout
-    assert (f"NCCL_SOCKET_IFNAME=ib0 {REPO}/.venv/bin/deepspeed --hostfile {tmp_path / 'hf'} --master_addr hnode001 "
-            "--master_port 29600 --launcher openmpi --launcher_args '--mca btl_tcp_if_include ib0' "
-            "dstrain/main.py --config fashion_mnist epochs=2") in proc.stdout
+    assert (
+        f"NCCL_SOCKET_IFNAME=ib0 {REPO}/.venv/bin/deepspeed --hostfile {tmp_path / 'hf'} --master_addr hnode001 "
+        "--master_port 29600 --launcher openmpi --launcher_args '--mca btl_tcp_if_include ib0' "
+        "dstrain/main.py --config fashion_mnist epochs=2"
+    ) in proc.stdout
     assert not (tmp_path / "hf").exists()  # a dry run writes nothing
 
 

@@ -5,15 +5,15 @@ import textwrap
 import pytest
 import torch
 
-from dstrain.config import ConfigError
 from dstrain.dist import free_port
+from dstrain.errors import ConfigError
 from dstrain.models import build_model
-from dstrain.optim import build_optimizer, param_groups, steps_suppressed
+from dstrain.optim import build_optimizer, param_groups, parse_spec, steps_suppressed
 from tests.conftest import REPO
 
 
 def test_groups_by_shape_exclude_bn_and_bias_from_weight_decay():
-    model = build_model("resnet_small", 10, 1, width=8)
+    model = build_model("resnet_small", 10, in_channels=1, width=8)
     decay, no_decay = param_groups(model, 5e-5)
     assert decay["weight_decay"] == 5e-5 and no_decay["weight_decay"] == 0.0
     assert all(p.ndim > 1 for p in decay["params"]) and all(p.ndim <= 1 for p in no_decay["params"])
@@ -23,11 +23,13 @@ def test_groups_by_shape_exclude_bn_and_bias_from_weight_decay():
 def test_unknown_optimizer_type_and_missing_lr():
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ConfigError, match="optimizer type 'Ranger' is not supported"):
-        build_optimizer(model, {"type": "Ranger", "params": {"lr": 1}}, "x.json")
+        parse_spec({"type": "Ranger", "params": {"lr": 1}}, "x.json")
     with pytest.raises(ConfigError, match="optimizer.params.lr is missing"):
-        build_optimizer(model, {"type": "SGD", "params": {}}, "x.json")
-    with pytest.raises(ConfigError, match="optimizer.params for SGD"):
-        build_optimizer(model, {"type": "SGD", "params": {"lr": 1, "betas": [0.9, 0.9]}}, "x.json")
+        parse_spec({"type": "SGD", "params": {}}, "x.json")
+    with pytest.raises(ConfigError, match="x.json: optimizer.params for SGD"):
+        build_optimizer(
+            model, parse_spec({"type": "SGD", "params": {"lr": 1, "betas": [0.9, 0.9]}}, "x.json")
+        )
 
 
 def test_steps_suppressed_restores_the_real_step():
@@ -68,17 +70,24 @@ ZERO_STEP_PROBE = textwrap.dedent("""
 def test_deepspeed_initialize_zero_gradient_step_is_harmless(mode, buffers, optimizer):
     """With bf16, DeepSpeed's wrapper steps once during initialize: unguarded it seeds momentum."""
     port = str(free_port())
-    proc = subprocess.run([sys.executable, "-c", ZERO_STEP_PROBE, mode, port, optimizer], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", ZERO_STEP_PROBE, mode, port, optimizer],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert f"MOMENTUM_BUFFERS {buffers}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "ds_configs").glob("*.json")), ids=lambda p: p.stem)
 def test_every_shipped_optimizer_block_builds(path):
     from dstrain import ds_config
+
     spec = ds_config.read_json(path).get("optimizer")
-    opt, lr = build_optimizer(build_model("resnet_small", 10, 1, width=8), spec, str(path))
-    assert lr == spec["params"]["lr"]
+    parsed = parse_spec(spec, str(path))
+    opt = build_optimizer(build_model("resnet_small", 10, in_channels=1, width=8), parsed)
+    assert parsed.lr == spec["params"]["lr"]
     kind = spec["type"].lower()
     expected = {"lars": "LARS", "lamb": "LAMB", "sgd": "SGD"}[kind]
     assert type(opt).__name__ == expected  # no GPU here: LAMB falls back to dstrain's
@@ -89,15 +98,19 @@ def test_every_shipped_optimizer_block_builds(path):
 
 def test_lamb_fallback_is_announced(caplog):
     import logging
+
     with caplog.at_level(logging.INFO, logger="dstrain"):
-        build_optimizer(torch.nn.Linear(2, 2), {"type": "Lamb", "params": {"lr": 0.01}})
+        build_optimizer(torch.nn.Linear(2, 2), parse_spec({"type": "Lamb", "params": {"lr": 0.01}}))
     assert "using dstrain's multi-tensor LAMB" in caplog.text
 
 
 def test_apply_schedule_scales_weight_decay_from_its_initial_value():
     from dstrain.optim import apply_schedule
+
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
-    opt, _ = build_optimizer(model, {"type": "LARS", "params": {"lr": 1.0, "weight_decay": 1e-4}})
+    opt = build_optimizer(
+        model, parse_spec({"type": "LARS", "params": {"lr": 1.0, "weight_decay": 1e-4}})
+    )
     apply_schedule(opt, 0.5, 0.5)
     apply_schedule(opt, 0.25, 0.25)  # relative to the initial value, not compounding
     assert [g["lr"] for g in opt.param_groups] == [0.25, 0.25]
@@ -118,9 +131,9 @@ SINGLE_RANK_PROBE = textwrap.dedent("""
     params = []
     for allreduce in (True, False):
         torch.manual_seed(0)
-        model = build_model("resnet_small", 10, 1, width=4)
-        opt, _ = build_optimizer(model, user.get("optimizer"))
-        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config.for_engine(user, 2, 2, 1))
+        model = build_model("resnet_small", 10, in_channels=1, width=4)
+        opt = build_optimizer(model, user.optimizer)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=user.engine_config(2, 2, 1))
         engine.enable_backward_allreduce = allreduce
         initial = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
         for _ in range(3):  # 3 optimizer steps of 2 accumulated micro batches
@@ -135,9 +148,19 @@ SINGLE_RANK_PROBE = textwrap.dedent("""
 @pytest.mark.parametrize("json_name", ["fp32", "bf16", "lars_fp32"])
 def test_skipping_deepspeeds_single_rank_allreduce_changes_nothing(json_name):
     """dstrain.train sets enable_backward_allreduce=False for one rank (ZeRO 0): the weights must not change."""
-    proc = subprocess.run([sys.executable, "-c", SINGLE_RANK_PROBE, str(free_port()),
-                           str(REPO / "ds_configs" / f"{json_name}.json")], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SINGLE_RANK_PROBE,
+            str(free_port()),
+            str(REPO / "ds_configs" / f"{json_name}.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "EQUAL True MOVED True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
@@ -150,9 +173,14 @@ class FakeEngine:
         return self.zero_stage
 
 
-@pytest.mark.parametrize("world, zero_stage, allreduce", [(1, 0, False), (2, 0, True), (1, 1, True)])
-def test_trainer_skips_deepspeeds_allreduce_only_for_one_rank_without_zero(world, zero_stage, allreduce):
+@pytest.mark.parametrize(
+    "world, zero_stage, allreduce", [(1, 0, False), (2, 0, True), (1, 1, True)]
+)
+def test_trainer_skips_deepspeeds_allreduce_only_for_one_rank_without_zero(
+    world, zero_stage, allreduce
+):
     from dstrain.train import configure_grad_sync
+
     engine = FakeEngine(zero_stage)
     assert configure_grad_sync(engine, None, world, seed=0) is None
     assert engine.enable_backward_allreduce is allreduce

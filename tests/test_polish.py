@@ -1,4 +1,5 @@
 """Final Polishing: BN refit exactness, untouched weights, cross-rank equality, the K-epochs mode."""
+
 import json
 import logging
 import os
@@ -23,8 +24,12 @@ BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 def small_model(seed: int = 0) -> nn.Module:
     """resnet_small (BatchNorm2d) plus a BatchNorm1d head, with non-trivial BN affine parameters."""
     torch.manual_seed(seed)
-    body = build_model("resnet_small", 5, 1, 4, 1, False)
-    body.fc = nn.Sequential(nn.Linear(body.fc.in_features, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 5))
+    body = build_model(
+        "resnet_small", 5, in_channels=1, width=4, blocks_per_stage=1, zero_init_residual=False
+    )
+    body.fc = nn.Sequential(
+        nn.Linear(body.fc.in_features, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 5)
+    )
     for m in bn_layers(body):
         nn.init.uniform_(m.weight, 0.5, 1.5)
         nn.init.uniform_(m.bias, -0.5, 0.5)
@@ -42,8 +47,10 @@ def reference_stats(model: nn.Module, xs, forward=None) -> dict:
     """Each BN layer's inputs over all batches (BN layers normalising with batch statistics), in float64.
     (The pass updates the model's running statistics with BN's own momentum.)"""
     seen = {m: [] for m in bn_layers(model)}
-    hooks = [m.register_forward_pre_hook(lambda mod, inp: seen[mod].append(inp[0].detach().double()))
-             for m in seen]
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, inp: seen[mod].append(inp[0].detach().double()))
+        for m in seen
+    ]
     model.eval()
     for m in seen:
         m.train()
@@ -54,7 +61,9 @@ def reference_stats(model: nn.Module, xs, forward=None) -> dict:
         h.remove()
     out = {}
     for m, parts in seen.items():
-        flat = torch.cat([p.transpose(0, 1).reshape(p.shape[1], -1) for p in parts], dim=1)  # [C, all elements]
+        flat = torch.cat(
+            [p.transpose(0, 1).reshape(p.shape[1], -1) for p in parts], dim=1
+        )  # [C, all elements]
         out[m] = (flat.mean(1), flat.var(1, unbiased=True))
     return out
 
@@ -63,7 +72,9 @@ def test_refit_equals_the_statistics_of_each_layers_inputs_over_the_polish_set()
     model, xs = small_model(), batches()
     n = refit_bn(model, iter(xs), reduce=None)
     assert n == 29
-    ref = reference_stats(small_model(), xs)  # same weights: an independent pass, stats from raw inputs
+    ref = reference_stats(
+        small_model(), xs
+    )  # same weights: an independent pass, stats from raw inputs
     for m, (mean, var) in zip(bn_layers(model), ref.values()):
         assert torch.allclose(m.running_mean.double(), mean, rtol=1e-5, atol=1e-6)
         assert torch.allclose(m.running_var.double(), var, rtol=1e-5, atol=1e-6)
@@ -111,10 +122,15 @@ def test_bf16_autocast_forward_accumulates_in_fp32():
     def forward(x):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return model(x)
+
     refit_bn(model, iter(xs), forward=forward, reduce=None)
     refit = [(m.running_mean.clone(), m.running_var.clone()) for m in bn_layers(model)]
-    for (mean, var), (ref_mean, ref_var) in zip(refit, reference_stats(model, xs, forward).values()):
-        assert torch.allclose(mean.double(), ref_mean, rtol=1e-5, atol=1e-6)  # bf16 activations, FP32/FP64 sums
+    for (mean, var), (ref_mean, ref_var) in zip(
+        refit, reference_stats(model, xs, forward).values()
+    ):
+        assert torch.allclose(
+            mean.double(), ref_mean, rtol=1e-5, atol=1e-6
+        )  # bf16 activations, FP32/FP64 sums
         assert torch.allclose(var.double(), ref_var, rtol=1e-5, atol=1e-6)
 
 
@@ -131,15 +147,29 @@ def test_empty_polish_set_is_an_error_and_leaves_the_statistics():
     model = small_model()
     with pytest.raises(ValueError, match="0 images in the polish set"):
         refit_bn(model, iter([]), reduce=None)
-    assert all(float(m.running_mean[0]) == 3.0 and float(m.running_var[0]) == 7.0 for m in bn_layers(model))
+    assert all(
+        float(m.running_mean[0]) == 3.0 and float(m.running_var[0]) == 7.0 for m in bn_layers(model)
+    )
 
 
 def _rank_worker(rank: int, world: int, port: int, out: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
+    )
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    images = (torch.rand(60, 1, 12, 12, generator=torch.Generator().manual_seed(3)) * 255).to(torch.uint8)
-    loader = TensorLoader(images, torch.zeros(60, dtype=torch.long), Shard(rank, world, 4, 1, eval_batch=7, seed=4),
-                          "polish", False, 0.3, 0.3, 1)
+    images = (torch.rand(60, 1, 12, 12, generator=torch.Generator().manual_seed(3)) * 255).to(
+        torch.uint8
+    )
+    loader = TensorLoader(
+        images,
+        torch.zeros(60, dtype=torch.long),
+        Shard(rank, world, 4, 1, eval_batch=7, seed=4),
+        "polish",
+        False,
+        0.3,
+        0.3,
+        1,
+    )
     model = small_model()
     n = refit_bn(model, (x for x, _ in loader))
     out[rank] = (n, {k: v.clone() for k, v in model.state_dict().items()})
@@ -149,9 +179,19 @@ def _rank_worker(rank: int, world: int, port: int, out: dict) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_refit_across_ranks_equals_one_process(world):
     """Uneven shards (8 batches of 7 over 3 ranks: 2, 3, 3) still give the single-process refit."""
-    images = (torch.rand(60, 1, 12, 12, generator=torch.Generator().manual_seed(3)) * 255).to(torch.uint8)
-    single = TensorLoader(images, torch.zeros(60, dtype=torch.long), Shard(0, 1, 4, 1, eval_batch=7, seed=4),
-                          "polish", False, 0.3, 0.3, 1)
+    images = (torch.rand(60, 1, 12, 12, generator=torch.Generator().manual_seed(3)) * 255).to(
+        torch.uint8
+    )
+    single = TensorLoader(
+        images,
+        torch.zeros(60, dtype=torch.long),
+        Shard(0, 1, 4, 1, eval_batch=7, seed=4),
+        "polish",
+        False,
+        0.3,
+        0.3,
+        1,
+    )
     ref = small_model()
     assert refit_bn(ref, (x for x, _ in single), reduce=None) == 56  # 8 whole batches of 7
     out = mp.Manager().dict()
@@ -163,18 +203,31 @@ def test_refit_across_ranks_equals_one_process(world):
             assert torch.allclose(value.double(), state[key].double(), rtol=1e-6, atol=1e-7), key
 
 
-@pytest.mark.parametrize("epoch, epochs, k, expected", [
-    (0, 5, 0, True), (4, 5, 0, True), (2, 5, 2, True), (3, 5, 2, False), (4, 5, 2, False), (0, 5, 5, False)])
+@pytest.mark.parametrize(
+    "epoch, epochs, k, expected",
+    [
+        (0, 5, 0, True),
+        (4, 5, 0, True),
+        (2, 5, 2, True),
+        (3, 5, 2, False),
+        (4, 5, 2, False),
+        (0, 5, 5, False),
+    ],
+)
 def test_augment_at_table(epoch, epochs, k, expected):
     assert augment_at(epoch, epochs, k) is expected
     assert augment_at(epoch, epochs, k, augment=False) is False
 
 
-def test_set_augment_false_gives_the_plain_images():
-    images = (torch.rand(16, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 255).to(torch.uint8)
-    loader = TensorLoader(images, torch.zeros(16, dtype=torch.long), Shard(0, 1, 16, 1), "train", True, 0.0, 1.0, 1)
+def test_start_epoch_without_augment_gives_the_plain_images():
+    images = (torch.rand(16, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 255).to(
+        torch.uint8
+    )
+    loader = TensorLoader(
+        images, torch.zeros(16, dtype=torch.long), Shard(0, 1, 16, 1), "train", True, 0.0, 1.0, 1
+    )
     augmented, _ = next(iter(loader))
-    loader.set_augment(False)
+    loader.start_epoch(0, augment=False)
     plain, _ = next(iter(loader))
     order = torch.cat(list(loader.batches()))
     assert torch.allclose(plain, images[order].float() / 255)
@@ -182,43 +235,78 @@ def test_set_augment_false_gives_the_plain_images():
 
 
 # ---------------------------------------------------------------- through the trainer and the launcher
-POLISH_RUN = [*TINY, "epochs=2", "data.augment=true", "polish.batch_per_rank=50", "polish.images=300"]
+POLISH_RUN = [
+    *TINY,
+    "epochs=2",
+    "data.augment=true",
+    "polish.batch_per_rank=50",
+    "polish.images=300",
+]
 
 
 @pytest.mark.slow
 def test_trainer_polishes_after_the_last_epoch_and_keeps_the_checkpoint(fake_fmnist, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(["--deepspeed_config", "ds_configs/fp32.json", *POLISH_RUN, "polish.enabled=true",
-                    "polish.last_epochs_without_augmentation=1", f"data.root={fake_fmnist}", f"run_dir={run_dir}"])
+    proc = run_cli(
+        [
+            "--deepspeed_config",
+            "ds_configs/fp32.json",
+            *POLISH_RUN,
+            "polish.enabled=true",
+            "polish.last_epochs_without_augmentation=1",
+            f"data.root={fake_fmnist}",
+            f"run_dir={run_dir}",
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert [h["augment"] for h in summary["history"]] == [1, 0]  # the last epoch without augmentation
+    assert [h["augment"] for h in summary["history"]] == [
+        1,
+        0,
+    ]  # the last epoch without augmentation
     assert "epoch 2/2: un-augmented training images" in proc.stdout
     p = summary["polish"]
     assert p["images"] == 300 and p["before"]["val_top1"] == summary["final_top1"]
     assert p["after"]["val_top1"] == pytest.approx(p["before"]["val_top1"] + p["top1_gain"])
     assert 0 < p["refit_fraction_of_training"] < 1
     polished = torch.load(run_dir / "polished" / "model.pt")
-    unpolished = torch.load(run_dir / "checkpoints" / "epoch0002" / "mp_rank_00_model_states.pt",
-                            weights_only=False)["module"]
+    unpolished = torch.load(
+        run_dir / "checkpoints" / "epoch0002" / "mp_rank_00_model_states.pt", weights_only=False
+    )["module"]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch0002"
     changed = [k for k in polished if not torch.equal(polished[k], unpolished[k].contiguous())]
     assert changed and all(k.rsplit(".", 1)[-1] in BN_BUFFERS for k in changed)
     from tests.test_e2e import tb_tags
+
     assert {"polish/val_top1_before", "polish/val_top1_after"} <= tb_tags(run_dir)
 
 
 @pytest.mark.slow
 def test_standalone_polish_two_ranks_equals_one(fake_fmnist, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(["--deepspeed_config", "ds_configs/fp32.json", *POLISH_RUN, f"data.root={fake_fmnist}",
-                    f"run_dir={run_dir}"])
+    proc = run_cli(
+        [
+            "--deepspeed_config",
+            "ds_configs/fp32.json",
+            *POLISH_RUN,
+            f"data.root={fake_fmnist}",
+            f"run_dir={run_dir}",
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = {}
     for ranks in (1, 2):
         copy = tmp_path / f"copy{ranks}"
         shutil.copytree(run_dir, copy)
-        args = ["--checkpoint", str(copy), "--images", "250", "--batch", "50", f"data.root={fake_fmnist}"]
+        args = [
+            "--checkpoint",
+            str(copy),
+            "--images",
+            "250",
+            "--batch",
+            "50",
+            f"data.root={fake_fmnist}",
+        ]
         if ranks == 1:
             cmd = run_cli(args, module="dstrain.polish")
         else:
@@ -233,5 +321,8 @@ def test_standalone_polish_two_ranks_equals_one(fake_fmnist, tmp_path):
         assert one[when]["val_loss"] == pytest.approx(two[when]["val_loss"], rel=1e-6)
     for key in w1:
         assert torch.allclose(w1[key].double(), w2[key].double(), rtol=1e-6, atol=1e-7), key
-    again = run_cli(["--checkpoint", str(tmp_path / "copy1"), f"data.root={fake_fmnist}"], module="dstrain.polish")
+    again = run_cli(
+        ["--checkpoint", str(tmp_path / "copy1"), f"data.root={fake_fmnist}"],
+        module="dstrain.polish",
+    )
     assert again.returncode == 2 and "pass --force" in again.stderr  # never overwritten silently

@@ -1,34 +1,44 @@
 """Batch-size ramp: the plan, its errors, and DeepSpeed's accumulation boundary after a switch."""
+
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from dstrain.config import ConfigError
 from dstrain.dist import free_port
+from dstrain.errors import ConfigError
 from dstrain.ramp import BatchStage, batch_at, batch_plan
 from tests.conftest import REPO
 
 
 def test_plan_keeps_the_micro_batch_and_changes_accumulation():
     plan = batch_plan(1024, 0, [[5, 4096], [8, 8192]], world=4, epochs=10)
-    assert plan == [BatchStage(0, 1024, 256, 1), BatchStage(5, 4096, 256, 4), BatchStage(8, 8192, 256, 8)]
-    assert [batch_at(e, plan).global_size for e in range(10)] == [1024] * 5 + [4096] * 3 + [8192] * 2
+    assert plan == [
+        BatchStage(0, 1024, 256, 1),
+        BatchStage(5, 4096, 256, 4),
+        BatchStage(8, 8192, 256, 8),
+    ]
+    assert [batch_at(e, plan).global_size for e in range(10)] == [1024] * 5 + [4096] * 3 + [
+        8192
+    ] * 2
 
 
 def test_paper_style_ramp_with_epoch_zero_entry():
     assert batch_plan(1024, 128, [[0, 1024], [5, 4096]], world=2)[1] == BatchStage(5, 4096, 128, 16)
 
 
-@pytest.mark.parametrize("ramp, message", [
-    ([[5, 4096], [3, 8192]], "epochs must increase strictly"),
-    ([[0, 2048]], "disagrees with batch.global_size=1024"),
-    ([[5, 4000]], "not a multiple of micro batch 256 x 4 ranks = 1024"),
-    ([[5]], "must be [epoch, global_size]"),
-    ([[12, 4096]], "never happens with epochs=10"),
-    ([[2.5, 4096]], "two integers"),
-])
+@pytest.mark.parametrize(
+    "ramp, message",
+    [
+        ([[5, 4096], [3, 8192]], "epochs must increase strictly"),
+        ([[0, 2048]], "disagrees with batch.global_size=1024"),
+        ([[5, 4000]], "not a multiple of micro batch 256 x 4 ranks = 1024"),
+        ([[5]], "must be [epoch, global_size]"),
+        ([[12, 4096]], "never happens with epochs=10"),
+        ([[2.5, 4096]], "two integers"),
+    ],
+)
 def test_invalid_ramps_are_clear_errors(ramp, message):
     with pytest.raises(ConfigError) as err:
         batch_plan(1024, 0, ramp, world=4, epochs=10)
@@ -70,6 +80,11 @@ BOUNDARY_PROBE = textwrap.dedent("""
 @pytest.mark.parametrize("mode, exact", [("driven", True), ("deepspeed_counter", False)])
 def test_first_step_after_a_switch_averages_exactly_the_new_batch(mode, exact):
     """Driving the boundary ourselves (as the trainer does) gives the exact step; DeepSpeed's counter does not."""
-    proc = subprocess.run([sys.executable, "-c", BOUNDARY_PROBE, mode, str(free_port())], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", BOUNDARY_PROBE, mode, str(free_port())],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert f"EXACT {exact}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -1,8 +1,9 @@
 """Data: one loader interface over Fashion-MNIST (in memory), image folders (DALI or torchvision), synthetic.
 
-Every loader has ``set_epoch(e)``, ``set_augment(flag)``, ``len()`` (micro
-batches this rank reads this epoch) and yields ``(images, labels)`` on the
-training device; which images each rank reads is decided in one place,
+Every loader has ``start_epoch(epoch, accumulation=, start=, augment=)``
+(called once per epoch by the trainer), ``len()`` (micro batches this rank
+reads this epoch) and yields ``(images, labels)`` on the training device; which
+images each rank reads is decided in one place,
 :mod:`dstrain.data.sharding`. :func:`build_data` is the entry point.
 
 ``data.loader``
@@ -15,36 +16,54 @@ training device; which images each rank reads is decided in one place,
 
 Batch-size ramp: the micro batch stays fixed and the ramp raises the number of
 accumulation steps (dstrain/ramp.py), so no loader or pipeline is rebuilt; each
-epoch's index lists are cut again from the shard's current accumulation.
+epoch's index lists are cut again from the accumulation ``start_epoch`` passes.
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from dstrain.config import ConfigError, DataConfig
-from dstrain.data.fashion_mnist import FASHION_MNIST_MEAN, FASHION_MNIST_STD, TensorLoader, load_fashion_mnist
+from dstrain.config import DataConfig
+from dstrain.data.fashion_mnist import (
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+    TensorLoader,
+    load_fashion_mnist,
+)
 from dstrain.data.folder import CorruptImageError, ImageList, limited, scan_folder
 from dstrain.data.sharding import Shard, epoch_order, index_lists, polish_batches, val_range
+from dstrain.errors import ConfigError
 
-__all__ = ["Data", "Shard", "build_data", "resolve_loader", "epoch_order", "index_lists", "polish_batches",
-           "val_range", "CorruptImageError"]
-log = logging.getLogger("dstrain")
+__all__ = [
+    "Data",
+    "Shard",
+    "build_data",
+    "resolve_loader",
+    "epoch_order",
+    "index_lists",
+    "polish_batches",
+    "val_range",
+    "CorruptImageError",
+]
+log = logging.getLogger(__name__)
 FASHION_MNIST_SIDE = 28
 
 
 @dataclass
 class Data:
     """The loaders of one run. ``polish(limit, batch)`` builds the polish loader on demand (Final Polishing)."""
+
     train: Any
     val: Any
     n_train: int
     n_val: int
-    loader: str                                  # the loader actually used (auto resolved)
-    polish: Callable[[int, int], Any]            # (limit images, 0 = all; batch per rank) -> polish loader
+    kind: str  # the loader actually used: tensor | dali | torchvision | synthetic
+    polish: Callable[[int, int], Any]  # (limit images, 0 = all; batch per rank) -> polish loader
 
 
 def resolve_loader(cfg: DataConfig) -> str:
@@ -52,41 +71,76 @@ def resolve_loader(cfg: DataConfig) -> str:
     from dstrain.data.dali import dali_available
 
     if cfg.loader == "auto":
-        return "dali" if cfg.dataset == "imagefolder" and dali_available() else (
-            "tensor" if cfg.dataset == "fashion_mnist" else "torchvision")
+        return (
+            "dali"
+            if cfg.dataset == "imagefolder" and dali_available()
+            else ("tensor" if cfg.dataset == "fashion_mnist" else "torchvision")
+        )
     if cfg.loader == "dali":
         if cfg.dataset == "fashion_mnist":
-            raise ConfigError("data.loader=dali reads image folders; Fashion-MNIST is served from memory. "
-                              "Use data.loader=auto (or torchvision) with data.dataset=fashion_mnist.")
+            raise ConfigError(
+                "data.loader=dali reads image folders; Fashion-MNIST is served from memory. "
+                "Use data.loader=auto (or torchvision) with data.dataset=fashion_mnist."
+            )
         if not dali_available():
-            raise ConfigError("data.loader=dali but nvidia-dali is not installed: "
-                              "`pip install nvidia-dali-cuda130` (or set data.loader=torchvision)")
+            raise ConfigError(
+                "data.loader=dali but nvidia-dali is not installed: "
+                "`pip install nvidia-dali-cuda130` (or set data.loader=torchvision)"
+            )
     if cfg.loader == "torchvision" and cfg.dataset == "fashion_mnist":
         return "tensor"
     return cfg.loader
 
 
-def build_data(cfg: DataConfig, shard: Shard, channels: int, num_classes: int, device="cpu",
-               dtype: torch.dtype = torch.float32, channels_last: bool = False) -> Data:
+def build_data(
+    cfg: DataConfig,
+    shard: Shard,
+    channels: int,
+    num_classes: int,
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
+) -> Data:
     """The train/val loaders for ``cfg``, sharded for this rank (see dstrain.data.sharding)."""
     kind = resolve_loader(cfg)
     if kind == "synthetic":
         side = FASHION_MNIST_SIDE if cfg.dataset == "fashion_mnist" else cfg.image_size
-        shape, n_train, n_val = (channels, side, side), cfg.synthetic_train_size, cfg.synthetic_val_size
-        common = dict(shape=shape, num_classes=num_classes, shard=shard, device=device, dtype=dtype,
-                      channels_last=channels_last)
+        shape, n_train, n_val = (
+            (channels, side, side),
+            cfg.synthetic_train_size,
+            cfg.synthetic_val_size,
+        )
+        common = dict(
+            shape=shape,
+            num_classes=num_classes,
+            shard=shard,
+            device=device,
+            dtype=dtype,
+            channels_last=channels_last,
+        )
         from dstrain.data.synthetic import SyntheticLoader
 
-        data = Data(SyntheticLoader(n_train, mode="train", **common), SyntheticLoader(n_val, mode="val", **common),
-                    n_train, n_val, kind, lambda limit, batch: SyntheticLoader(
-                        limit or n_train, mode="polish", **{**common, "shard": replace(shard, eval_batch=batch)}))
+        data = Data(
+            SyntheticLoader(n_train, mode="train", **common),
+            SyntheticLoader(n_val, mode="val", **common),
+            n_train,
+            n_val,
+            kind,
+            lambda limit, batch: SyntheticLoader(
+                limit or n_train,
+                mode="polish",
+                **{**common, "shard": replace(shard, eval_batch=batch)},
+            ),
+        )
     elif kind == "tensor":
         data = _fashion_mnist(cfg, shard, channels, num_classes, device)
     else:
         data = _folder(cfg, kind, shard, channels, num_classes, device, dtype, channels_last)
     if data.n_train < shard.global_batch:
-        raise ConfigError(f"data: {data.n_train} training images is less than one global batch "
-                          f"(batch.global_size={shard.global_batch}); lower batch.global_size or use more data")
+        raise ConfigError(
+            f"data: {data.n_train} training images is less than one global batch "
+            f"(batch.global_size={shard.global_batch}); lower batch.global_size or use more data"
+        )
     return data
 
 
@@ -94,45 +148,82 @@ def _fashion_mnist(cfg: DataConfig, shard: Shard, channels: int, num_classes: in
     splits = load_fashion_mnist(cfg.root, cfg.download)
     (xt, yt), (xv, yv) = splits["train"], splits["val"]
     if cfg.limit_train:
-        xt, yt = xt[:cfg.limit_train], yt[:cfg.limit_train]
+        xt, yt = xt[: cfg.limit_train], yt[: cfg.limit_train]
     if cfg.limit_val:
-        xv, yv = xv[:cfg.limit_val], yv[:cfg.limit_val]
+        xv, yv = xv[: cfg.limit_val], yv[: cfg.limit_val]
     if int(yt.max()) >= num_classes:
         raise ConfigError(f"model.num_classes={num_classes} but Fashion-MNIST has 10 classes")
     common = dict(mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD, channels=channels, device=device)
-    return Data(TensorLoader(xt, yt, shard, "train", cfg.augment, **common),
-                TensorLoader(xv, yv, shard, "val", False, **common), len(xt), len(xv), "tensor",
-                lambda limit, batch: TensorLoader(xt, yt, replace(shard, eval_batch=batch), "polish", False,
-                                                  limit=limit, **common))
+    return Data(
+        TensorLoader(xt, yt, shard, "train", cfg.augment, **common),
+        TensorLoader(xv, yv, shard, "val", False, **common),
+        len(xt),
+        len(xv),
+        "tensor",
+        lambda limit, batch: TensorLoader(
+            xt, yt, replace(shard, eval_batch=batch), "polish", False, limit=limit, **common
+        ),
+    )
 
 
-def _folder(cfg: DataConfig, kind: str, shard: Shard, channels: int, num_classes: int, device,
-            dtype: torch.dtype, channels_last: bool) -> Data:
+def _folder(
+    cfg: DataConfig,
+    kind: str,
+    shard: Shard,
+    channels: int,
+    num_classes: int,
+    device,
+    dtype: torch.dtype,
+    channels_last: bool,
+) -> Data:
     train_images, val_images = scan_folder(cfg.root)
     if len(train_images.classes) > num_classes:
-        raise ConfigError(f"model.num_classes={num_classes} but {cfg.root}/train has "
-                          f"{len(train_images.classes)} class folders; set model.num_classes="
-                          f"{len(train_images.classes)}")
-    train_images, val_images = limited(train_images, cfg.limit_train), limited(val_images, cfg.limit_val)
+        raise ConfigError(
+            f"model.num_classes={num_classes} but {cfg.root}/train has "
+            f"{len(train_images.classes)} class folders; set model.num_classes="
+            f"{len(train_images.classes)}"
+        )
+    train_images, val_images = (
+        limited(train_images, cfg.limit_train),
+        limited(val_images, cfg.limit_val),
+    )
     if kind == "dali":
-        from dstrain.data.dali import DaliLoader
+        from dstrain.data.dali import DaliLoader as FolderLoader
 
-        def make(images: ImageList, mode: str, augment: bool, limit: int = 0, shard: Shard = shard):
-            return DaliLoader(images, shard, mode, augment=augment, image_size=cfg.image_size,
-                              val_resize=cfg.val_resize, area=cfg.random_area, aspect=cfg.random_aspect_ratio,
-                              channels=channels, num_threads=cfg.num_workers, prefetch=cfg.prefetch,
-                              device=device, dtype=dtype, channels_last=channels_last, limit=limit)
+        options = dict(dtype=dtype, channels_last=channels_last)
     else:
-        from dstrain.data.folder import TorchvisionLoader, torchvision_transforms
+        from dstrain.data.folder import TorchvisionLoader as FolderLoader
 
-        transforms = torchvision_transforms(cfg.image_size, cfg.val_resize, cfg.random_area,
-                                            cfg.random_aspect_ratio, channels)
+        options = {}
 
-        def make(images: ImageList, mode: str, augment: bool, limit: int = 0, shard: Shard = shard):
-            return TorchvisionLoader(images, shard, mode, transforms, augment=augment, num_workers=cfg.num_workers,
-                                     pin_memory=cfg.pin_memory, prefetch=cfg.prefetch, device=device, limit=limit)
-    log.info("data: %s loader, %d train / %d val images in %d classes from %s", kind, len(train_images),
-             len(val_images), len(train_images.classes), cfg.root)
-    return Data(make(train_images, "train", cfg.augment), make(val_images, "val", False), len(train_images),
-                len(val_images), kind,
-                lambda limit, batch: make(train_images, "polish", False, limit, replace(shard, eval_batch=batch)))
+    def make(images: ImageList, mode: str, augment: bool, limit: int = 0, shard: Shard = shard):
+        return FolderLoader(
+            images,
+            shard,
+            mode,
+            cfg,
+            augment=augment,
+            channels=channels,
+            device=device,
+            limit=limit,
+            **options,
+        )
+
+    log.info(
+        "data: %s loader, %d train / %d val images in %d classes from %s",
+        kind,
+        len(train_images),
+        len(val_images),
+        len(train_images.classes),
+        cfg.root,
+    )
+    return Data(
+        make(train_images, "train", cfg.augment),
+        make(val_images, "val", False),
+        len(train_images),
+        len(val_images),
+        kind,
+        lambda limit, batch: make(
+            train_images, "polish", False, limit, replace(shard, eval_batch=batch)
+        ),
+    )

@@ -7,6 +7,7 @@ fully decodes every file with PIL in a process pool, prints one line per
 undecodable file and a summary. Exit status: 0 all decode, 1 some do not,
 2 the folder itself is unusable.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,9 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dstrain.data.check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m dstrain.data.check", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("root", help="folder holding train/<class>/ and val/<class>/")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decode processes")
     args = p.parse_args(argv)
@@ -37,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
             if reason is not None:
                 bad += 1
                 print(f"corrupt image: {path} ({reason})", flush=True)
-    print(f"{len(files)} images checked under {Path(args.root)} in {time.perf_counter() - t0:.1f} s: "
-          f"{bad} do not decode")
+    print(
+        f"{len(files)} images checked under {Path(args.root)} in {time.perf_counter() - t0:.1f} s: "
+        f"{bad} do not decode"
+    )
     return 1 if bad else 0
 
 

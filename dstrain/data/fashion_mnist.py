@@ -1,26 +1,28 @@
 """Fashion-MNIST: the idx files held in memory, batches cut and augmented with tensor ops.
 
 Small grayscale data goes through the same loader interface as the image-folder
-loaders (``set_epoch``, ``set_augment``, ``len``, iteration yields device
+loaders (``start_epoch``, ``len``, iteration yields device
 batches) but not through DALI or torchvision: 60k 28x28 images fit in 47 MB, and
 indexing a uint8 tensor plus a vectorised pad-crop-flip costs less than any
 per-sample decode pipeline would.
 """
+
 from __future__ import annotations
 
 import gzip
 import logging
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 
-from dstrain.config import FASHION_MNIST_DEFAULT_ROOT, ConfigError
+from dstrain.config import FASHION_MNIST_DEFAULT_ROOT
 from dstrain.data.sharding import Shard, ShardedBatches
+from dstrain.errors import ConfigError
 
-log = logging.getLogger("dstrain")
+log = logging.getLogger(__name__)
 
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530
 IDX_FILES = {
@@ -38,12 +40,14 @@ def read_idx(path: Path) -> np.ndarray:
         zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
         if zero != 0 or dtype_code != 0x08:
             raise ValueError("not an unsigned-byte idx file")
-        shape = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+        shape = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
         arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
         return arr.reshape(shape)
     except (OSError, ValueError, struct.error, EOFError) as err:
-        raise ConfigError(f"{path}: unreadable idx file ({err}). Reinstall dataset-fashion-mnist "
-                          "or point data.root at intact files.") from None
+        raise ConfigError(
+            f"{path}: unreadable idx file ({err}). Reinstall dataset-fashion-mnist "
+            "or point data.root at intact files."
+        ) from None
 
 
 def find_idx(root: Path, stem: str) -> Path | None:
@@ -58,10 +62,17 @@ def load_fashion_mnist(root: str, download: bool) -> dict[str, tuple[torch.Tenso
     """{'train': (uint8 [N,1,28,28], int64 [N]), 'val': ...} from the idx files in root."""
     base = Path(root or FASHION_MNIST_DEFAULT_ROOT)
     if find_idx(base, IDX_FILES["train"][0]) is None and download:
-        target = base if (root and base.parent.exists()) else Path.home() / ".cache" / "dstrain" / "fashion-mnist"
-        log.info("no Fashion-MNIST idx files in %s; trying a torchvision download into %s", base, target)
+        target = (
+            base
+            if (root and base.parent.exists())
+            else Path.home() / ".cache" / "dstrain" / "fashion-mnist"
+        )
+        log.info(
+            "no Fashion-MNIST idx files in %s; trying a torchvision download into %s", base, target
+        )
         try:
             import torchvision
+
             torchvision.datasets.FashionMNIST(str(target), train=True, download=True)
             torchvision.datasets.FashionMNIST(str(target), train=False, download=True)
             base = target
@@ -73,11 +84,17 @@ def load_fashion_mnist(root: str, download: bool) -> dict[str, tuple[torch.Tenso
         if img_path is None or lbl_path is None:
             raise ConfigError(
                 f"data.root={str(base)!r}: no Fashion-MNIST idx files ({img_stem}[.gz], {lbl_stem}[.gz]). "
-                "Install them with `apt-get install dataset-fashion-mnist` or set data.root=DIR.")
+                "Install them with `apt-get install dataset-fashion-mnist` or set data.root=DIR."
+            )
         images, labels = read_idx(img_path), read_idx(lbl_path)
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-            raise ConfigError(f"{img_path} / {lbl_path}: shapes {images.shape} / {labels.shape} do not match")
-        out[split] = (torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(labels.astype(np.int64)))
+            raise ConfigError(
+                f"{img_path} / {lbl_path}: shapes {images.shape} / {labels.shape} do not match"
+            )
+        out[split] = (
+            torch.from_numpy(images.copy()).unsqueeze(1),
+            torch.from_numpy(labels.astype(np.int64)),
+        )
     return out
 
 
@@ -90,14 +107,25 @@ class TensorLoader(ShardedBatches):
     sees the same images as an uninterrupted one.
     """
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, shard: Shard, mode: str, augment: bool,
-                 mean: float, std: float, channels: int, device: torch.device | str = "cpu", limit: int = 0):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        shard: Shard,
+        mode: str,
+        augment: bool,
+        mean: float,
+        std: float,
+        channels: int,
+        device: torch.device | str = "cpu",
+        limit: int = 0,
+    ):
         super().__init__(len(images), shard, mode, limit)
         self.images, self.labels = images, labels
         self.augment = augment and mode == "train"
         self.mean, self.std, self.channels, self.device = mean, std, channels, torch.device(device)
 
-    def set_augment(self, augment: bool) -> None:
+    def _set_augment(self, augment: bool) -> None:
         self.augment = augment and self.mode == "train"
 
     @staticmethod
@@ -111,9 +139,9 @@ class TensorLoader(ShardedBatches):
         b, _, h, w = x.shape
         padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
         dy, dx, u = draws
-        rows = (dy[:, None] + torch.arange(h))[:, :, None]          # [B, H, 1]
-        cols = (dx[:, None] + torch.arange(w))[:, None, :]          # [B, 1, W]
-        x = padded[torch.arange(b)[:, None, None], :, rows, cols]   # [B, H, W, C]
+        rows = (dy[:, None] + torch.arange(h))[:, :, None]  # [B, H, 1]
+        cols = (dx[:, None] + torch.arange(w))[:, None, :]  # [B, 1, W]
+        x = padded[torch.arange(b)[:, None, None], :, rows, cols]  # [B, H, W, C]
         x = x.permute(0, 3, 1, 2)
         flip = u < 0.5
         return torch.where(flip[:, None, None, None], x.flip(3), x)
@@ -130,4 +158,7 @@ class TensorLoader(ShardedBatches):
             x = (x - self.mean) / self.std
             if self.channels != x.shape[1]:
                 x = x.expand(-1, self.channels, -1, -1)
-            yield x.contiguous().to(self.device, non_blocking=True), self.labels[idx].to(self.device)
+            yield (
+                x.contiguous().to(self.device, non_blocking=True),
+                self.labels[idx].to(self.device),
+            )

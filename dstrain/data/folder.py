@@ -8,6 +8,7 @@ Files whose extension is not an image extension are skipped and counted in the
 log; a file that has an image extension but does not decode stops the run with
 :class:`CorruptImageError`, naming the file.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dstrain.config import ConfigError
+from dstrain.config import DataConfig
 from dstrain.data.sharding import Shard, ShardedBatches
+from dstrain.errors import ConfigError
 
-log = logging.getLogger("dstrain")
+log = logging.getLogger(__name__)
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 GRAY_MEAN, GRAY_STD = (0.5,), (0.5,)
@@ -34,8 +36,10 @@ class CorruptImageError(ConfigError):
 
 
 def corrupt_image_message(path: str, reason: str) -> str:
-    return (f"corrupt image: {path} ({reason}). Replace or delete the file "
-            "(`python -m dstrain.data.check ROOT` lists every undecodable file).")
+    return (
+        f"corrupt image: {path} ({reason}). Replace or delete the file "
+        "(`python -m dstrain.data.check ROOT` lists every undecodable file)."
+    )
 
 
 def decode_error(path: str) -> str | None:
@@ -54,8 +58,9 @@ def decode_error(path: str) -> str | None:
 @dataclass
 class ImageList:
     """One split of a folder data set: files, their labels, the class names."""
+
     files: list[str]
-    labels: np.ndarray   # int64, one per file
+    labels: np.ndarray  # int64, one per file
     classes: list[str]
 
     def __len__(self) -> int:
@@ -66,15 +71,19 @@ def scan_split(root: Path, split: str, classes: list[str] | None = None) -> Imag
     """List ``root/split/<class>/**`` image files; labels index the sorted class names."""
     folder = root / split
     if not folder.is_dir():
-        raise ConfigError(f"data.root={str(root)!r}: missing {folder}/ (expected {root}/train/<class>/*.JPEG "
-                          f"and {root}/val/<class>/*.JPEG). Set data.root to an ImageNet-style folder.")
+        raise ConfigError(
+            f"data.root={str(root)!r}: missing {folder}/ (expected {root}/train/<class>/*.JPEG "
+            f"and {root}/val/<class>/*.JPEG). Set data.root to an ImageNet-style folder."
+        )
     found = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
     if not found:
         raise ConfigError(f"{folder}: no class folders (expected {folder}/<class>/*.JPEG)")
     if classes is not None and found != classes:
         extra, missing = sorted(set(found) - set(classes)), sorted(set(classes) - set(found))
-        raise ConfigError(f"{folder}: class folders differ from train/ (only here: {extra[:5]}, "
-                          f"missing here: {missing[:5]}); both splits need the same classes")
+        raise ConfigError(
+            f"{folder}: class folders differ from train/ (only here: {extra[:5]}, "
+            f"missing here: {missing[:5]}); both splits need the same classes"
+        )
     files, labels, skipped, empty = [], [], 0, []
     for label, name in enumerate(found):
         before = len(files)
@@ -89,17 +98,23 @@ def scan_split(root: Path, split: str, classes: list[str] | None = None) -> Imag
         if len(files) == before:
             empty.append(name)
     if not files:
-        raise ConfigError(f"{folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
+        raise ConfigError(
+            f"{folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in its class folders"
+        )
     if skipped:
         log.warning("%s: skipped %d files without an image extension", folder, skipped)
     if empty:
-        log.warning("%s: %d class folders hold no images (%s)", folder, len(empty), ", ".join(empty[:5]))
+        log.warning(
+            "%s: %d class folders hold no images (%s)", folder, len(empty), ", ".join(empty[:5])
+        )
     return ImageList(files, np.asarray(labels, dtype=np.int64), found)
 
 
 def scan_folder(root: str) -> tuple[ImageList, ImageList]:
     if not root:
-        raise ConfigError("data.dataset=imagefolder needs data.root=DIR (holding train/<class>/ and val/<class>/)")
+        raise ConfigError(
+            "data.dataset=imagefolder needs data.root=DIR (holding train/<class>/ and val/<class>/)"
+        )
     base = Path(root)
     train = scan_split(base, "train")
     return train, scan_split(base, "val", train.classes)
@@ -127,21 +142,42 @@ class ImageDataset(torch.utils.data.Dataset):
         try:
             with Image.open(path) as img:
                 img = img.convert("RGB")
-        except (OSError, ValueError, SyntaxError) as err:  # what PIL raises for bad or truncated files
-            raise CorruptImageError(corrupt_image_message(path, str(err) or type(err).__name__)) from None
+        except (
+            OSError,
+            ValueError,
+            SyntaxError,
+        ) as err:  # what PIL raises for bad or truncated files
+            raise CorruptImageError(
+                corrupt_image_message(path, str(err) or type(err).__name__)
+            ) from None
         return self.transform(img), int(self.images.labels[i])
 
 
-def torchvision_transforms(image_size: int, val_resize: int, area: tuple[float, float],
-                           aspect: tuple[float, float], channels: int):
-    """(train transform, val transform): RandomResizedCrop + flip, or resize + center crop."""
+def torchvision_transforms(cfg: DataConfig, channels: int):
+    """(train transform, val transform) for the ``data`` section: RandomResizedCrop + flip, or resize + center
+    crop."""
     import torchvision.transforms as T
 
+    image_size, val_resize, area, aspect = (
+        cfg.image_size,
+        cfg.val_resize,
+        cfg.random_area,
+        cfg.random_aspect_ratio,
+    )
     tail = ([T.Grayscale(num_output_channels=channels)] if channels != 3 else []) + [
-        T.ToTensor(), T.Normalize(IMAGENET_MEAN if channels == 3 else GRAY_MEAN * channels,
-                                  IMAGENET_STD if channels == 3 else GRAY_STD * channels)]
-    train = T.Compose([T.RandomResizedCrop(image_size, scale=tuple(area), ratio=tuple(aspect)),
-                       T.RandomHorizontalFlip()] + tail)
+        T.ToTensor(),
+        T.Normalize(
+            IMAGENET_MEAN if channels == 3 else GRAY_MEAN * channels,
+            IMAGENET_STD if channels == 3 else GRAY_STD * channels,
+        ),
+    ]
+    train = T.Compose(
+        [
+            T.RandomResizedCrop(image_size, scale=tuple(area), ratio=tuple(aspect)),
+            T.RandomHorizontalFlip(),
+        ]
+        + tail
+    )
     val = T.Compose([T.Resize(val_resize), T.CenterCrop(image_size)] + tail)
     return train, val
 
@@ -151,42 +187,67 @@ class ShardBatchSampler(ShardedBatches, torch.utils.data.Sampler):
     a cycle would leave the DataLoader's workers to the garbage collector, whose shutdown waits 5 s)."""
 
     def __iter__(self):
-        return iter([batch.tolist() for batch in self.batches()[self.start:]])
+        return iter([batch.tolist() for batch in self.batches()[self.start :]])
 
 
 class TorchvisionLoader:
     """torchvision transforms in DataLoader workers, batches cut by dstrain.data.sharding.
 
-    ``set_augment(False)`` swaps in the val transform; the DataLoader (and its
+    ``start_epoch(..., augment=False)`` swaps in the val transform; the DataLoader (and its
     persistent workers, which hold a copy of the data set) is rebuilt then.
     """
 
-    def __init__(self, images: ImageList, shard: Shard, mode: str, transforms, *, augment: bool, num_workers: int,
-                 pin_memory: bool, prefetch: int, device, limit: int = 0):
+    def __init__(
+        self,
+        images: ImageList,
+        shard: Shard,
+        mode: str,
+        cfg: DataConfig,
+        *,
+        augment: bool,
+        channels: int,
+        device,
+        limit: int = 0,
+    ):
+        """``cfg`` (the ``data`` section) gives transforms, workers, prefetch and pinning."""
         self.images, self.mode = images, mode
         self.sampler = ShardBatchSampler(len(images), shard, mode, limit)
-        self.train_tf, self.val_tf = transforms
-        self.num_workers, self.prefetch = num_workers, prefetch
+        self.train_tf, self.val_tf = torchvision_transforms(cfg, channels)
+        self.num_workers, self.prefetch = cfg.num_workers, cfg.prefetch
         self.device = torch.device(device)
-        self.pin_memory = pin_memory and self.device.type == "cuda"
+        self.pin_memory = cfg.pin_memory and self.device.type == "cuda"
         self.augment, self._loader = augment and mode == "train", None
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.sampler.set_epoch(epoch, start)
-
-    def set_augment(self, augment: bool) -> None:
-        augment = augment and self.mode == "train"
-        if augment != self.augment:
-            self.augment, self._loader = augment, None
+    def start_epoch(
+        self,
+        epoch: int,
+        *,
+        accumulation: int | None = None,
+        start: int = 0,
+        augment: bool | None = None,
+    ) -> None:
+        """See :meth:`dstrain.data.sharding.ShardedBatches.start_epoch`."""
+        self.sampler.start_epoch(epoch, accumulation=accumulation, start=start)
+        if augment is not None and (augment and self.mode == "train") != self.augment:
+            self.augment, self._loader = augment and self.mode == "train", None
 
     def __len__(self) -> int:
         return len(self.sampler)
 
     def _make_loader(self):
         dataset = ImageDataset(self.images, self.train_tf if self.augment else self.val_tf)
-        workers = dict(persistent_workers=True, prefetch_factor=self.prefetch) if self.num_workers > 0 else {}
-        return torch.utils.data.DataLoader(dataset, batch_sampler=self.sampler, num_workers=self.num_workers,
-                                           pin_memory=self.pin_memory, **workers)
+        workers = (
+            dict(persistent_workers=True, prefetch_factor=self.prefetch)
+            if self.num_workers > 0
+            else {}
+        )
+        return torch.utils.data.DataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            **workers,
+        )
 
     def __iter__(self):
         if self._loader is None:
@@ -194,7 +255,9 @@ class TorchvisionLoader:
         try:
             for x, y in self._loader:
                 yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        except CorruptImageError as err:  # from a worker: the message carries the worker's traceback
+        except (
+            CorruptImageError
+        ) as err:  # from a worker: the message carries the worker's traceback
             raise CorruptImageError(first_corrupt_line(str(err))) from None
 
 

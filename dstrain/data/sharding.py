@@ -5,8 +5,8 @@ epoch)``, cuts it into global batches (the last, incomplete one is dropped), and
 rank ``r`` takes the ``r``-th slice of every global batch, split into micro
 batches. A run therefore sees the same global batches on any number of ranks,
 a resumed run sees the same images as an uninterrupted one, and a batch-size
-ramp (which changes ``Shard.accumulation``) needs no new loader: the index lists
-are cut again from the current shard at the start of each epoch.
+ramp needs no new loader: each epoch's index lists are cut again from the
+accumulation that ``start_epoch`` passes.
 
 Validation: contiguous, disjoint shards; every val image is evaluated exactly
 once across ranks.
@@ -17,27 +17,29 @@ first N images are a class-balanced sample even when files are sorted by
 class), optionally cut to N images, cut into whole batches, and the batches
 dealt to ranks in contiguous runs (see :func:`polish_batches`).
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 MODES = ("train", "val", "polish")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Shard:
     """Where this rank stands in the data-parallel world, and its batch sizes.
 
-    Mutable on purpose: the trainer sets ``accumulation`` at each batch-size
-    ramp stage and the loaders read it when an epoch starts.
+    Frozen: a batch-size ramp changes ``accumulation`` by handing each loader a
+    new value in ``start_epoch``, never by editing a shared object.
     """
+
     rank: int = 0
     world: int = 1
-    micro: int = 32          # images per forward on this rank
-    accumulation: int = 1    # micro batches per optimizer step
-    eval_batch: int = 1000   # images per eval forward on this rank
+    micro: int = 32  # images per forward on this rank
+    accumulation: int = 1  # micro batches per optimizer step
+    eval_batch: int = 1000  # images per eval forward on this rank
     seed: int = 0
 
     @property
@@ -54,7 +56,7 @@ def epoch_order(n: int, shard: Shard, epoch: int, shuffle: bool = True) -> list[
     out = []
     for s in range(steps):
         start = s * shard.global_batch + shard.rank * per_rank
-        mine = order[start:start + per_rank]
+        mine = order[start : start + per_rank]
         out.extend(mine.split(shard.micro))
     return out
 
@@ -73,15 +75,17 @@ def polish_batches(n: int, shard: Shard, limit: int = 0) -> list[torch.Tensor]:
     batch-normalised activation of a BN refit, is the same on any number of ranks.
     """
     g = torch.Generator().manual_seed(shard.seed * 100_003 + 99_991)
-    order = torch.randperm(n, generator=g)[:limit or n]
+    order = torch.randperm(n, generator=g)[: limit or n]
     batches = list(order.split(shard.eval_batch)) if len(order) else []
     if len(batches) > 1 and len(batches[-1]) < shard.eval_batch:
         batches.pop()
     mine = val_range(len(batches), shard.rank, shard.world)
-    return batches[mine.start:mine.stop]
+    return batches[mine.start : mine.stop]
 
 
-def index_lists(n: int, shard: Shard, mode: str, epoch: int = 0, limit: int = 0) -> list[torch.Tensor]:
+def index_lists(
+    n: int, shard: Shard, mode: str, epoch: int = 0, limit: int = 0
+) -> list[torch.Tensor]:
     """This rank's batches of indices for ``mode`` (train | val | polish)."""
     if mode == "train":
         return epoch_order(n, shard, epoch)
@@ -91,23 +95,47 @@ def index_lists(n: int, shard: Shard, mode: str, epoch: int = 0, limit: int = 0)
         raise ValueError(f"mode {mode!r}: use one of {MODES}")
     r = val_range(n, shard.rank, shard.world)
     idx = torch.arange(r.start, r.stop)
-    return list(idx.split(shard.eval_batch)) if len(idx) else []  # split() of an empty tensor gives [empty]
+    # split() of an empty tensor gives [empty]
+    return list(idx.split(shard.eval_batch)) if len(idx) else []
 
 
 class ShardedBatches:
     """What every loader shares: the data set size, its shard and mode, the epoch, and the epoch's
     index batches (:func:`index_lists`); ``len()`` counts this rank's micro batches.
 
-    Read at each call, so a batch-size ramp (``shard.accumulation``) needs no new loader.
+    The loop calls :meth:`start_epoch` once per loader per epoch; subclasses apply ``augment``
+    in :meth:`_set_augment`.
     """
 
     def __init__(self, n: int, shard: Shard, mode: str, limit: int = 0):
-        self.n, self.shard, self.mode, self.limit, self.epoch, self.start = n, shard, mode, limit, 0, 0
+        self.n, self.shard, self.mode, self.limit, self.epoch, self.start = (
+            n,
+            shard,
+            mode,
+            limit,
+            0,
+            0,
+        )
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Iterate epoch ``epoch`` from micro batch ``start`` (a run resumed part-way through it);
-        ``len()`` still counts the whole epoch."""
+    def start_epoch(
+        self,
+        epoch: int,
+        *,
+        accumulation: int | None = None,
+        start: int = 0,
+        augment: bool | None = None,
+    ) -> None:
+        """Iterate epoch ``epoch`` from micro batch ``start`` (a run resumed part-way through it; ``len()``
+        still counts the whole epoch), cut into global batches of ``accumulation`` micro batches per rank
+        (None: unchanged), with training augmentation on or off (None: unchanged)."""
         self.epoch, self.start = epoch, start
+        if accumulation is not None and accumulation != self.shard.accumulation:
+            self.shard = replace(self.shard, accumulation=accumulation)
+        if augment is not None:
+            self._set_augment(augment)
+
+    def _set_augment(self, augment: bool) -> None:
+        pass
 
     def batches(self) -> list[torch.Tensor]:
         return index_lists(self.n, self.shard, self.mode, self.epoch, self.limit)

@@ -1,31 +1,37 @@
 """Synthetic batches: made once on the device, no decode or copy cost, for throughput benchmarks."""
+
 from __future__ import annotations
 
 import torch
 
-from dstrain.data.sharding import Shard, val_range
+from dstrain.data.sharding import Shard, ShardedBatches, val_range
 
 
-class SyntheticLoader:
+class SyntheticLoader(ShardedBatches):
     """Yields the same device-resident random batch; the epoch length follows the shard's batch arithmetic."""
 
-    def __init__(self, n: int, shape: tuple[int, ...], num_classes: int, shard: Shard, mode: str, device,
-                 dtype: torch.dtype = torch.float32, channels_last: bool = False):
-        self.n, self.shard, self.mode, self.start = n, shard, mode, 0
+    def __init__(
+        self,
+        n: int,
+        shape: tuple[int, ...],
+        num_classes: int,
+        shard: Shard,
+        mode: str,
+        device,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+    ):
+        super().__init__(n, shard, mode)
         batch = shard.micro if mode == "train" else shard.eval_batch
         g = torch.Generator().manual_seed(shard.seed * 1024 + shard.rank)
         x = torch.randn((batch, *shape), generator=g).to(device=device, dtype=dtype)
-        self.x = x.contiguous(memory_format=torch.channels_last) if channels_last and x.ndim == 4 else x
+        self.x = (
+            x.contiguous(memory_format=torch.channels_last) if channels_last and x.ndim == 4 else x
+        )
         self.y = torch.randint(0, num_classes, (batch,), generator=g).to(device)
 
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.start = start
-
-    def set_augment(self, augment: bool) -> None:
-        pass
-
     def __len__(self) -> int:
-        if self.mode == "train":  # read at each epoch: a batch-size ramp changes shard.accumulation
+        if self.mode == "train":  # read at each epoch: a batch-size ramp changes the accumulation
             return (self.n // self.shard.global_batch) * self.shard.accumulation
         return -(-len(val_range(self.n, self.shard.rank, self.shard.world)) // len(self.y))
 

@@ -1,18 +1,9 @@
-"""How a run stops when something goes wrong: signals, divergence, lost ranks, exit statuses.
+"""How a run stops when something goes wrong: signals, divergence, lost ranks (the ``fault.*`` config section).
 
-Every way a run can end has its own exit status (docs/reliability.md):
-
-====  =====================================================================
-0     finished
-1     an unexpected error (a traceback follows)
-2     bad input: config, JSON, data, run directory (one ``dstrain: error:`` line)
-3     diverged: a non-finite loss or weights, or too many consecutive FP16 overflow skips
-4     lost a rank: a collective failed or timed out (``fault.collective_timeout_s``)
-5     a checkpoint could not be written (disk full, permissions)
-75    stopped by SIGTERM/SIGINT after writing a checkpoint; ``resume=auto`` continues
-====  =====================================================================
-
-75 is ``EX_TEMPFAIL`` of sysexits.h ("try again later"): a job script can requeue on it.
+The exit statuses are defined in dstrain/errors.py and tabled in docs/faults.md.
+:class:`StepChecks` is what the training loop asks after every optimizer step:
+did a rank receive SIGTERM/SIGINT (agreed over ranks), did the loss or the
+weights go non-finite, did FP16 skip too many steps in a row.
 
 Each rank records how it ended in ``RUN_DIR/ranks/rankNNNNN.json`` (host, pid,
 state, exit status, message). A rank that finds a collective broken reads its
@@ -20,8 +11,10 @@ peers' records to name the rank that failed: a process that is gone without a
 record, or the first record with a failure. ``dstrain.launch`` prints the same
 table when a job fails.
 """
+
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -29,37 +22,19 @@ import re
 import signal
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-log = logging.getLogger("dstrain")
+from dstrain import dist
+from dstrain.errors import Diverged
+from dstrain.files import atomic_write_text
 
-EXIT_ERROR, EXIT_CONFIG, EXIT_DIVERGED, EXIT_PEER_LOST, EXIT_CHECKPOINT, EXIT_PREEMPTED = 1, 2, 3, 4, 5, 75
+log = logging.getLogger(__name__)
+
 RANKS_DIR = "ranks"
-NO_BAD_STEP = 2 ** 62  # "no non-finite loss seen" in the MIN all-reduce of first bad steps
-
-
-class RunStopped(Exception):
-    """The run stopped on purpose; ``str(err)`` is the one line for the user, ``exit_code`` the status."""
-    exit_code = EXIT_ERROR
-    state = "error"
-
-
-class Diverged(RunStopped):
-    exit_code, state = EXIT_DIVERGED, "diverged"
-
-
-class PeerLost(RunStopped):
-    exit_code, state = EXIT_PEER_LOST, "lost_peer"
-
-
-class CheckpointWriteError(RunStopped):
-    exit_code, state = EXIT_CHECKPOINT, "checkpoint_failed"
-
-
-class Preempted(RunStopped):
-    exit_code, state = EXIT_PREEMPTED, "preempted"
+NO_BAD_STEP = 2**62  # "no non-finite loss seen" in the MIN all-reduce of first bad steps
 
 
 # ---------------------------------------------------------------- signals
@@ -76,6 +51,7 @@ class StopSignals:
     Later signals (a launcher forwards the scheduler's SIGTERM, Ctrl-C reaches
     every process of the terminal) change nothing.
     """
+
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
@@ -84,7 +60,8 @@ class StopSignals:
 
     def install(self) -> None:
         for s in self.SIGNALS:
-            self._previous[s] = signal.signal(s, self._handle)
+            self._previous[s] = signal.getsignal(s)
+            signal.signal(s, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self.signum = self.signum or signum
@@ -94,8 +71,10 @@ class StopSignals:
         return signal_name(self.signum)
 
     def restore(self) -> None:
+        """Put back exactly the handlers that were there before :meth:`install` (SIG_IGN included)."""
         for s, handler in self._previous.items():
-            signal.signal(s, handler)
+            # None: set outside Python
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
         self._previous.clear()
 
 
@@ -144,24 +123,101 @@ class SkipCounter:
             self.first_of_run = step
         self.consecutive += new
         if self.consecutive in (1, 8) or self.consecutive % 32 == 0:
-            log.warning("step %d: FP16 gradient overflow, step skipped (%d in a row, %d in total, loss scale now %s)",
-                        step, self.consecutive, self.total, scale)
+            log.warning(
+                "step %d: FP16 gradient overflow, step skipped (%d in a row, %d in total, loss scale now %s)",
+                step,
+                self.consecutive,
+                self.total,
+                scale,
+            )
         if self.limit and self.consecutive >= self.limit:
-            raise Diverged(f"{self.consecutive} consecutive FP16 steps skipped for gradient overflow (steps "
-                           f"{self.first_of_run}-{step}, limit fault.max_consecutive_skips={self.limit}): the "
-                           "loss scale cannot find finite gradients")
+            raise Diverged(
+                f"{self.consecutive} consecutive FP16 steps skipped for gradient overflow (steps "
+                f"{self.first_of_run}-{step}, limit fault.max_consecutive_skips={self.limit}): the "
+                "loss scale cannot find finite gradients"
+            )
 
 
 def divergence_message(what: str, step: int, epoch: int, checkpoint: Path | None) -> str:
-    last = (f"the last good checkpoint is {checkpoint} (resume=auto continues from it)" if checkpoint
-            else "no checkpoint was written yet")
-    return (f"{what} at step {step} (epoch {epoch + 1}); the run stopped, {last}. Lower the learning rate "
-            "(optim.base_lr), lengthen optim.warmup_epochs or set gradient_clipping in the DeepSpeed JSON")
+    last = (
+        f"the last good checkpoint is {checkpoint} (resume=auto continues from it)"
+        if checkpoint
+        else "no checkpoint was written yet"
+    )
+    return (
+        f"{what} at step {step} (epoch {epoch + 1}); the run stopped, {last}. Lower the learning rate "
+        "(optim.base_lr), lengthen optim.warmup_epochs or set gradient_clipping in the DeepSpeed JSON"
+    )
+
+
+# ---------------------------------------------------------------- the loop's per-step checks
+@dataclass
+class StepChecks:
+    """What the training loop checks after every optimizer step: stop signals, divergence, FP16 skips."""
+
+    signals: StopSignals
+    nonfinite: NonFiniteWatch
+    skips: SkipCounter
+    last_checkpoint: Path | None = None
+    _pending: tuple | None = None  # the stop-flag all-reduce started at the previous call
+
+    @classmethod
+    def create(
+        cls, signals: StopSignals, device: torch.device, max_consecutive_skips: int
+    ) -> StepChecks:
+        return cls(signals, NonFiniteWatch(device), SkipCounter(max_consecutive_skips))
+
+    def stop_requested(self) -> str:
+        """The signal any rank had received by the previous call, agreed over ranks, or ''.
+
+        Multi-rank: each call waits for the tiny CPU all-reduce the previous call started (long done by
+        then: it ran during a whole step) and starts the next one, so agreeing costs no step a wait; every
+        rank stops after the same step, one step after the signal."""
+        if dist.world_size() == 1:
+            return self.signals.name
+        agreed = self.drain()
+        self._pending = dist.host_all_reduce_async([float(self.signals.signum)], "max")
+        return agreed
+
+    def drain(self) -> str:
+        """Finish the outstanding stop-flag all-reduce (every rank has one); the signal it agreed on, or ''."""
+        signum = 0
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            signum, self._pending = int(flag.item()), None
+        return signal_name(signum)
+
+    def stop_requested_now(self) -> str:
+        """Agree on the signals received until now (a blocking all-reduce: once per epoch, at its end)."""
+        if dist.world_size() == 1:
+            return self.signals.name
+        earlier = self.drain()
+        signum = int(dist.host_all_reduce([float(self.signals.signum)], "max")[0])
+        return earlier or signal_name(signum)
+
+    def check_finite(self, step: int, epoch: int, module: torch.nn.Module | None = None) -> None:
+        """Raise Diverged if any rank saw a NaN/inf loss (or, with ``module``, holds non-finite weights)."""
+        bad = self.nonfinite.first_bad_step(dist.all_reduce_min)
+        if bad is not None:
+            raise Diverged(
+                divergence_message("non-finite loss (NaN/inf)", bad, epoch, self.last_checkpoint)
+            )
+        if (
+            module is not None
+            and dist.host_all_reduce([0.0 if params_finite(module) else 1.0], "max")[0]
+        ):
+            raise Diverged(
+                divergence_message("non-finite weights", step, epoch, self.last_checkpoint)
+            )
 
 
 # ---------------------------------------------------------------- lost ranks
-COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|connection (reset|closed|refused)|timed out|broken pipe|"
-                                r"processgroup|watchdog|socket", re.IGNORECASE)
+COLLECTIVE_FAILURE = re.compile(
+    r"gloo|nccl|connection (reset|closed|refused)|timed out|broken pipe|"
+    r"processgroup|watchdog|socket",
+    re.IGNORECASE,
+)
 
 
 def is_collective_failure(err: BaseException) -> bool:
@@ -169,14 +225,6 @@ def is_collective_failure(err: BaseException) -> bool:
     if dist_error and isinstance(err, dist_error):
         return True
     return isinstance(err, RuntimeError) and bool(COLLECTIVE_FAILURE.search(str(err)))
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    if not text:
-        return type(err).__name__
-    line = re.sub(r"^\[[^\]]*\]\s*", "", text[0])  # drop gloo's "[file.cc:N]"
-    return re.split(r"\.\s+(?=[A-Z])", line)[0]  # and its advice after the first sentence
 
 
 def process_state(pid: int) -> str:
@@ -196,8 +244,10 @@ def process_state(pid: int) -> str:
     return "gone" if state in "ZX" else state
 
 
-ALIVE_VERDICT = {"T": "process alive but stopped (SIGSTOP, a debugger)",
-                 "D": "process alive but stuck in uninterruptible I/O (a hung file system or device)"}
+ALIVE_VERDICT = {
+    "T": "process alive but stopped (SIGSTOP, a debugger)",
+    "D": "process alive but stuck in uninterruptible I/O (a hung file system or device)",
+}
 
 
 class RankRecords:
@@ -210,16 +260,26 @@ class RankRecords:
     def start(self, step: int) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._write({"state": "running", "step": step})
+        # a native crash (SIGSEGV, SIGABRT from "free(): invalid pointer", ...) leaves no record: Python's
+        # fault handler writes which signal and where (every thread's stack) to rankNNNNN.crash instead
+        # open until the process exits
+        self._crash_file = open(self.dir / f"rank{self.rank:05d}.crash", "w")
+        faulthandler.enable(file=self._crash_file, all_threads=True)
 
-    def finish(self, state: str, exit_code: int, message: str = "", step: int | None = None) -> None:
+    def finish(
+        self, state: str, exit_code: int, message: str = "", step: int | None = None
+    ) -> None:
         if self.dir.is_dir():
             self._write({"state": state, "exit_code": exit_code, "message": message, "step": step})
 
     def _write(self, fields: dict) -> None:
-        from dstrain.checkpoint import atomic_write_text
-
-        record = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(),
-                  **fields}
+        record = {
+            "rank": self.rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "time": time.time(),
+            **fields,
+        }
         try:
             atomic_write_text(self.path, json.dumps(record) + "\n")
         except OSError as err:  # a full disk must not hide the real error
@@ -244,10 +304,17 @@ def read_records(run_dir: Path, world: int | None = None) -> list[dict]:
     out = []
     for r in range(world):
         rec = found.get(r, {"rank": r, "state": "no record"})
-        if rec["state"] == "running":
+        crash = crash_report(folder / f"rank{r:05d}.crash")
+        if crash:
+            rec["crash"] = crash
+        if rec["state"] == "running" and crash:
+            rec["verdict"] = f"process crashed: {crash}"
+        elif rec["state"] == "running":
             state = process_state(int(rec["pid"])) if rec.get("host") == here else ""
             if state == "gone":
-                rec["verdict"] = "process gone without a word (killed: SIGKILL, out of memory, a crash)"
+                rec["verdict"] = (
+                    "process gone without a word (killed: SIGKILL, out of memory, a crash)"
+                )
             elif state:
                 rec["verdict"] = ALIVE_VERDICT.get(state, "process alive but not answering (stuck)")
             else:
@@ -255,9 +322,27 @@ def read_records(run_dir: Path, world: int | None = None) -> list[dict]:
         elif rec["state"] == "no record":
             rec["verdict"] = "never started"
         else:
-            rec["verdict"] = f"{rec['state']} (exit {rec.get('exit_code')}): {rec.get('message', '')}"
+            rec["verdict"] = (
+                f"{rec['state']} (exit {rec.get('exit_code')}): {rec.get('message', '')}"
+            )
         out.append(rec)
     return out
+
+
+def crash_report(path: Path) -> str:
+    """'Fatal Python error: Aborted, in <function> (<file>:<line>)' from a fault-handler file, or ''."""
+    try:
+        lines = [
+            line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()
+        ]
+    except OSError:
+        return ""
+    if not lines:
+        return ""
+    frames = [line for line in lines if line.startswith("File ")]
+    # the innermost frame comes first
+    where = f", in {frames[0].removeprefix('File ')}" if frames else ""
+    return f"{lines[0]}{where}"
 
 
 def failed_ranks(records: list[dict], me: int) -> list[dict]:
@@ -265,19 +350,27 @@ def failed_ranks(records: list[dict], me: int) -> list[dict]:
     silent = [r for r in records if r["rank"] != me and r["state"] in ("running", "no record")]
     if silent:
         return silent
-    return [r for r in records if r["rank"] != me and r["state"] not in ("done", "lost_peer", "preempted")]
+    return [
+        r
+        for r in records
+        if r["rank"] != me and r["state"] not in ("done", "lost_peer", "preempted")
+    ]
 
 
 def describe_lost(records: list[dict], me: int, what: str, timeout_s: float) -> str:
     blamed = failed_ranks(records, me)
     if blamed:
-        who = "; ".join(f"rank {r['rank']} (pid {r.get('pid', '?')} on {r.get('host', '?')}): {r['verdict']}"
-                        for r in blamed[:4])
+        who = "; ".join(
+            f"rank {r['rank']} (pid {r.get('pid', '?')} on {r.get('host', '?')}): {r['verdict']}"
+            for r in blamed[:4]
+        )
         who += f" and {len(blamed) - 4} more" if len(blamed) > 4 else ""
     else:
         who = "no peer recorded a failure"
-    return (f"lost contact with another rank: {who}. The collective failed with: {what} "
-            f"(fault.collective_timeout_s={timeout_s:g})")
+    return (
+        f"lost contact with another rank: {who}. The collective failed with: {what} "
+        f"(fault.collective_timeout_s={timeout_s:g})"
+    )
 
 
 def wait_for_records(records: RankRecords, seconds: float = 3.0) -> list[dict]:
@@ -289,4 +382,3 @@ def wait_for_records(records: RankRecords, seconds: float = 3.0) -> list[dict]:
         if not stuck or time.monotonic() > deadline:
             return peers
         time.sleep(0.25)
-

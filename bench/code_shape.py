@@ -1,0 +1,118 @@
+"""The shape of the dstrain package, measured from its source: what issue 15 asked to watch.
+
+    .venv/bin/python bench/code_shape.py                        # -> bench/results/code_shape.json
+    .venv/bin/python bench/code_shape.py --package /old/dstrain --out /tmp/old.json
+
+Per package: files and lines, the longest functions (lines, decorators and docstring included), the
+widest signatures (parameters, ``self``/``cls`` not counted), import cycles (top-level and lazy
+imports, from tests/test_layers.py), how many modules each module imports, and lines past 100 columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def functions(path: Path):
+    """(qualified name, lines, parameters) for every function and method in ``path``."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for child in node.body:
+                if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                    child.qualname = f"{node.name}.{child.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs] + [
+                p for p in (a.vararg, a.kwarg) if p
+            ]
+            params = [p for p in params if p.arg not in ("self", "cls")]
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            yield getattr(node, "qualname", node.name), node.end_lineno - start + 1, len(params)
+
+
+def module_of(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (at the top or inside a function)."""
+    paths = sorted(package.rglob("*.py"))
+    modules = {module_of(p, package) for p in paths}
+    graph = {}
+    for path in paths:
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            found.update(name for name in names if name in modules)
+        name = module_of(path, package)
+        graph[name] = found - {name, package.name}
+    return graph
+
+
+def measure(package: Path) -> dict:
+    from tests.test_layers import find_cycle
+
+    paths = sorted(package.rglob("*.py"))
+    rel = {p: str(p.relative_to(package.parent)) for p in paths}
+    funcs = [(f"{rel[p]}:{name}", n, k) for p in paths for name, n, k in functions(p)]
+    graph = import_graph(package)
+    cycles, remaining = [], {k: set(v) for k, v in graph.items()}
+    while cycle := find_cycle(
+        remaining
+    ):  # every distinct cycle: drop one edge of each and look again
+        cycles.append(" -> ".join(cycle))
+        remaining[cycle[0]].discard(cycle[1])
+    lines = {rel[p]: len(p.read_text().splitlines()) for p in paths}
+    over = {rel[p]: sum(len(line) > 100 for line in p.read_text().splitlines()) for p in paths}
+    by_length = sorted(funcs, key=lambda t: -t[1])[:5]
+    by_width = sorted(funcs, key=lambda t: -t[2])[:5]
+    return {
+        "package": str(package),
+        "files": len(paths),
+        "lines": sum(lines.values()),
+        "lines_per_file": dict(sorted(lines.items(), key=lambda kv: -kv[1])),
+        "longest_functions": [{"function": f, "lines": n} for f, n, _ in by_length],
+        "widest_signatures": [{"function": f, "parameters": k} for f, _, k in by_width],
+        "import_cycles": cycles,
+        "most_imports": {
+            m: len(v) for m, v in sorted(graph.items(), key=lambda kv: -len(kv[1]))[:5]
+        },
+        "lines_over_100_columns": {f: n for f, n in over.items() if n},
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--package", default=str(REPO / "dstrain"), help="a dstrain package folder")
+    p.add_argument("--out", default=str(REPO / "bench/results/code_shape.json"))
+    args = p.parse_args()
+    from bench.common import provenance
+
+    result = {**provenance("code_shape.py"), **measure(Path(args.package))}
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    longest, widest = result["longest_functions"][0], result["widest_signatures"][0]
+    print(
+        f"{result['files']} files, {result['lines']} lines; longest function {longest['function']} "
+        f"({longest['lines']} lines); widest signature {widest['function']} ({widest['parameters']} parameters); "
+        f"{len(result['import_cycles'])} import cycles -> {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

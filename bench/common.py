@@ -1,0 +1,60 @@
+"""What every bench shares: running the real trainer and reading its summary, and the provenance of a result.
+
+    from bench.common import REPO, provenance, run_trainer
+
+``run_trainer`` runs a command line as a user would (``python -m dstrain ...``, a ``deepspeed``
+launcher or ``./launch.sh``), stops the bench with the command and the tail of its output when the
+run fails, and returns the run's ``summary.json`` with the command and its wall time added.
+``provenance`` is the block every result file starts with: command, git SHA, date, host and versions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+TRAINER = [sys.executable, "-m", "dstrain"]
+
+
+def run_trainer(
+    cmd: list[str], run_dir: Path, *, env: dict | None = None, what: str = "dstrain"
+) -> dict:
+    """Run ``cmd`` (which must write ``run_dir``) from the repository root; its summary.json, plus ``command``,
+    ``command_wall_s`` and ``stdout``."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"{what} failed ({proc.returncode}): {shlex.join(cmd)}\n"
+            f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        )
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    summary.update(
+        command=shlex.join(cmd), command_wall_s=time.perf_counter() - t0, stdout=proc.stdout
+    )
+    return summary
+
+
+def provenance(script: str, args: list[str] | None = None) -> dict:
+    """The command that made a result, and the code and machine it ran on."""
+    from dstrain.provenance import environment, git_sha
+
+    command = f"python bench/{script} " + shlex.join(sys.argv[1:] if args is None else args)
+    return {
+        "command": command.strip(),
+        "git_sha": git_sha(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **environment(),
+        "cpu_count": os.cpu_count(),
+    }

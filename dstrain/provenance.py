@@ -1,0 +1,45 @@
+"""Ground floor: where a result came from (git SHA, host, library versions), for run directories and benches."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_sha() -> str:
+    """HEAD's SHA, with ``-dirty`` when tracked code differs from it; ``unknown`` outside a checkout."""
+    git = ["git", "-C", str(REPO_ROOT)]
+    try:
+        sha = subprocess.run(
+            git + ["rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        # benchmark and evidence result files are outputs, not code: rewriting one does not make the tree dirty
+        status = git + ["status", "--porcelain", "--untracked-files=no", "--", "."]
+        status += [":(exclude)bench/results", ":(exclude)docs/results"]
+        dirty = subprocess.run(status, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+
+
+def environment() -> dict:
+    """Host, Python, torch, DeepSpeed and GPU: what a number measured here depends on."""
+    import torch
+
+    try:
+        import deepspeed
+
+        deepspeed_version = deepspeed.__version__
+    except ImportError:
+        deepspeed_version = None
+    return {
+        "host": socket.gethostname(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "deepspeed": deepspeed_version,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }

@@ -1,0 +1,129 @@
+"""The run directory: choose it, create and check it, compare on resume, write config/meta files.
+
+Layout of ``RUN_DIR``: ``config.yaml`` (the resolved trainer config), ``ds_config.json`` (the dict
+DeepSpeed was given), ``meta.json`` (git SHA, world size, versions, command), ``checkpoints/``
+(dstrain/checkpoint.py), ``ranks/`` (dstrain/fault.py), ``tb/`` (TensorBoard), ``summary.json`` and,
+with Final Polishing, ``polished/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from dstrain import dist
+from dstrain.config import ModelConfig, TrainConfig
+from dstrain.errors import ConfigError
+from dstrain.files import atomic_write_text
+from dstrain.launch import RUN_DIR_FILE_ENV
+from dstrain.provenance import environment, git_sha
+
+log = logging.getLogger(__name__)
+CHECKPOINTS = "checkpoints"
+
+
+def choose(cfg: TrainConfig) -> Path:
+    """The run directory (named on rank 0); never reuse one silently. Creates nothing."""
+    path = cfg.run_dir or f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = Path(dist.broadcast_object(path))
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"run_dir={str(path)!r} is a file; choose a directory")
+    if path.exists() and any(path.iterdir()):
+        if cfg.resume != "auto":
+            raise ConfigError(
+                f"run_dir={str(path)!r} already holds a run. Pass resume=auto to continue it, "
+                "or choose a new run_dir=..."
+            )
+        if not (path / "meta.json").is_file() and not (path / CHECKPOINTS).is_dir():
+            raise ConfigError(
+                f"run_dir={str(path)!r} is not empty and is not a dstrain run (no meta.json, no "
+                "checkpoints/); resume=auto only continues dstrain runs. Choose a new run_dir"
+            )
+    # launch.sh reports per rank from RUN_DIR/ranks
+    if dist.is_main() and os.environ.get(RUN_DIR_FILE_ENV):
+        Path(os.environ[RUN_DIR_FILE_ENV]).write_text(str(path.resolve()) + "\n")
+    return path
+
+
+def checkpoint_bytes(model: torch.nn.Module, precision: str) -> int:
+    """A generous estimate of one checkpoint: FP32 weights, two optimizer state slots, an FP32 master copy
+    with FP16/BF16 engines, the buffers."""
+    params = sum(p.numel() for p in model.parameters()) * 4
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return params * (4 if precision in ("fp16", "bf16") else 3) + buffers
+
+
+def create(path: Path, checkpoint_size: int = 0) -> None:
+    """Create the run directory and check it is writable with room for two checkpoints (the previous one
+    stays until the next is complete), before training starts. A failure removes what it created."""
+    error = ""
+    if dist.is_main():
+        created = not path.exists()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".write_probe"
+            probe.write_text("ok")
+            probe.unlink()
+            free = shutil.disk_usage(path).free
+            # + logs and TensorBoard events
+            need = 2 * checkpoint_size + 16 * 2**20 if checkpoint_size else 0
+            if free < need:
+                error = (
+                    f"run_dir={str(path)!r}: {free / 2**20:.1f} MiB free on its file system, but two "
+                    f"checkpoints of ~{checkpoint_size / 2**20:.1f} MiB plus logs need "
+                    f"{need / 2**20:.0f} MiB; free space or choose another run_dir "
+                    "(fault.check_disk=false skips this check)"
+                )
+        except OSError as err:
+            error = f"run_dir={str(path)!r}: not writable ({err.strerror}); choose another run_dir"
+        if error and created:
+            shutil.rmtree(path, ignore_errors=True)
+    error = dist.broadcast_object(error)
+    if error:
+        raise ConfigError(error)
+
+
+def check_same_model(run_dir: Path, model: ModelConfig) -> None:
+    """Resuming: the run's config.yaml must describe the same network as this config."""
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")).get("model", {})
+    except Exception as err:  # missing or malformed: let DeepSpeed's load decide
+        log.warning(
+            "%s unreadable (%s): cannot compare the model settings", run_dir / "config.yaml", err
+        )
+        return
+    shape_keys = ("name", "num_classes", "in_channels", "width", "blocks_per_stage")
+    diff = [
+        f"model.{k}={saved.get(k)!r} there, {getattr(model, k)!r} here"
+        for k in shape_keys
+        if k in saved and saved[k] != getattr(model, k)
+    ]
+    if diff:
+        raise ConfigError(
+            f"run_dir={str(run_dir)!r} holds checkpoints of a different model ({'; '.join(diff)}). "
+            "Resume with the same model.* settings, or choose a new run_dir"
+        )
+
+
+def write_run_files(
+    run_dir: Path, cfg: TrainConfig, engine_cfg: dict, ds_path: str, world: int
+) -> None:
+    """config.yaml, ds_config.json and meta.json (rank 0)."""
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+    atomic_write_text(run_dir / "ds_config.json", json.dumps(engine_cfg, indent=2) + "\n")
+    meta = {
+        "git_sha": git_sha(),
+        "world_size": world,
+        "deepspeed_config_file": ds_path,
+        **environment(),
+        "command": sys.argv,
+    }
+    atomic_write_text(run_dir / "meta.json", json.dumps(meta, indent=2) + "\n")

@@ -1,0 +1,361 @@
+"""The Trainer: one object that holds what the loop needs, and the loop itself.
+
+Read top to bottom: :meth:`Trainer.fit` runs the epochs from :attr:`Trainer.state` on, and each
+epoch calls :meth:`~Trainer.train_epoch`, :func:`~dstrain.dist.sync_bn_buffers`,
+:meth:`~Trainer.evaluate` and :meth:`~Trainer.save_checkpoint` explicitly; after the last epoch
+:meth:`~Trainer.polish` runs Final Polishing. Set-up (building the engine, the data, the run
+directory) is :func:`dstrain.train.run`'s job; a test can build a Trainer from its parts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dstrain import checkpoint, dist, polish
+from dstrain.comm import GradientSync
+from dstrain.config import TrainConfig
+from dstrain.data import Data
+from dstrain.errors import Preempted
+from dstrain.evaluate import evaluate
+from dstrain.fault import StepChecks
+from dstrain.losses import smoothed_cross_entropy
+from dstrain.monitor import Monitor, Progress, StepMeter, loss_scale_of
+from dstrain.optim import apply_schedule
+from dstrain.ramp import BatchStage, batch_at
+from dstrain.schedule import LRSchedule
+
+log = logging.getLogger(__name__)
+KILL_AT_STEP_ENV = (
+    "DSTRAIN_FAULT_KILL_AT_STEP"  # tests: SIGKILL this process after that optimizer step
+)
+
+
+@dataclass
+class TrainState:
+    """What the trainer adds to DeepSpeed's checkpoint (client_state)."""
+
+    epoch: int = 0  # completed epochs
+    step: int = 0  # completed optimizer steps
+    best_top1: float = 0.0
+    train_time_s: float = 0.0  # wall time spent in completed epochs (train + eval)
+    train_images: int = 0  # images consumed by completed epochs
+    history: list = field(default_factory=list)
+    epoch_step: int = 0  # optimizer steps done in the unfinished epoch (a stop part-way through it)
+    epoch_sums: list = field(default_factory=list)  # its (loss*n, top1, top5, n) over all ranks
+    epoch_elapsed_s: float = 0.0  # and its wall time so far
+
+
+@dataclass
+class Trainer:
+    """The engine and everything the loop reads, as typed attributes."""
+
+    cfg: TrainConfig
+    engine: object  # deepspeed.DeepSpeedEngine (the model, the precision wrapper, the backward all-reduce)
+    # the client optimizer inside the engine: the LR is set on it every step
+    optimizer: torch.optim.Optimizer
+    data: Data
+    plan: list[BatchStage]  # the batch-size ramp (dstrain/ramp.py)
+    schedule: LRSchedule
+    monitor: Monitor
+    checks: StepChecks  # stop signals, divergence, FP16 skips (dstrain/fault.py)
+    checkpoint_root: Path
+    input_dtype: torch.dtype = torch.float32
+    memory_format: torch.memory_format = torch.contiguous_format
+    grad_sync: GradientSync | None = None  # our all-reduce (dstrain/comm.py), or None: DeepSpeed's
+    state: TrainState = field(default_factory=TrainState)
+
+    def __post_init__(self) -> None:
+        self.device = next(self.engine.module.parameters()).device
+        self.kill_at_step = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
+
+    # ------------------------------------------------------------ the epochs
+    def fit(self) -> None:
+        """The epochs from ``state`` on: train, BN sync, evaluate, checkpoint; a stop signal checkpoints and
+        raises :class:`~dstrain.errors.Preempted`."""
+        state, epochs = self.state, self.cfg.epochs
+        for epoch in range(state.epoch, epochs):
+            t0 = time.perf_counter() - state.epoch_elapsed_s
+            stage = self.enter_stage(epoch)
+            metrics = self.train_epoch(epoch, stage)
+            # eval and checkpoints see the same BN statistics everywhere
+            dist.sync_bn_buffers(self.engine.module)
+            # the training part of the epoch (no evaluation, no checkpoint)
+            train_s = time.perf_counter() - t0
+            if metrics is None:  # a stop signal part-way through the epoch
+                state.epoch_elapsed_s = train_s
+                self.stop_with_checkpoint(checkpoint.tag_for(state.epoch, state.step), epoch)
+            state.epoch_elapsed_s = 0.0
+            last = epoch + 1 == epochs
+            if last or (epoch + 1) % self.cfg.eval_every_epochs == 0:
+                metrics.update(self.evaluate())
+                state.best_top1 = max(state.best_top1, metrics["val_top1"])
+            self.end_epoch(epoch, stage, metrics, t0, train_s)
+            every = self.cfg.checkpoint.every_epochs
+            saved = last or (every and (epoch + 1) % every == 0)
+            if saved:
+                self.save_checkpoint(checkpoint.tag_for(epoch + 1), epoch)
+            # a signal during evaluation or the save
+            if not last and self.checks.stop_requested_now():
+                if saved:
+                    raise Preempted(self.preempted_message("the end of", epoch))
+                self.stop_with_checkpoint(checkpoint.tag_for(epoch + 1), epoch)
+        self.checks.drain()
+
+    def enter_stage(self, epoch: int) -> BatchStage:
+        """The batch-size stage of ``epoch``; tells the engine when the ramp changes its accumulation."""
+        stage = batch_at(epoch, self.plan)
+        # a ramp switch, or a resume
+        if stage.accumulation != self.engine.gradient_accumulation_steps():
+            self.engine.set_train_batch_size(stage.global_size)
+            log.info(
+                "epoch %d: global batch -> %d (%d accumulation steps)",
+                epoch + 1,
+                stage.global_size,
+                stage.accumulation,
+            )
+        return stage
+
+    def end_epoch(
+        self, epoch: int, stage: BatchStage, metrics: dict, t0: float, train_s: float
+    ) -> None:
+        """Record the epoch's metrics in the state, the history and the monitor."""
+        state = self.state
+        steps = self.data.n_train // stage.global_size
+        metrics.update(
+            epoch_time_s=time.perf_counter() - t0,
+            train_s=train_s,
+            global_batch=stage.global_size,
+            steps_per_epoch=steps,
+            peak_lr=self.schedule.peak(stage.global_size),
+            augment=int(self.augment_at(epoch)),
+        )
+        state.epoch, state.train_time_s = epoch + 1, state.train_time_s + metrics["epoch_time_s"]
+        state.train_images += steps * stage.global_size
+        state.history.append({"epoch": epoch + 1, "step": state.step, **metrics})
+        self.monitor.epoch(epoch, self.cfg.epochs, metrics)
+
+    def augment_at(self, epoch: int) -> bool:
+        return polish.augment_at(
+            epoch,
+            self.cfg.epochs,
+            self.cfg.polish.last_epochs_without_augmentation,
+            self.cfg.data.augment,
+        )
+
+    # ------------------------------------------------------------ one epoch
+    def train_epoch(self, epoch: int, stage: BatchStage) -> dict | None:
+        """One epoch (or its rest, from ``state.epoch_step``). Returns the epoch's metrics, or None when a
+        stop signal ended it early (``state.epoch_step`` / ``epoch_sums`` then hold the part done)."""
+        state, loader, accumulation = self.state, self.data.train, stage.accumulation
+        first = state.epoch_step
+        self.start_loader(epoch, stage, first)
+        n_micro = len(loader)  # once: a folder loader's len() draws the epoch's permutation
+        steps = n_micro // accumulation
+        meter = StepMeter(
+            self.device, self.cfg.log.every_steps, state.epoch_sums if first else None
+        )
+        stop, done, lr = "", first, 0.0
+        for i, (x, y) in enumerate(loader, first * accumulation):
+            if i % accumulation == 0:
+                lr = self.set_lr(epoch + (i // accumulation + 1) / steps, stage.global_size)
+            boundary = (i + 1) % accumulation == 0
+            self.train_micro_batch(x, y, boundary, meter, accumulation)
+            if not boundary:
+                continue
+            state.step, done = state.step + 1, done + 1
+            stop = self.after_step()
+            if meter.end_step() or (i + 1) == n_micro or stop:
+                self.log_window(meter, Progress(epoch, self.cfg.epochs, done, steps), lr, stage)
+            if stop:
+                log.warning(
+                    "%s received: stopping after step %d (epoch %d, step %d/%d) to write a checkpoint",
+                    stop,
+                    state.step,
+                    epoch + 1,
+                    done,
+                    steps,
+                )
+                break
+        totals = meter.epoch_totals()
+        state.epoch_step, state.epoch_sums = (done, totals) if stop else (0, [])
+        return None if stop else StepMeter.epoch_metrics(totals)
+
+    def start_loader(self, epoch: int, stage: BatchStage, first_step: int) -> None:
+        """The one start_epoch call of this epoch: its global batches, where to resume, augmentation."""
+        augment = self.augment_at(epoch)
+        if self.cfg.data.augment and not augment:
+            log.info(
+                "epoch %d/%d: un-augmented training images (polish.last_epochs_without_augmentation=%d)",
+                epoch + 1,
+                self.cfg.epochs,
+                self.cfg.polish.last_epochs_without_augmentation,
+            )
+        if first_step:
+            log.info("epoch %d: continuing after step %d of the epoch", epoch + 1, first_step)
+        # DeepSpeed never calls set_epoch; our loaders reshuffle from (seed, epoch)
+        self.data.train.start_epoch(
+            epoch,
+            accumulation=stage.accumulation,
+            start=first_step * stage.accumulation,
+            augment=augment,
+        )
+
+    def set_lr(self, progress: float, global_batch: int) -> float:
+        """Set the LR (and, with optim.wd_follows_lr, the weight decay) of the step ending at ``progress``."""
+        lr, wd_factor = self.schedule.at(progress, global_batch)
+        apply_schedule(self.optimizer, lr, wd_factor)
+        return lr
+
+    def train_micro_batch(
+        self, x: torch.Tensor, y: torch.Tensor, boundary: bool, meter: StepMeter, accumulation: int
+    ) -> None:
+        """Forward, backward and (at an accumulation boundary) the optimizer step of one micro batch."""
+        engine = self.engine
+        # we own the boundary: DeepSpeed's micro-step counter drifts when a ramp changes accumulation
+        engine.set_gradient_accumulation_boundary(boundary)
+        logits = engine(x.to(dtype=self.input_dtype, memory_format=self.memory_format))
+        loss = smoothed_cross_entropy(logits, y, self.cfg.optim.label_smoothing)
+        self.checks.nonfinite.observe(loss, self.state.step + 1)
+        engine.backward(loss)
+        if boundary and self.grad_sync is not None:
+            self.grad_sync.sync()  # our all-reduce (dstrain/comm.py): the engine's is switched off
+        engine.step()
+        meter.add_micro_batch(loss, logits, y, accumulation)
+
+    def after_step(self) -> str:
+        """The checks after every optimizer step; the agreed stop signal's name, or ''."""
+        if self.kill_at_step and self.state.step == self.kill_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.checks.skips.update(
+            self.engine.skipped_steps, self.state.step, loss_scale_of(self.engine)
+        )
+        return self.checks.stop_requested()
+
+    def log_window(
+        self, meter: StepMeter, progress: Progress, lr: float, stage: BatchStage
+    ) -> None:
+        # a host sync, as the logged loss is anyway
+        self.checks.check_finite(self.state.step, progress.epoch)
+        loss, steps, seconds = meter.take_window()
+        sent = self.grad_sync.take_bytes() / steps if self.grad_sync is not None else None
+        self.monitor.step(
+            self.state.step,
+            progress,
+            {
+                "loss": loss,
+                "lr": lr,
+                "global_batch": stage.global_size,
+                "images_per_sec": steps * stage.global_size / seconds,
+                "loss_scale": loss_scale_of(self.engine),
+                "comm_bytes_per_step": sent,
+                "skipped_steps": self.checks.skips.total or None,
+            },
+        )
+
+    # ------------------------------------------------------------ evaluation, checkpoints, polish
+    def evaluate(self) -> dict:
+        return evaluate(self.engine, self.data.val, self.input_dtype, self.memory_format)
+
+    def save_checkpoint(self, tag: str, epoch: int) -> None:
+        # never save a diverged model
+        self.checks.check_finite(self.state.step, epoch, self.engine.module)
+        self.checks.last_checkpoint = checkpoint.save(
+            self.engine,
+            self.checkpoint_root,
+            tag,
+            self.state.__dict__,
+            self.cfg.checkpoint.keep_last,
+        )
+
+    def stop_with_checkpoint(self, tag: str, epoch: int) -> None:
+        self.checks.drain()
+        self.save_checkpoint(tag, epoch)
+        where = f"step {self.state.epoch_step} of" if self.state.epoch_step else "the end of"
+        raise Preempted(self.preempted_message(where, epoch))
+
+    def preempted_message(self, where: str, epoch: int) -> str:
+        return (
+            f"stopped by {self.checks.signals.name or 'a signal on another rank'} after global step "
+            f"{self.state.step} ({where} epoch {epoch + 1}); checkpoint {self.checks.last_checkpoint} written. "
+            "Run again with resume=auto and the same run_dir to continue"
+        )
+
+    def polish(self, run_dir: Path) -> dict:
+        """Final Polishing after the last epoch: BN refit, evaluation, RUN_DIR/polished/ (the checkpoints stay)."""
+        done = run_dir / polish.POLISHED_DIR / "polish.json"
+        if done.is_file():
+            log.info(
+                "polish: %s already exists (a resumed, finished run); not polishing again",
+                done.parent,
+            )
+            return json.loads(done.read_text())
+        state, settings = self.state, self.cfg.polish
+        # the last epoch is always evaluated
+        before = next(h for h in reversed(state.history) if "val_top1" in h)
+        after = polish.polish_model(
+            self.engine.module,
+            self.engine,
+            self.data.polish,
+            self.evaluate,
+            settings,
+            batch_per_rank=settings.batch_per_rank or self.plan[-1].micro,
+            dtype=self.input_dtype,
+            memory_format=self.memory_format,
+        )
+        info = polish.summarize(before, after, state.train_time_s)
+        self.monitor.scalars(
+            "polish",
+            {
+                "val_top1_before": before["val_top1"],
+                "val_top1_after": after["val_top1"],
+                "val_loss_before": before["val_loss"],
+                "val_loss_after": after["val_loss"],
+                "refit_s": after["refit_s"],
+            },
+            state.epoch,
+        )
+        log.info(
+            "polish: top-1 %.4f -> %.4f (%+.4f), %.1f s = %.2f%% of the training time",
+            before["val_top1"],
+            after["val_top1"],
+            info["top1_gain"],
+            after["refit_s"],
+            100 * (info["refit_fraction_of_training"] or 0),
+        )
+        if dist.is_main():
+            polish.save_polished(
+                run_dir, self.engine.module, {"checkpoint": f"epoch{state.epoch:04d}", **info}
+            )
+        dist.barrier()
+        return info
+
+    def summary(self, world: int, precision: str) -> dict:
+        """summary.json: final and best top-1, steps, wall and GPU time, throughput, the history."""
+        state = self.state
+        evaluated = [h for h in state.history if "val_top1" in h]
+        return {
+            "final_top1": evaluated[-1]["val_top1"] if evaluated else math.nan,
+            "best_top1": state.best_top1,
+            "final_top5": evaluated[-1]["val_top5"] if evaluated else math.nan,
+            "epochs": state.epoch,
+            "steps": state.step,
+            "global_batch": self.plan[-1].global_size,
+            "world_size": world,
+            "precision": precision,
+            "wall_time_s": state.train_time_s,
+            "gpu_time_s": state.train_time_s
+            * world,  # "GPU-time" = wall x ranks (METHODS.md sec. 8)
+            "images_per_sec": state.train_images / state.train_time_s
+            if state.train_time_s
+            else 0.0,
+            "history": state.history,
+        }
