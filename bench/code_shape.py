@@ -39,33 +39,8 @@ def functions(path: Path):
             yield getattr(node, "qualname", node.name), node.end_lineno - start + 1, len(params)
 
 
-def module_of(path: Path, package: Path) -> str:
-    parts = list(path.relative_to(package.parent).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def import_graph(package: Path) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (at the top or inside a function)."""
-    paths = sorted(package.rglob("*.py"))
-    modules = {module_of(p, package) for p in paths}
-    graph = {}
-    for path in paths:
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-            else:
-                continue
-            found.update(name for name in names if name in modules)
-        name = module_of(path, package)
-        graph[name] = found - {name, package.name}
-    return graph
-
-
 def measure(package: Path) -> dict:
-    from tests.test_layers import find_cycle
+    from tests.test_layers import find_cycle, import_graph
 
     paths = sorted(package.rglob("*.py"))
     rel = {p: str(p.relative_to(package.parent)) for p in paths}

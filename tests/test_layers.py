@@ -20,13 +20,13 @@ GROUND_FLOOR = {
 ENTRY_POINTS = {"dstrain.main", "dstrain.__main__", "dstrain.launch", "dstrain.data.check"}
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """Every dstrain module ``path`` imports, at the top or inside a function."""
+    """Every module of ``modules`` that ``path`` imports, at the top or inside a function."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -36,13 +36,18 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
         else:
             continue
         found.update(name for name in names if name in modules)
-    return found - {module_name(path)}
+    return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    paths = sorted(PACKAGE.rglob("*.py"))
-    modules = {module_name(p) for p in paths}
-    return {module_name(p): imports_of(p, modules) - {"dstrain"} for p in paths}
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (bench/code_shape.py measures any package with it)."""
+    paths = sorted(package.rglob("*.py"))
+    modules = {module_name(p, package) for p in paths}
+    graph = {}
+    for path in paths:
+        name = module_name(path, package)
+        graph[name] = imports_of(path, modules) - {name, package.name}
+    return graph
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str]:

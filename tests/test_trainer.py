@@ -10,7 +10,6 @@ import torch
 
 from dstrain import dist, fault, train
 from dstrain.config import load_config
-from dstrain.dist import free_port
 from dstrain.errors import Preempted
 from tests.conftest import REPO, TINY
 
@@ -22,14 +21,7 @@ def world_of_one():
     import deepspeed
 
     saved = dict(os.environ)
-    os.environ.update(
-        RANK="0",
-        LOCAL_RANK="0",
-        WORLD_SIZE="1",
-        LOCAL_WORLD_SIZE="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-    )
+    dist.setup_env_for_single_process()  # a world of one, as `python -m dstrain` makes it
     deepspeed.init_distributed(dist_backend="gloo")
     yield
     torch.distributed.destroy_process_group()
