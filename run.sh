@@ -2,6 +2,7 @@
 # One entry point that sets everything up (idempotently) and then does the job.
 #   ./run.sh train [--config R] [--deepspeed_config J] [key=value ...]   train (default: Fashion-MNIST recipe)
 #   ./run.sh test  [pytest args ...]                                     lint (ruff), then the test suite
+#   ./run.sh test-oldest [pytest args ...]                               the `oldest` tests on torch 2.11
 #   ./run.sh evidence                                                    fault tests -> docs/results/faults.md
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv).
@@ -14,20 +15,20 @@ FMNIST_DIR=/usr/share/datasets/fashion-mnist
 
 say() { echo "[run.sh] $*"; }
 
-setup_venv() {
-    local stamp want
-    want=$(cat requirements.txt | sha256sum | cut -d' ' -f1)
+setup_venv() {  # [requirements file]
+    local stamp want reqs=${1:-requirements.txt}
+    want=$(cat "$reqs" | sha256sum | cut -d' ' -f1)
     stamp="$VENV/.dstrain-requirements"
     if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         say "virtual environment $VENV is up to date"
         return
     fi
-    say "creating $VENV and installing requirements.txt (first time: several minutes, ~6 GB with CUDA torch)"
+    say "creating $VENV and installing $reqs (first time: several minutes, ~6 GB with CUDA torch)"
     "$PYTHON" -m venv "$VENV"
     # An empty PIP_FIND_LINKS keeps pip on the package index: a local CPU-only torch wheel would
     # not match the torchvision build from the index.
     PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet -r requirements.txt
+    PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet -r "$reqs"
     echo "$want" > "$stamp"
 }
 
@@ -65,6 +66,12 @@ case "$cmd" in
         "$VENV/bin/ruff" check dstrain tests bench
         "$VENV/bin/ruff" format --check dstrain tests bench
         exec "$VENV/bin/python" -m pytest "$@" ;;
+    test-oldest)
+        # the oldest torch pyproject.toml declares, in its own venv: the tests marked `oldest`
+        VENV=${DSTRAIN_OLDEST_VENV:-.venv-oldest}
+        setup_venv requirements-oldest.txt; setup_fashion_mnist
+        "$VENV/bin/python" -c 'import torch; print("[run.sh] torch", torch.__version__)'
+        exec "$VENV/bin/python" -m pytest -m oldest "$@" ;;
     evidence)
         setup_venv; setup_fashion_mnist
         exec "$VENV/bin/python" -m pytest -q tests/test_cli_errors.py tests/test_faults.py \

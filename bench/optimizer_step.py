@@ -1,4 +1,5 @@
-"""Time one optimizer step on ResNet-50's parameter set: our LARS/LAMB vs SGD(foreach) and timm's Lars.
+"""Time one optimizer step on ResNet-50's parameter set: our LARS/LAMB vs SGD(foreach), timm's Lars and
+DeepSpeed's FusedLamb (where its CUDA op builds); LAMB also on channels_last (NHWC) parameters.
 
     .venv/bin/python bench/optimizer_step.py [--device cpu|cuda] [--rounds 30]
 
@@ -44,29 +45,68 @@ class UnchunkedLARS(LARS):
             mt.CPU_CHUNK_VALUES = saved
 
 
-def make_optimizers(model):
-    import timm.optim
+def timm_lars_rows(groups) -> tuple[dict, str]:
+    """timm's Lars, per tensor and foreach, as far as the installed timm offers them (bench-only:
+    its version is not ours to pin; older releases have no ``foreach`` argument)."""
+    import inspect
 
-    def groups(layerwise=False):
-        return param_groups(model, 5e-5, layerwise=layerwise)
-
+    try:
+        import timm.optim
+    except ImportError:
+        return {}, "timm is not installed"
+    Lars = timm.optim.Lars
+    if "foreach" not in inspect.signature(Lars).parameters:
+        note = f"timm {timm.__version__}'s Lars has no foreach argument: one (per-tensor) row"
+        return {
+            "timm_lars_per_tensor": Lars(groups(), lr=0.1, momentum=0.9, trust_coeff=0.001)
+        }, note
     return {
+        "timm_lars_per_tensor": Lars(
+            groups(), lr=0.1, momentum=0.9, trust_coeff=0.001, foreach=False
+        ),
+        "timm_lars_foreach": Lars(groups(), lr=0.1, momentum=0.9, trust_coeff=0.001, foreach=True),
+    }, ""
+
+
+def fused_lamb_row(groups) -> tuple[dict, str]:
+    """DeepSpeed's FusedLamb (``"type": "FusedLamb"``) where its CUDA op builds."""
+    from dstrain.optim import OpBuildError, load_fused_lamb_op
+
+    try:
+        load_fused_lamb_op()
+    except OpBuildError as err:
+        return {}, f"DeepSpeed FusedLamb not run: {err}"
+    from deepspeed.ops.lamb import FusedLamb
+
+    plain = [{k: v for k, v in g.items() if k != "lars_exclude"} for g in groups(layerwise=True)]
+    return {"deepspeed_fused_lamb": FusedLamb(plain, lr=1e-3)}, ""
+
+
+def make_optimizers(model, model_cl) -> tuple[dict, list[str]]:
+    """The rows, and a note for each row that could not run here."""
+
+    def groups(layerwise=False, m=model):
+        return param_groups(m, 5e-5, layerwise=layerwise)
+
+    opts = {
         "sgd_foreach": torch.optim.SGD(groups(), lr=0.1, momentum=0.9, foreach=True),
         "sgd_per_tensor": torch.optim.SGD(groups(), lr=0.1, momentum=0.9, foreach=False),
         "dstrain_lars": LARS(groups(layerwise=True), lr=0.1, momentum=0.9, trust_coefficient=0.001),
         "dstrain_lars_unchunked": UnchunkedLARS(
             groups(layerwise=True), lr=0.1, momentum=0.9, trust_coefficient=0.001
         ),
-        "timm_lars_per_tensor": timm.optim.Lars(
-            groups(), lr=0.1, momentum=0.9, trust_coeff=0.001, foreach=False
-        ),
-        "timm_lars_foreach": timm.optim.Lars(
-            groups(), lr=0.1, momentum=0.9, trust_coeff=0.001, foreach=True
-        ),
         "adamw_foreach": torch.optim.AdamW(groups(), lr=1e-3, foreach=True),
         "adamw_per_tensor": torch.optim.AdamW(groups(), lr=1e-3, foreach=False),
         "dstrain_lamb": LAMB(groups(layerwise=True), lr=1e-3),
+        # the same parameters stored NHWC (model.channels_last=true), which FusedLamb refuses
+        "dstrain_lamb_channels_last": LAMB(groups(layerwise=True, m=model_cl), lr=1e-3),
     }
+    notes = []
+    for rows, note in (timm_lars_rows(groups), fused_lamb_row(groups)):
+        opts.update(rows)
+        if note:
+            notes.append(note)
+    return opts, notes
 
 
 def sync(device):
@@ -81,9 +121,13 @@ def main() -> int:
     args = ap.parse_args()
     device = torch.device(args.device)
     model = torchvision.models.resnet50().to(device)
-    for p in model.parameters():
-        p.grad = torch.randn_like(p) * 1e-3
-    opts = make_optimizers(model)
+    model_cl = torchvision.models.resnet50().to(device, memory_format=torch.channels_last)
+    for m in (model, model_cl):
+        for p in m.parameters():
+            p.grad = torch.randn_like(p) * 1e-3
+    opts, notes = make_optimizers(model, model_cl)
+    for note in notes:
+        print("note:", note)
     for opt in opts.values():  # warm-up: allocate state
         for _ in range(3):
             opt.step()
@@ -112,6 +156,7 @@ def main() -> int:
         "rounds": args.rounds,
         "median_step_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
         "ratio_vs_sgd_foreach": {k: round(v / base, 3) for k, v in med.items()},
+        "rows_not_run": notes,
         "targets": "CPU: dstrain_lars within 1.15x of sgd_foreach; GPU: within 1.3x and >= 3x faster than "
         "timm_lars_per_tensor",
     }

@@ -36,6 +36,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 REFERENCES = {"A100 (NVIDIA PyTorch example, AMP)": 2470, "H100 (NVIDIA MLPerf MXNet)": 7160}
+# --precisions name -> (what the table says, the DeepSpeed JSON dstrain runs, the bare twin's autocast)
+PRECISIONS = {
+    "fp16": ("fp16 (autocast + GradScaler)", "fp16.json", "fp16"),
+    "bf16": ("bf16 (autocast)", "bf16.json", "bf16"),
+    "fp16_native": ("fp16 (DeepSpeed's native engine)", "fp16_native.json", "fp16"),
+}
 
 
 def bare_loop(
@@ -47,8 +53,10 @@ def bare_loop(
     warmup: int,
     steps: int,
     device,
+    compile_mode: str | None = None,
 ) -> float:
-    """images/s of the plain PyTorch AMP loop on one fixed device batch."""
+    """images/s of the plain PyTorch AMP loop on one fixed device batch (``compile_mode``: torch.compile
+    it; the warm-up steps absorb the compilation)."""
     import torch
     import torch.nn.functional as F
     import torchvision
@@ -59,6 +67,8 @@ def bare_loop(
         device, memory_format=fmt
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
+    if compile_mode:
+        model.compile(mode=compile_mode)
     dtype = torch.float16 if precision == "fp16" else torch.bfloat16
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     x = torch.randn(batch, 3, side, side, device=device).contiguous(memory_format=fmt)
@@ -110,9 +120,15 @@ def make_image_folder(root: Path, n: int, classes: int) -> Path:
 
 
 def dstrain_run(
-    loader: str, precision: str, channels_last: bool, args, folder: Path | None, tmp: Path
+    loader: str,
+    precision: str,
+    channels_last: bool,
+    compiled: bool,
+    args,
+    folder: Path | None,
+    tmp: Path,
 ) -> dict:
-    run_dir = tmp / f"{loader}-{precision}-cl{int(channels_last)}"
+    run_dir = tmp / f"{loader}-{precision}-cl{int(channels_last)}-c{int(compiled)}"
     data = (
         [
             "data.loader=synthetic",
@@ -129,11 +145,13 @@ def dstrain_run(
         "--config",
         "imagenet_resnet50",
         "--deepspeed_config",
-        f"ds_configs/{precision}.json",
+        f"ds_configs/{PRECISIONS[precision][1]}",
         f"epochs={args.epochs}",
         f"eval_every_epochs={args.epochs}",
         f"model.name={args.model}",
         f"model.channels_last={str(channels_last).lower()}",
+        f"model.compile={str(compiled).lower()}",
+        f"model.compile_mode={args.compile_mode}",
         f"data.image_size={args.image_size}",
         f"data.val_resize={args.image_size}",
         f"batch.global_size={args.batch}",
@@ -149,9 +167,9 @@ def dstrain_run(
     ]
     from bench.common import run_trainer
 
-    hist = run_trainer(cmd, run_dir, what=f"dstrain {loader} {precision}")["history"][
-        1:
-    ]  # epoch 1 untimed
+    hist = run_trainer(cmd, run_dir, what=f"dstrain {loader} {precision} compile={compiled}")[
+        "history"
+    ][1:]  # epoch 1 untimed
     images = sum(h["steps_per_epoch"] * h["global_batch"] for h in hist)
     return {
         "images_per_s": images / sum(h["train_s"] for h in hist),
@@ -196,21 +214,32 @@ def markdown(result: dict) -> str:
         f"{env['deepspeed']}, DALI {env['dali']}, CUDA {env['cuda']}. Model {result['model']}, batch "
         f"{result['batch']} per GPU, {result['image_size']} px. Images/s per GPU.",
         "",
-        "| loop | data | precision | channels_last | images/s | vs bare loop (same precision, layout) |",
-        "|---|---|---|---|---|---|",
+        "| loop | data | precision | channels_last | torch.compile | images/s | vs bare twin "
+        "(same precision, layout, compile) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = f"{r['vs_bare']:.2f}x" if r.get("vs_bare") else "-"
         lines.append(
-            f"| {r['loop']} | {r['data']} | {r['precision']} | {'on' if r['channels_last'] else 'off'} | "
+            f"| {r['loop']} | {r['data']} | {PRECISIONS[r['precision']][0]} | "
+            f"{'on' if r['channels_last'] else 'off'} | {'on' if r['compile'] else 'off'} | "
             f"{r['images_per_s']:.0f} | {ratio} |"
         )
+    lines += ["", *(f"Not run: {n}" for n in result.get("not_run", []))]
     lines += [
         "",
         "References: " + "; ".join(f"{k}: {v:,} img/s" for k, v in REFERENCES.items()) + ".",
         "",
     ]
     return "\n".join(lines)
+
+
+def dali_missing() -> str:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return "the DALI rows: nvidia.dali is not installed (pip install -e .[dali])"
+    return ""
 
 
 def main() -> int:
@@ -222,13 +251,26 @@ def main() -> int:
         "--precisions",
         nargs="+",
         default=None,
-        choices=("fp16", "bf16"),
-        help="default: fp16 bf16 on a GPU, bf16 on a CPU",
+        choices=tuple(PRECISIONS),
+        help="default: fp16 bf16 fp16_native on a GPU, bf16 on a CPU (fp16 runs there too, slowly; "
+        "fp16_native needs a GPU)",
     )
     p.add_argument(
         "--loaders", nargs="+", default=["synthetic", "dali"], choices=("synthetic", "dali")
     )
     p.add_argument("--channels-last", nargs="+", default=["on", "off"], choices=("on", "off"))
+    p.add_argument(
+        "--compile",
+        nargs="+",
+        default=["off", "on"],
+        choices=("off", "on"),
+        help="torch.compile rows (bare: model.compile; dstrain: model.compile=true)",
+    )
+    p.add_argument(
+        "--compile-mode",
+        default="default",
+        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+    )
     p.add_argument("--images", type=int, default=25600, help="dstrain synthetic: images per epoch")
     p.add_argument(
         "--dali-images", type=int, default=6400, help="JPEGs generated for the DALI runs"
@@ -240,7 +282,9 @@ def main() -> int:
         "--epochs", type=int, default=3, help="dstrain epochs; all but the first are timed"
     )
     p.add_argument("--bare-steps", type=int, default=60)
-    p.add_argument("--bare-warmup", type=int, default=15)
+    p.add_argument(
+        "--bare-warmup", type=int, default=15, help="untimed bare steps (compilation included)"
+    )
     p.add_argument(
         "--out",
         default="",
@@ -253,83 +297,103 @@ def main() -> int:
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    precisions = args.precisions or (["fp16", "bf16"] if device.type == "cuda" else ["bf16"])
-    if "fp16" in precisions and device.type != "cuda":
+    precisions = args.precisions or (
+        ["fp16", "bf16", "fp16_native"] if device.type == "cuda" else ["bf16"]
+    )
+    if "fp16_native" in precisions and device.type != "cuda":
         raise SystemExit(
-            "--precisions fp16 needs a GPU (DeepSpeed's fp16 engine and GradScaler are CUDA-only); "
-            "use --precisions bf16 on a CPU"
+            "--precisions fp16_native needs a GPU (DeepSpeed's native fp16 engine is CUDA-only); "
+            "fp16 (autocast + GradScaler) and bf16 run on a CPU"
         )
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     env = environment(device)
     print(f"{env['device']}: {args.model}, batch {args.batch}, {args.image_size} px", flush=True)
     layouts = [c == "on" for c in args.channels_last]
+    compiles = [c == "on" for c in args.compile]
+    not_run, loaders = [], list(args.loaders)
+    if "dali" in loaders and dali_missing():
+        not_run.append(dali_missing())
+        loaders.remove("dali")
     rows, t_start = [], time.perf_counter()
-    for precision in precisions:
+    twins = sorted({PRECISIONS[p][2] for p in precisions})
+    for precision in twins:
         for cl in layouts:
-            ips = bare_loop(
-                args.model,
-                precision,
-                cl,
-                args.batch,
-                args.image_size,
-                args.bare_warmup,
-                args.bare_steps,
-                device,
-            )
-            rows.append(
-                {
-                    "loop": "bare PyTorch",
-                    "data": "synthetic",
-                    "precision": precision,
-                    "channels_last": cl,
-                    "images_per_s": ips,
-                }
-            )
-            print(f"bare     synthetic {precision} channels_last={cl}: {ips:.0f} img/s", flush=True)
+            for compiled in compiles:
+                ips = bare_loop(
+                    args.model,
+                    precision,
+                    cl,
+                    args.batch,
+                    args.image_size,
+                    args.bare_warmup,
+                    args.bare_steps,
+                    device,
+                    args.compile_mode if compiled else None,
+                )
+                rows.append(
+                    {
+                        "loop": "bare PyTorch",
+                        "data": "synthetic",
+                        "precision": precision,
+                        "channels_last": cl,
+                        "compile": compiled,
+                        "images_per_s": ips,
+                    }
+                )
+                print(
+                    f"bare     synthetic {precision} channels_last={cl} compile={compiled}: "
+                    f"{ips:.0f} img/s",
+                    flush=True,
+                )
     with tempfile.TemporaryDirectory(prefix="dstrain-throughput-") as tmp:
         folder = None
-        if "dali" in args.loaders:
+        if "dali" in loaders:
             t0 = time.perf_counter()
             folder = make_image_folder(Path(tmp) / "images", args.dali_images, classes=100)
             print(
                 f"generated {args.dali_images} JPEGs in {time.perf_counter() - t0:.0f} s",
                 flush=True,
             )
-        for loader in args.loaders:
+        for loader in loaders:
             for precision in precisions:
                 for cl in layouts:
-                    r = dstrain_run(loader, precision, cl, args, folder, Path(tmp))
-                    bare = next(
-                        b["images_per_s"]
-                        for b in rows
-                        if b["loop"] == "bare PyTorch"
-                        and (b["precision"], b["channels_last"]) == (precision, cl)
-                    )
-                    rows.append(
-                        {
-                            "loop": "dstrain",
-                            "data": loader,
-                            "precision": precision,
-                            "channels_last": cl,
-                            "vs_bare": r["images_per_s"] / bare,
-                            **r,
-                        }
-                    )
-                    print(
-                        f"dstrain  {loader:9s} {precision} channels_last={cl}: {r['images_per_s']:.0f} img/s "
-                        f"({r['images_per_s'] / bare:.2f}x the bare loop)",
-                        flush=True,
-                    )
+                    for compiled in compiles:
+                        r = dstrain_run(loader, precision, cl, compiled, args, folder, Path(tmp))
+                        twin = (PRECISIONS[precision][2], cl, compiled)
+                        bare = next(
+                            b["images_per_s"]
+                            for b in rows
+                            if b["loop"] == "bare PyTorch"
+                            and (b["precision"], b["channels_last"], b["compile"]) == twin
+                        )
+                        rows.append(
+                            {
+                                "loop": "dstrain",
+                                "data": loader,
+                                "precision": precision,
+                                "channels_last": cl,
+                                "compile": compiled,
+                                "vs_bare": r["images_per_s"] / bare,
+                                **r,
+                            }
+                        )
+                        print(
+                            f"dstrain  {loader:9s} {precision} channels_last={cl} compile={compiled}: "
+                            f"{r['images_per_s']:.0f} img/s ({r['images_per_s'] / bare:.2f}x the bare twin)",
+                            flush=True,
+                        )
     result = {
         "what": "training images/s per GPU, dstrain vs a bare PyTorch AMP loop, one device, one run",
         "command": "python bench/throughput.py " + " ".join(sys.argv[1:]),
         "model": args.model,
         "batch": args.batch,
         "image_size": args.image_size,
+        "compile_mode": args.compile_mode,
         "environment": env,
         "references": REFERENCES,
         "total_s": time.perf_counter() - t_start,
+        "not_run": not_run,
         "rows": rows,
     }
     slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")

@@ -106,6 +106,18 @@ class ModelConfig:
         True, "zero-init the last BN gamma of each residual block (Goyal et al.) (bool)"
     )
     channels_last: bool = setting(False, "train in NHWC memory format (bool)")
+    compile: bool = setting(
+        False,
+        "torch.compile the model (inductor, in place: checkpoints keep their keys); "
+        "the first steps pay the compilation, logged (bool)",
+    )
+    compile_mode: Literal[
+        "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+    ] = setting(
+        "default",
+        "torch.compile mode with model.compile=true; reduce-overhead adds CUDA graphs, "
+        "max-autotune searches kernels (longer compile)",
+    )
 
 
 @dataclass

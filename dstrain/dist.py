@@ -5,11 +5,14 @@ Imports nothing of dstrain. Every helper is a no-op in a world of one.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
 import torch
 import torch.distributed as torch_dist
+
+log = logging.getLogger(__name__)
 
 
 def free_port() -> int:
@@ -71,16 +74,45 @@ def init_host_group() -> None:
         _host_group = torch_dist.new_group(backend="gloo")
 
 
+def timeout_setter():
+    """``set_timeout(timeout, group)`` as this torch offers it, or None where it cannot.
+
+    ``torch.distributed.set_timeout`` is public from torch 2.12; torch 2.11 has the
+    ``ProcessGroup.set_timeout`` method it wraps."""
+    public = getattr(torch_dist, "set_timeout", None)
+    if public is not None:
+        return public
+    if hasattr(torch_dist.ProcessGroup, "set_timeout"):
+
+        def via_method(timeout, group):
+            if torch_dist.distributed_c10d._rank_not_in_group(group):
+                raise ValueError("not a member of this process group")
+            group.set_timeout(timeout)
+
+        return via_method
+    return None
+
+
 def set_timeout_everywhere(seconds: float) -> int:
     """Give every process group this rank is in the same collective timeout; returns how many.
 
     ``init_process_group(timeout=...)`` covers only the world group: groups made later with
     ``new_group`` (DeepSpeed's data-parallel group, which carries the gradient all-reduce, and ours)
-    keep torch's 30-minute default, so a stuck peer would hang the run for half an hour.
+    keep torch's default (10 minutes NCCL, 30 gloo), so a stuck peer would hang the run that long.
+    On a torch that cannot change a group's timeout, says so and leaves the defaults.
     """
     from datetime import timedelta
 
     if not torch_dist.is_initialized():
+        return 0
+    setter = timeout_setter()
+    if setter is None:
+        log.warning(
+            "torch %s cannot change a process group's timeout after it is made: "
+            "fault.collective_timeout_s covers the world group only; groups DeepSpeed made keep "
+            "torch's default (10 min NCCL, 30 min gloo) before a lost peer is noticed",
+            torch.__version__,
+        )
         return 0
     # torch keeps the group registry private
     world = getattr(torch_dist.distributed_c10d, "_world", None)
@@ -88,7 +120,7 @@ def set_timeout_everywhere(seconds: float) -> int:
     n = 0
     for group in groups:
         try:
-            torch_dist.set_timeout(timedelta(seconds=seconds), group)
+            setter(timedelta(seconds=seconds), group)
             n += 1
         except (ValueError, RuntimeError):  # not a member / a backend without settable timeouts
             continue

@@ -105,15 +105,16 @@ def params_finite(module: torch.nn.Module) -> bool:
 class SkipCounter:
     """FP16 steps skipped by the dynamic loss scaler (an overflow in the gradients).
 
-    ``update(skipped_total, step)`` takes the engine's running count after each
-    optimizer step; ``limit`` consecutive skips (0 = no limit) stop the run: the
-    loss scale has then been halved ``limit`` times without a finite gradient.
+    ``update(skipped_total, step)`` takes the running count after each optimizer step
+    (``scale``: the loss scale, or a function returning it, read only for a warning);
+    ``limit`` consecutive skips (0 = no limit) stop the run: the loss scale has then been
+    halved ``limit`` times without a finite gradient.
     """
 
     def __init__(self, limit: int):
         self.limit, self.total, self.consecutive, self.first_of_run = limit, 0, 0, 0
 
-    def update(self, skipped_total: int, step: int, scale: float | None = None) -> None:
+    def update(self, skipped_total: int, step: int, scale=None) -> None:
         new = skipped_total - self.total
         self.total = skipped_total
         if new <= 0:
@@ -128,7 +129,7 @@ class SkipCounter:
                 step,
                 self.consecutive,
                 self.total,
-                scale,
+                scale() if callable(scale) else scale,
             )
         if self.limit and self.consecutive >= self.limit:
             raise Diverged(

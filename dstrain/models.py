@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -9,6 +11,8 @@ import torchvision
 
 from dstrain.config import ModelConfig
 from dstrain.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 class BasicBlock(nn.Module):
@@ -115,6 +119,38 @@ def has_batchnorm(model: nn.Module) -> bool:
 def input_dtype(precision: str) -> torch.dtype:
     """The dtype the model's inputs are cast to: FP16/BF16 engines take half-precision inputs."""
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+
+
+def compile_engine(engine, mode: str) -> None:
+    """``torch.compile`` the engine's module in place (``nn.Module.compile``, through DeepSpeed's
+    ``engine.compile``): the state dict keeps its keys, so checkpoints load compiled or not.
+    Compilation itself happens at the first forward of each mode (train, eval)."""
+    log.info("torch.compile: inductor, mode %s; the first train and eval steps compile", mode)
+    engine.compile(backend="inductor", compile_kwargs={"mode": mode})
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process; growth after the first epoch means
+    recompilation (a changed shape, dtype or module attribute)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return int(counters["stats"]["unique_graphs"])
+
+
+def keep_batchnorm_fp32(model: nn.Module) -> int:
+    """Cast BatchNorm parameters back to FP32 after DeepSpeed's native fp16 engine made them FP16;
+    returns how many modules. cuDNN normalises FP16 inputs with FP32 BN parameters and statistics
+    (apex's keep_batchnorm_fp32); with FP16 parameters and the FP32 running statistics DeepSpeed
+    keeps, NCHW BatchNorm fails in backward ("Expected running_mean to have type Half"). The
+    Parameter objects stay the same, so the engine's FP32 master copies still map to them."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.float()
+            n += 1
+    return n
 
 
 def memory_format(channels_last: bool) -> torch.memory_format:

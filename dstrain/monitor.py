@@ -36,7 +36,12 @@ def setup_logging() -> None:
 
 
 def loss_scale_of(engine) -> float | None:
-    """The FP16 engine's current dynamic loss scale; None for other precisions."""
+    """The current dynamic loss scale (DeepSpeed's fp16 engine, or the GradScaler of its
+    ``torch_autocast`` float16 path); None for precisions without one. A GradScaler keeps the
+    scale on the device: reading it waits for the GPU, so call it where the loop syncs anyway."""
+    scaler = getattr(engine, "torch_autocast_z0_gradscaler", None)
+    if scaler is not None:
+        return float(scaler.get_scale())
     optimizer = engine.optimizer
     scale = getattr(optimizer, "cur_scale", None)
     if scale is None and getattr(optimizer, "loss_scaler", None) is not None:

@@ -88,19 +88,72 @@ def _lars(
     )
 
 
-def fused_lamb_available() -> bool:
-    """DeepSpeed's FusedLamb is a CUDA op: usable only where it can be built or loaded."""
+class OpBuildError(RuntimeError):
+    """A DeepSpeed CUDA op could not be built or loaded: a property of the machine, not of the config."""
+
+
+def deepspeed_arch_list(value: str | None) -> str | None:
+    """``TORCH_CUDA_ARCH_LIST`` as DeepSpeed 0.19's op builder can parse it, or None if it already can.
+
+    torch builds for Hopper/Blackwell list arch-specific targets such as ``9.0a`` or ``10.0f``;
+    DeepSpeed reads each entry as ``int(minor)`` and fails on ``'0a'``. Its ops use no
+    arch-specific instructions, so the plain ``9.0`` builds the same kernels."""
+    if not value:
+        return None
+    entries = [e for e in value.replace(";", " ").split() if e]
+    fixed = []
+    for entry in entries:
+        arch, ptx = (entry[:-4], "+PTX") if entry.upper().endswith("+PTX") else (entry, "")
+        major, _, minor = arch.partition(".")
+        minor = minor.rstrip("abcdefghijklmnopqrstuvwxyz")
+        fixed.append(f"{major}.{minor}{ptx}" if minor else entry)
+    out = ";".join(dict.fromkeys(fixed))
+    return out if fixed != entries else None
+
+
+@contextlib.contextmanager
+def _parsable_arch_list():
+    """Hand DeepSpeed's op builder an arch list it can parse, for the duration of the build."""
+    import os
+
+    old = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    fixed = deepspeed_arch_list(old)
+    if fixed is not None:
+        log.info(
+            "TORCH_CUDA_ARCH_LIST=%s: DeepSpeed's op builder cannot parse arch suffixes; "
+            "building its ops for %s",
+            old,
+            fixed,
+        )
+        os.environ["TORCH_CUDA_ARCH_LIST"] = fixed
+    try:
+        yield
+    finally:
+        if fixed is not None:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = old
+
+
+def load_fused_lamb_op() -> None:
+    """Build (or load the cached) DeepSpeed FusedLamb CUDA op; :class:`OpBuildError` says why not."""
     if not torch.cuda.is_available():
-        return False
+        raise OpBuildError("it is a CUDA op and no CUDA device is visible")
     try:
         from deepspeed.ops.op_builder import FusedLambBuilder
 
-        return bool(FusedLambBuilder().is_compatible())
-    except Exception:  # no builder, no compiler, wrong CUDA...
-        return False
+        builder = FusedLambBuilder()
+        if not builder.is_compatible():
+            raise OpBuildError("DeepSpeed reports its FusedLamb op incompatible with this machine")
+        with _parsable_arch_list():
+            builder.load()
+    except OpBuildError:
+        raise
+    except (
+        Exception
+    ) as err:  # a compiler, CUDA toolkit or arch problem: the op builder's own message
+        raise OpBuildError(f"{type(err).__name__}: {err}") from err
 
 
-def _lamb(
+def _dstrain_lamb(
     groups,
     lr,
     betas=(0.9, 0.999),
@@ -110,25 +163,6 @@ def _lamb(
     min_coeff=0.01,
     bias_correction=True,
 ):
-    if fused_lamb_available():
-        from deepspeed.ops.lamb import FusedLamb
-
-        log.info(
-            "Lamb: DeepSpeed FusedLamb (CUDA op); note it applies the trust ratio to BN/bias tensors too"
-        )
-        return FusedLamb(
-            [{k: v for k, v in g.items() if k != "lars_exclude"} for g in groups],
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            max_coeff=max_coeff,
-            min_coeff=min_coeff,
-            bias_correction=bias_correction,
-        )
-    log.info(
-        "Lamb: DeepSpeed's fused op is not available here (no CUDA); using dstrain's multi-tensor LAMB "
-        "with the same formula and coefficient clamping"
-    )
     return LAMB(
         groups,
         lr=lr,
@@ -137,6 +171,39 @@ def _lamb(
         max_coeff=max_coeff,
         min_coeff=min_coeff,
         bias_correction=bias_correction,
+    )
+
+
+def _lamb(groups, lr, **params):
+    """``"type": "Lamb"``: dstrain's multi-tensor LAMB on every device and memory layout.
+
+    It honours the parameter groups (no trust ratio, no weight decay for BN/bias) and takes
+    channels_last tensors; DeepSpeed's FusedLamb does neither (``"type": "FusedLamb"``)."""
+    log.info("Lamb: dstrain's multi-tensor LAMB (dstrain/lamb.py)")
+    return _dstrain_lamb(groups, lr, **params)
+
+
+def _fused_lamb(groups, lr, **params):
+    """``"type": "FusedLamb"``: DeepSpeed's CUDA op, where it builds; dstrain's LAMB where not."""
+    try:
+        load_fused_lamb_op()
+    except OpBuildError as err:
+        log.warning(
+            "FusedLamb: DeepSpeed's CUDA op is not usable here (%s); falling back to dstrain's "
+            "multi-tensor LAMB (same formula and ratio clamp; BN/bias tensors get no trust ratio)",
+            err,
+        )
+        return _dstrain_lamb(groups, lr, **params)
+    from deepspeed.ops.lamb import FusedLamb
+
+    betas = tuple(params.pop("betas", (0.9, 0.999)))
+    params.pop("weight_decay", None)  # set per group by param_groups()
+    log.info("FusedLamb: DeepSpeed's CUDA op; it applies the trust ratio to BN/bias tensors too")
+    return FusedLamb(
+        [{k: v for k, v in g.items() if k != "lars_exclude"} for g in groups],
+        lr=lr,
+        betas=betas,
+        **params,
     )
 
 
@@ -167,12 +234,17 @@ def check_ranges(params: dict, where: str) -> None:
 
 
 # JSON "type" (lower-cased) -> builder(groups, **params).
-OPTIMIZERS = {"sgd": _sgd, "adamw": _adamw, "adam": _adam, "lars": _lars, "lamb": _lamb}
+OPTIMIZERS = {
+    "sgd": _sgd,
+    "adamw": _adamw,
+    "adam": _adam,
+    "lars": _lars,
+    "lamb": _lamb,
+    "fusedlamb": _fused_lamb,
+}
 REMOVED_1BIT = {"onebitadam", "onebitlamb", "zerooneadam"}
-LAYERWISE = {
-    "lars",
-    "lamb",
-}  # need ZeRO stage 0: per-tensor norms are meaningless on flat partitions
+# need ZeRO stage 0: per-tensor norms are meaningless on flat partitions
+LAYERWISE = {"lars", "lamb", "fusedlamb"}
 DEFAULT_BLOCK = {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-5}}
 
 
@@ -251,6 +323,22 @@ def apply_schedule(
         if wd_factor is not None:
             initial = group.setdefault("initial_weight_decay", group["weight_decay"])
             group["weight_decay"] = initial * wd_factor
+
+
+class StepCounter:
+    """Counts the client optimizer's real steps.
+
+    A loss scaler skips the step on a gradient overflow without calling the client optimizer:
+    DeepSpeed's fp16 engine and torch's GradScaler (DeepSpeed's ``torch_autocast`` float16)
+    alike. Optimizer steps the trainer asked for minus those taken is the number skipped,
+    with no host synchronisation and no reliance on either scaler's private state."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.taken = 0
+        self.handle = optimizer.register_step_post_hook(self._count)
+
+    def _count(self, optimizer, args, kwargs) -> None:
+        self.taken += 1
 
 
 @contextlib.contextmanager

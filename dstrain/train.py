@@ -20,6 +20,7 @@ from dstrain.components import Components, build_components
 from dstrain.config import TrainConfig, validate
 from dstrain.errors import EXIT_ERROR, EXIT_PEER_LOST, ConfigError, PeerLost, RunStopped, first_line
 from dstrain.files import atomic_write_text
+from dstrain.models import compile_engine, keep_batchnorm_fp32
 from dstrain.monitor import Monitor
 from dstrain.optim import build_optimizer, steps_suppressed
 from dstrain.ramp import BatchStage, batch_plan
@@ -65,6 +66,12 @@ def prepare(cfg: TrainConfig, ds_path: str) -> Plan:
     stages = batch_plan(
         cfg.batch.global_size, cfg.batch.micro_per_rank, cfg.batch.ramp, world, cfg.epochs
     )
+    if spec.optimizer.kind == "fusedlamb" and cfg.model.channels_last:
+        raise ConfigError(
+            f"{spec.path}: optimizer type FusedLamb (DeepSpeed's CUDA op) needs contiguous tensors, "
+            'and model.channels_last=true stores conv weights NHWC. Use "type": "Lamb" '
+            "(dstrain's LAMB takes any layout) or set model.channels_last=false"
+        )
     if spec.comm is not None and spec.comm.config.mode == "torus2d":
         comm.grid_for(world, spec.comm.config.grid)  # a grid that does not fit the world fails here
     return Plan(cfg, spec, stages, world)
@@ -134,9 +141,15 @@ def build_engine(plan: Plan, parts: Components):
         engine, _, _, _ = deepspeed.initialize(
             model=parts.model, optimizer=optimizer, config=engine_cfg
         )
+    if plan.spec.precision == "fp16":  # the native engine cast every parameter to FP16
+        log.info(
+            "fp16 engine: %d BatchNorm modules kept in FP32", keep_batchnorm_fp32(engine.module)
+        )
     # after initialize: its broadcast needs NCHW tensors
     if parts.memory_format == torch.channels_last:
         engine.module.to(memory_format=torch.channels_last)
+    if plan.cfg.model.compile:  # after the layout change: the graph sees the final strides
+        compile_engine(engine, plan.cfg.model.compile_mode)
     return engine, optimizer, configure_grad_sync(engine, plan.spec.comm, plan.world, plan.cfg.seed)
 
 

@@ -28,8 +28,9 @@ from dstrain.errors import Preempted
 from dstrain.evaluate import evaluate
 from dstrain.fault import StepChecks
 from dstrain.losses import smoothed_cross_entropy
+from dstrain.models import compiled_graphs
 from dstrain.monitor import Monitor, Progress, StepMeter, loss_scale_of
-from dstrain.optim import apply_schedule
+from dstrain.optim import StepCounter, apply_schedule
 from dstrain.ramp import BatchStage, batch_at
 from dstrain.schedule import LRSchedule
 
@@ -76,6 +77,9 @@ class Trainer:
     def __post_init__(self) -> None:
         self.device = next(self.engine.module.parameters()).device
         self.kill_at_step = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
+        # steps a loss scaler skipped = steps asked for - client optimizer steps taken
+        self.steps_taken = StepCounter(self.optimizer)
+        self.first_step = self.state.step
 
     # ------------------------------------------------------------ the epochs
     def fit(self) -> None:
@@ -164,6 +168,7 @@ class Trainer:
             self.device, self.cfg.log.every_steps, state.epoch_sums if first else None
         )
         stop, done, lr = "", first, 0.0
+        started = time.perf_counter()
         for i, (x, y) in enumerate(loader, first * accumulation):
             if i % accumulation == 0:
                 lr = self.set_lr(epoch + (i // accumulation + 1) / steps, stage.global_size)
@@ -173,6 +178,11 @@ class Trainer:
                 continue
             state.step, done = state.step + 1, done + 1
             stop = self.after_step()
+            if state.step == self.first_step + 1 and self.cfg.model.compile:
+                log.info(
+                    "torch.compile: first step %.1f s (tracing and compiling included)",
+                    time.perf_counter() - started,
+                )
             if meter.end_step() or (i + 1) == n_micro or stop:
                 self.log_window(meter, Progress(epoch, self.cfg.epochs, done, steps), lr, stage)
             if stop:
@@ -235,8 +245,9 @@ class Trainer:
         """The checks after every optimizer step; the agreed stop signal's name, or ''."""
         if self.kill_at_step and self.state.step == self.kill_at_step:
             os.kill(os.getpid(), signal.SIGKILL)
+        asked = self.state.step - self.first_step
         self.checks.skips.update(
-            self.engine.skipped_steps, self.state.step, loss_scale_of(self.engine)
+            asked - self.steps_taken.taken, self.state.step, lambda: loss_scale_of(self.engine)
         )
         return self.checks.stop_requested()
 
@@ -263,7 +274,18 @@ class Trainer:
 
     # ------------------------------------------------------------ evaluation, checkpoints, polish
     def evaluate(self) -> dict:
-        return evaluate(self.engine, self.data.val, self.input_dtype, self.memory_format)
+        if not self.cfg.model.compile:
+            return evaluate(self.engine, self.data.val, self.input_dtype, self.memory_format)
+        started, graphs = time.perf_counter(), compiled_graphs()
+        metrics = evaluate(self.engine, self.data.val, self.input_dtype, self.memory_format)
+        if compiled_graphs() > graphs:
+            log.info(
+                "torch.compile: evaluation %.1f s, compiling %d new graphs (%d in all)",
+                time.perf_counter() - started,
+                compiled_graphs() - graphs,
+                compiled_graphs(),
+            )
+        return metrics
 
     def save_checkpoint(self, tag: str, epoch: int) -> None:
         # never save a diverged model

@@ -104,6 +104,8 @@ def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
         "synthetic",
         "--channels-last",
         "on",
+        "--compile",
+        "off",
         "--bare-steps",
         "2",
         "--bare-warmup",
@@ -119,15 +121,46 @@ def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
     assert loops == {("bare PyTorch", "synthetic", "bf16"), ("dstrain", "synthetic", "bf16")}
     dstrain = next(r for r in result["rows"] if r["loop"] == "dstrain")
     assert dstrain["images_per_s"] > 0 and dstrain["vs_bare"] > 0 and dstrain["timed_images"] == 16
-    assert "| dstrain | synthetic | bf16 | on |" in out.with_suffix(".md").read_text()
-
-
-def test_throughput_bench_refuses_fp16_without_a_gpu(tmp_path):
-    proc = bench(
-        "throughput.py", "--precisions", "fp16", "--out", str(tmp_path / "x.json"), timeout=120
+    assert (
+        "| dstrain | synthetic | bf16 (autocast) | on | off |" in out.with_suffix(".md").read_text()
     )
-    assert proc.returncode != 0 and "fp16 needs a GPU" in proc.stderr
+
+
+def test_throughput_bench_refuses_the_native_fp16_engine_without_a_gpu(tmp_path):
+    proc = bench(
+        "throughput.py",
+        "--precisions",
+        "fp16_native",
+        "--out",
+        str(tmp_path / "x.json"),
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "fp16_native needs a GPU" in proc.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_optimizer_bench_takes_a_timm_lars_without_foreach(monkeypatch):
+    """bench/optimizer_step.py crashed where the installed timm's Lars had no foreach argument."""
+    import timm.optim
+    import torch
+
+    optimizer_step = load("optimizer_step")
+
+    class OldLars(timm.optim.Lars):
+        def __init__(self, params, lr, momentum=0.0, trust_coeff=0.001):
+            super().__init__(params, lr=lr, momentum=momentum, trust_coeff=trust_coeff)
+
+    model = torch.nn.Linear(3, 2)
+
+    def groups(layerwise=False):
+        return [{"params": list(model.parameters()), "weight_decay": 0.0}]
+
+    monkeypatch.setattr(timm.optim, "Lars", OldLars)
+    rows, note = optimizer_step.timm_lars_rows(groups)
+    assert list(rows) == ["timm_lars_per_tensor"] and "no foreach argument" in note
+    monkeypatch.undo()
+    rows, note = optimizer_step.timm_lars_rows(groups)
+    assert set(rows) == {"timm_lars_per_tensor", "timm_lars_foreach"} and not note
 
 
 @pytest.mark.slow

@@ -122,7 +122,12 @@ CASES = [
         [JSON, "{onebit}"],
         "removed in DeepSpeed 0.19",
     ),
-    ("precision", "fp16 without a GPU", [JSON, "ds_configs/fp16.json"], "ds_configs/fp32.json"),
+    (
+        "precision",
+        "native fp16 engine without a GPU",
+        [JSON, "ds_configs/fp16_native.json"],
+        "ds_configs/fp32.json",
+    ),
     (
         "precision",
         "bf16 weight cast with BatchNorm on CPU",

@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -10,6 +11,8 @@ from dstrain.data import Shard
 from dstrain.data.fashion_mnist import TensorLoader
 from dstrain.dist import free_port, sync_bn_buffers
 from dstrain.evaluate import evaluate
+
+pytestmark = pytest.mark.oldest  # ./run.sh test-oldest runs this module on torch 2.11
 
 
 def _model() -> torch.nn.Module:

@@ -7,13 +7,15 @@ import pytest
 from dstrain import ds_config
 from dstrain.errors import ConfigError
 
+pytestmark = pytest.mark.oldest  # ./run.sh test-oldest runs this module on torch 2.11
+
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((REPO / "ds_configs").glob("*.json"))
 
 
 def test_configs_are_shipped():
     names = {p.stem for p in SHIPPED}
-    assert {"fp32", "bf16", "fp16"} <= names
+    assert {"fp32", "bf16", "fp16", "fp16_native"} <= names
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
@@ -41,13 +43,28 @@ def test_precision_names():
         ds_config.precision(ds_config.read_json(REPO / "ds_configs/bf16.json"))
         == "autocast-bfloat16"
     )
-    assert ds_config.precision(ds_config.read_json(REPO / "ds_configs/fp16.json")) == "fp16"
+    for name in ("fp16", "lars_fp16", "lamb_fp16", "fp16_comm_fp16"):  # FP16 through autocast
+        raw = ds_config.read_json(REPO / f"ds_configs/{name}.json")
+        assert ds_config.precision(raw) == "autocast-float16", name
+    native = ds_config.read_json(REPO / "ds_configs/fp16_native.json")
+    assert ds_config.precision(native) == "fp16"
 
 
-def test_fp16_without_gpu_names_a_cpu_config():
-    raw = ds_config.read_json(REPO / "ds_configs/fp16.json")
+def test_native_fp16_without_gpu_names_a_cpu_config():
+    raw = ds_config.read_json(REPO / "ds_configs/fp16_native.json")
     with pytest.raises(ConfigError, match=r"fp16.enabled needs a CUDA GPU.*ds_configs/fp32.json"):
-        ds_config.parse(raw, "fp16.json", cuda_available=False)
+        ds_config.parse(raw, "fp16_native.json", cuda_available=False)
+
+
+def test_native_fp16_engine_is_warned_about_with_its_measured_cost(caplog):
+    raw = ds_config.read_json(REPO / "ds_configs/fp16_native.json")
+    with caplog.at_level("WARNING"):
+        ds_config.parse(raw, "fp16_native.json", cuda_available=True)
+    assert "native fp16 engine, measured at 0.52x" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        ds_config.load(REPO / "ds_configs/fp16.json", cuda_available=False)  # autocast: CPU too
+    assert "native" not in caplog.text
 
 
 def test_unknown_top_level_key_is_named_with_a_suggestion():

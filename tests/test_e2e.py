@@ -17,6 +17,7 @@ def final_module_state(run_dir: Path) -> dict:
     return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=False)["module"]
 
 
+@pytest.mark.oldest
 def test_two_rank_cpu_run_through_the_deepspeed_launcher(fake_fmnist, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(
@@ -114,6 +115,7 @@ def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
     ],
     ids=["sgd", "lars-ramp-channels-last"],
 )
+@pytest.mark.oldest
 def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path, extra):
     """Killed at step 21: in epoch 2 (sgd: steps 17-32; lars-ramp: batch 64 from epoch 2, steps 17-24)."""
     common = [*TINY, f"data.root={fake_fmnist}", "checkpoint.every_epochs=1", *extra]

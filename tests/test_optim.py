@@ -96,12 +96,89 @@ def test_every_shipped_optimizer_block_builds(path):
     assert [g["weight_decay"] for g in opt.param_groups][1] == 0.0
 
 
-def test_lamb_fallback_is_announced(caplog):
+def test_lamb_is_dstrains_lamb_everywhere(caplog):
     import logging
 
     with caplog.at_level(logging.INFO, logger="dstrain"):
-        build_optimizer(torch.nn.Linear(2, 2), parse_spec({"type": "Lamb", "params": {"lr": 0.01}}))
-    assert "using dstrain's multi-tensor LAMB" in caplog.text
+        opt = build_optimizer(
+            torch.nn.Linear(2, 2), parse_spec({"type": "Lamb", "params": {"lr": 0.01}})
+        )
+    assert type(opt).__name__ == "LAMB" and "dstrain's multi-tensor LAMB" in caplog.text
+
+
+def test_fused_lamb_without_its_op_falls_back_and_says_why(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="dstrain"):
+        opt = build_optimizer(
+            torch.nn.Linear(2, 2), parse_spec({"type": "FusedLamb", "params": {"lr": 0.01}})
+        )
+    assert type(opt).__name__ == "LAMB"
+    assert (
+        "DeepSpeed's CUDA op is not usable here (it is a CUDA op and no CUDA device" in caplog.text
+    )
+
+
+def test_fused_lamb_op_build_failure_is_reported_as_one_not_as_a_config_error(monkeypatch, caplog):
+    """The failure seen on an H100 image: DeepSpeed's builder parsing '9.0a' raised ValueError, and
+    dstrain called it a problem with the JSON's optimizer.params."""
+    import logging
+
+    from deepspeed.ops.op_builder import FusedLambBuilder
+
+    def broken_load(self, *args, **kwargs):
+        raise ValueError("invalid literal for int() with base 10: '0a'")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(FusedLambBuilder, "is_compatible", lambda self, verbose=False: True)
+    monkeypatch.setattr(FusedLambBuilder, "load", broken_load)
+    with caplog.at_level(logging.INFO, logger="dstrain"):
+        opt = build_optimizer(
+            torch.nn.Linear(2, 2), parse_spec({"type": "FusedLamb", "params": {"lr": 0.01}})
+        )
+    assert type(opt).__name__ == "LAMB"
+    assert "ValueError: invalid literal for int() with base 10: '0a'" in caplog.text
+    assert "falling back to dstrain's multi-tensor LAMB" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "given, handed",
+    [
+        ("8.0;9.0a", "8.0;9.0"),
+        ("9.0a 10.0f+PTX", "9.0;10.0+PTX"),
+        ("9.0a;9.0", "9.0"),
+        ("8.0;9.0+PTX", None),  # DeepSpeed parses it as it is
+        ("", None),
+        (None, None),
+    ],
+)
+def test_arch_lists_deepspeed_cannot_parse_are_made_parsable(given, handed):
+    from dstrain.optim import deepspeed_arch_list
+
+    assert deepspeed_arch_list(given) == handed
+
+
+def test_lamb_on_channels_last_parameters_equals_lamb_on_contiguous_ones():
+    """FusedLamb asserts contiguity; dstrain's LAMB must take NHWC conv weights and give the same step."""
+    from dstrain.lamb import LAMB
+
+    results = []
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        torch.manual_seed(0)
+        model = build_model("resnet_small", 10, in_channels=3, width=8).to(memory_format=fmt)
+        opt = LAMB(param_groups(model, 0.01, layerwise=True), lr=0.01)
+        x = torch.randn(4, 3, 16, 16).to(memory_format=fmt)
+        for _ in range(2):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), torch.arange(4)).backward()
+            opt.step()
+        convs = [p for p in model.parameters() if p.ndim == 4]
+        assert all(p.is_contiguous(memory_format=fmt) for p in convs)
+        if fmt == torch.channels_last:
+            assert not all(p.is_contiguous() for p in convs)  # the case FusedLamb refuses
+        results.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_apply_schedule_scales_weight_decay_from_its_initial_value():

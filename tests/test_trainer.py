@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 
@@ -11,7 +12,10 @@ import torch
 from dstrain import dist, fault, train
 from dstrain.config import load_config
 from dstrain.errors import Preempted
+from dstrain.monitor import StepMeter
 from tests.conftest import REPO, TINY
+
+pytestmark = pytest.mark.oldest  # ./run.sh test-oldest runs this module on torch 2.11
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +33,7 @@ def world_of_one():
     os.environ.update(saved)
 
 
-def make_trainer(fake_fmnist, tmp_path, *overrides):
+def make_trainer(fake_fmnist, tmp_path, *overrides, ds="fp32"):
     cfg = load_config(
         TINY[1],
         [
@@ -41,7 +45,7 @@ def make_trainer(fake_fmnist, tmp_path, *overrides):
             *overrides,
         ],
     )
-    plan = train.prepare(cfg, str(REPO / "ds_configs" / "fp32.json"))
+    plan = train.prepare(cfg, str(REPO / "ds_configs" / f"{ds}.json"))
     signals = fault.StopSignals()
     trainer = train.build_trainer(plan, tmp_path / "run", signals)
     return trainer, plan
@@ -80,3 +84,135 @@ def test_a_stop_signal_ends_the_epoch_after_the_step_in_flight(fake_fmnist, tmp_
         trainer.stop_with_checkpoint("epoch0000-step00000001", 0)
     assert (trainer.checkpoint_root / "epoch0000-step00000001" / "trainer_state.json").is_file()
     assert dist.world_size() == 1
+
+
+# ---------------------------------------------------------------- precision, communication, torch versions
+def _one_step(trainer):
+    """One optimizer step of the first batch, as train_epoch takes it."""
+    stage = trainer.plan[0]
+    trainer.start_loader(0, stage, 0)
+    x, y = next(iter(trainer.data.train))
+    meter = StepMeter(trainer.device, 1, None)
+    trainer.train_micro_batch(x, y, True, meter, 1)
+    trainer.state.step += 1
+    trainer.after_step()
+
+
+def test_fp16_autocast_skips_overflowing_steps_counts_them_and_halves_the_scale(
+    fake_fmnist, tmp_path, world_of_one, caplog
+):
+    """ds_configs/fp16.json (torch_autocast float16, GradScaler in the engine) runs on the CPU too:
+    an overflow skips the step (weights unchanged), the skip is counted and logged with the scale."""
+    trainer, plan = make_trainer(fake_fmnist, tmp_path, "epochs=1", "log.every_steps=1", ds="fp16")
+    assert plan.spec.precision == "autocast-float16" and trainer.input_dtype == torch.float32
+    scaler = trainer.engine.torch_autocast_z0_gradscaler
+    scaler._init_scale = 2.0**40  # GradScaler(init_scale=2**40): no FP16 gradient survives it
+    before = [p.detach().clone() for p in trainer.engine.module.parameters()]
+    _one_step(trainer)
+    after = list(trainer.engine.module.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, after)), "a skipped step moved the weights"
+    assert trainer.checks.skips.total == 1 and scaler.get_scale() == 2.0**39
+    scaler.update(2.0**30)
+    with caplog.at_level("INFO"):
+        metrics = trainer.train_epoch(0, trainer.plan[0])
+    skipped = trainer.checks.skips.total - 1
+    # GradScaler halves the scale once per skipped step (it grows only after 2000 clean ones)
+    assert 0 < skipped < 16 and scaler.get_scale() == 2.0 ** (30 - skipped)
+    assert trainer.steps_taken.taken == 16 - skipped  # 512 images / 32
+    assert "FP16 gradient overflow, step skipped" in caplog.text
+    assert f"scale {2.0 ** (30 - skipped):g}" in caplog.text
+    assert math.isfinite(metrics["train_loss"])
+    assert any(not torch.equal(a, b) for a, b in zip(before, after)), "clean steps must train"
+
+
+@pytest.mark.parametrize("ds, wire", [("bf16", torch.float32), ("bf16_comm_bf16", torch.bfloat16)])
+def test_gradient_communication_dtype_is_what_the_json_says(
+    fake_fmnist, tmp_path, world_of_one, monkeypatch, ds, wire
+):
+    """communication_data_type puts bf16 on the wire (half the bytes), seen at DeepSpeed's all-reduce."""
+    import deepspeed.comm
+
+    trainer, _ = make_trainer(fake_fmnist, tmp_path, "epochs=1", ds=ds)
+    trainer.engine.enable_backward_allreduce = (
+        True  # one rank: dstrain skips it, turn it on to look
+    )
+    sent = []
+    real = deepspeed.comm.all_reduce
+
+    def spy(tensor, *args, **kwargs):
+        sent.append((tensor.dtype, tensor.numel() * tensor.element_size()))
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(deepspeed.comm, "all_reduce", spy)
+    _one_step(trainer)
+    grads = sum(p.numel() for p in trainer.engine.module.parameters())
+    assert sent and {dtype for dtype, _ in sent} == {wire}
+    assert sum(n for _, n in sent) == grads * (2 if wire == torch.bfloat16 else 4)
+
+
+def test_training_runs_on_a_torch_without_the_public_set_timeout(
+    fake_fmnist, tmp_path, world_of_one, monkeypatch, caplog
+):
+    """torch 2.11 has no torch.distributed.set_timeout (the GPU image a first run died on)."""
+    assert dist.set_timeout_everywhere(600) >= 1
+    monkeypatch.delattr(torch.distributed, "set_timeout", raising=False)
+    assert dist.set_timeout_everywhere(600) >= 1  # through ProcessGroup.set_timeout, as 2.11 has it
+    monkeypatch.delattr(torch.distributed.ProcessGroup, "set_timeout")
+    with caplog.at_level("WARNING"):
+        assert dist.set_timeout_everywhere(600) == 0
+        trainer, _ = make_trainer(fake_fmnist, tmp_path, "epochs=1")
+    assert "cannot change a process group's timeout" in caplog.text
+    assert trainer.train_epoch(0, trainer.plan[0])["train_loss"] > 0
+
+
+def test_fused_lamb_with_channels_last_is_refused_before_anything_starts(fake_fmnist, tmp_path):
+    import json
+
+    from dstrain.errors import ConfigError
+
+    raw = json.loads((REPO / "ds_configs" / "lamb_fp32.json").read_text())
+    raw["optimizer"]["type"] = "FusedLamb"
+    path = tmp_path / "fused.json"
+    path.write_text(json.dumps(raw))
+    cfg = load_config(TINY[1], [*TINY[2:], "model.channels_last=true", f"run_dir={tmp_path / 'r'}"])
+    with pytest.raises(ConfigError, match=r"fused.json: optimizer type FusedLamb .* \"Lamb\""):
+        train.prepare(cfg, str(path))
+    assert not (tmp_path / "r").exists()
+
+
+# ---------------------------------------------------------------- torch.compile
+def test_compiled_training_composes_with_ramp_eval_checkpoints_and_resume(
+    fake_fmnist, tmp_path, world_of_one, caplog
+):
+    """model.compile=true: no new graphs when the ramp changes accumulation or in a second epoch,
+    checkpoint keys as uncompiled, and a compiled run's checkpoint resumes uncompiled and back."""
+    from dstrain.models import compiled_graphs
+
+    common = ["batch.micro_per_rank=32", "polish.enabled=true"]
+    plain, _ = make_trainer(fake_fmnist, tmp_path, "epochs=1", *common)  # run 1: uncompiled
+    plain.fit()
+    keys = set(plain.engine.module.state_dict())
+    ramp = ["batch.ramp=[[2,64]]"]  # accumulation 1 -> 2 inside the compiled run
+    with caplog.at_level("INFO"):  # run 2: compiled, resumes run 1's checkpoint
+        compiled, _ = make_trainer(
+            fake_fmnist, tmp_path, "epochs=3", "model.compile=true", "resume=auto", *ramp, *common
+        )
+        assert compiled.state.epoch == 1
+        compiled.fit()
+    assert set(compiled.engine.module.state_dict()) == keys  # no _orig_mod. prefix
+    assert "torch.compile: first step" in caplog.text and "torch.compile: evaluation" in caplog.text
+    epochs = compiled.state.history
+    assert [h["global_batch"] for h in epochs] == [32, 32, 64]
+    graphs = compiled_graphs()
+    compiled.state.epoch = 2  # one epoch more: every shape and mode has been seen
+    compiled.cfg.epochs = 3
+    compiled.fit()
+    assert compiled_graphs() == graphs, "a repeated epoch recompiled"
+    assert epochs[-1]["val_top1"] > 0.1
+    saved = {k: v.clone() for k, v in compiled.engine.module.state_dict().items()}
+    polished = compiled.polish(tmp_path / "run")  # BN refit through the compiled module
+    assert polished["after"]["val_top1"] > 0.1 and polished["images"] > 0
+    resumed, _ = make_trainer(fake_fmnist, tmp_path, "epochs=4", "resume=auto", *ramp, *common)
+    assert resumed.state.epoch == 3
+    for (name, a), b in zip(saved.items(), resumed.engine.module.state_dict().values()):
+        assert torch.equal(a, b), name
