@@ -95,7 +95,7 @@ def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
     } <= tags
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["precision"] == "autocast-bfloat16"
-    assert "using dstrain's multi-tensor LAMB" in proc.stdout
+    assert "Lamb: dstrain's multi-tensor LAMB" in proc.stdout
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
 
 

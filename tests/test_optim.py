@@ -159,26 +159,35 @@ def test_arch_lists_deepspeed_cannot_parse_are_made_parsable(given, handed):
 
 
 def test_lamb_on_channels_last_parameters_equals_lamb_on_contiguous_ones():
-    """FusedLamb asserts contiguity; dstrain's LAMB must take NHWC conv weights and give the same step."""
+    """FusedLamb asserts contiguity; dstrain's LAMB must take NHWC conv weights and give the same step.
+
+    Both layouts get the same values and gradients (only the memory layout differs), so any
+    difference beyond the norms' summation order is a layout bug."""
     from dstrain.lamb import LAMB
 
+    torch.manual_seed(0)
+    reference = build_model("resnet_small", 10, in_channels=3, width=8)
+    grads = [[torch.randn_like(p) * 1e-2 for p in reference.parameters()] for _ in range(3)]
     results = []
     for fmt in (torch.contiguous_format, torch.channels_last):
-        torch.manual_seed(0)
-        model = build_model("resnet_small", 10, in_channels=3, width=8).to(memory_format=fmt)
-        opt = LAMB(param_groups(model, 0.01, layerwise=True), lr=0.01)
-        x = torch.randn(4, 3, 16, 16).to(memory_format=fmt)
-        for _ in range(2):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), torch.arange(4)).backward()
-            opt.step()
+        model = build_model("resnet_small", 10, in_channels=3, width=8)
+        model.load_state_dict(reference.state_dict())
+        model.to(memory_format=fmt)
         convs = [p for p in model.parameters() if p.ndim == 4]
         assert all(p.is_contiguous(memory_format=fmt) for p in convs)
         if fmt == torch.channels_last:
             assert not all(p.is_contiguous() for p in convs)  # the case FusedLamb refuses
+        opt = LAMB(param_groups(model, 0.01, layerwise=True), lr=0.01)
+        for step in grads:
+            for p, g in zip(model.parameters(), step):
+                p.grad = g.contiguous(memory_format=fmt) if g.ndim == 4 else g.clone()
+            opt.step()
+        assert all(p.is_contiguous(memory_format=fmt) for p in convs)
         results.append([p.detach().clone() for p in model.parameters()])
+    moved = [not torch.equal(a, b) for a, b in zip(results[0], reference.parameters())]
+    assert all(moved)
     for a, b in zip(*results):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_apply_schedule_scales_weight_decay_from_its_initial_value():

@@ -45,7 +45,8 @@ def make_trainer(fake_fmnist, tmp_path, *overrides, ds="fp32"):
             *overrides,
         ],
     )
-    plan = train.prepare(cfg, str(REPO / "ds_configs" / f"{ds}.json"))
+    path = ds if ds.endswith(".json") else str(REPO / "ds_configs" / f"{ds}.json")
+    plan = train.prepare(cfg, path)
     signals = fault.StopSignals()
     trainer = train.build_trainer(plan, tmp_path / "run", signals)
     return trainer, plan
@@ -216,3 +217,43 @@ def test_compiled_training_composes_with_ramp_eval_checkpoints_and_resume(
     assert resumed.state.epoch == 3
     for (name, a), b in zip(saved.items(), resumed.engine.module.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(
+    "ds, comm",
+    [("lamb_bf16", {"compression": "sign", "warmup_steps": 0}), ("lars_fp16", None)],
+    ids=["lamb-bf16-sign", "lars-fp16autocast"],
+)
+def test_compiled_training_composes_with_channels_last_precision_optimizers_and_comm(
+    fake_fmnist, tmp_path, world_of_one, ds, comm
+):
+    """model.compile=true with NHWC, bf16 / fp16 autocast (GradScaler), LAMB / LARS and, for one, our
+    compressed all-reduce: it trains, and a second epoch with evaluation builds no new graph."""
+    import json
+
+    from dstrain.models import compiled_graphs
+
+    raw = json.loads((REPO / "ds_configs" / f"{ds}.json").read_text())
+    if comm:
+        raw["dstrain_communication"] = {"mode": "allreduce", "bucket_mb": 25, **comm}
+    path = tmp_path / f"{ds}.json"
+    path.write_text(json.dumps(raw))
+    trainer, _ = make_trainer(
+        fake_fmnist,
+        tmp_path,
+        "epochs=2",
+        "model.compile=true",
+        "model.channels_last=true",
+        "optim.base_lr=0.01" if ds.startswith("lamb") else "optim.base_lr=2.0",
+        ds=str(path),
+    )
+    assert trainer.memory_format == torch.channels_last
+    assert (trainer.grad_sync is not None) == bool(comm)
+    stage = trainer.plan[0]
+    first = trainer.train_epoch(0, stage)
+    trainer.evaluate()
+    graphs = compiled_graphs()
+    second = trainer.train_epoch(1, stage)
+    metrics = trainer.evaluate()
+    assert compiled_graphs() == graphs, "the second epoch recompiled"
+    assert second["train_loss"] < first["train_loss"] and metrics["val_top1"] > 0.2
