@@ -118,6 +118,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--out", default="", help="default bench/results/optimizer_step_<device>.json")
     args = ap.parse_args()
     device = torch.device(args.device)
     model = torchvision.models.resnet50().to(device)
@@ -160,7 +161,7 @@ def main() -> int:
         "targets": "CPU: dstrain_lars within 1.15x of sgd_foreach; GPU: within 1.3x and >= 3x faster than "
         "timm_lars_per_tensor",
     }
-    out = REPO / "bench" / "results" / f"optimizer_step_{device.type}.json"
+    out = Path(args.out or REPO / "bench" / "results" / f"optimizer_step_{device.type}.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
     for k in med:
         print(f"{k:24s} {med[k] * 1e3:9.2f} ms  {med[k] / base:6.3f}x SGD")

@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/throughput.py              # on a GPU node -> bench/results/throughput_<gpu>.{json,md}
     .venv/bin/python bench/throughput.py --model resnet18 --batch 16 --image-size 64 --images 64 \\
-        --dali-images 64 --bare-steps 4 --out /tmp/tp.json               # CPU smoke run (bf16 only)
+        --dali-images 64 --bare-steps 4 --out /tmp/tp.json               # CPU smoke run (fp32)
 
 One run measures every combination on the same device, one after the other:
-  bare     torchvision resnet50 + torch.autocast (fp16 with a GradScaler, or bf16) + torch.optim.SGD
+  bare     torchvision resnet50 + torch.autocast (fp16 with a GradScaler, or bf16; none for fp32) + torch.optim.SGD
            (momentum 0.9), one fixed synthetic batch on the device, cudnn.benchmark; no DeepSpeed, no
            data loading: the ceiling for this model on this GPU
   dstrain  the real trainer (``python -m dstrain --config imagenet_resnet50``) with ds_configs/fp16.json or
@@ -17,7 +17,7 @@ first epoch (cuDNN autotuning, DALI start-up) is not timed. The bare loop times 
 after ``--bare-warmup`` steps. Every number is images/s per GPU (one process, one GPU).
 
 References (METHODS.md): 2,470 img/s on one A100 (NVIDIA's PyTorch example, AMP), ~7,160 img/s per H100
-(NVIDIA's MLPerf MXNet stack). fp16 needs a GPU; on a CPU the default is bf16 only.
+(NVIDIA's MLPerf MXNet stack). On a CPU the default is fp32 only; fp16_native needs a GPU.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 REFERENCES = {"A100 (NVIDIA PyTorch example, AMP)": 2470, "H100 (NVIDIA MLPerf MXNet)": 7160}
 # --precisions name -> (what the table says, the DeepSpeed JSON dstrain runs, the bare twin's autocast)
 PRECISIONS = {
+    "fp32": ("fp32", "fp32.json", "fp32"),
     "fp16": ("fp16 (autocast + GradScaler)", "fp16.json", "fp16"),
     "bf16": ("bf16 (autocast)", "bf16.json", "bf16"),
     "fp16_native": ("fp16 (DeepSpeed's native engine)", "fp16_native.json", "fp16"),
@@ -69,7 +70,7 @@ def bare_loop(
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
     if compile_mode:
         model.compile(mode=compile_mode)
-    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)  # None: fp32
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     x = torch.randn(batch, 3, side, side, device=device).contiguous(memory_format=fmt)
     y = torch.randint(0, 1000, (batch,), device=device)
@@ -82,7 +83,7 @@ def bare_loop(
         if step == warmup:
             sync()
             t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=dtype):
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
@@ -252,7 +253,8 @@ def main() -> int:
         nargs="+",
         default=None,
         choices=tuple(PRECISIONS),
-        help="default: fp16 bf16 fp16_native on a GPU, bf16 on a CPU (fp16 runs there too, slowly; "
+        help="default: fp16 bf16 fp16_native on a GPU, fp32 on a CPU (bf16 and fp16 autocast run "
+        "there too, but a CPU without AVX-512 BF16/FP16 emulates them ~20x slower than fp32; "
         "fp16_native needs a GPU)",
     )
     p.add_argument(
@@ -298,7 +300,7 @@ def main() -> int:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precisions = args.precisions or (
-        ["fp16", "bf16", "fp16_native"] if device.type == "cuda" else ["bf16"]
+        ["fp16", "bf16", "fp16_native"] if device.type == "cuda" else ["fp32"]
     )
     if "fp16_native" in precisions and device.type != "cuda":
         raise SystemExit(

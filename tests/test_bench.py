@@ -118,12 +118,10 @@ def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     loops = {(r["loop"], r["data"], r["precision"]) for r in result["rows"]}
-    assert loops == {("bare PyTorch", "synthetic", "bf16"), ("dstrain", "synthetic", "bf16")}
+    assert loops == {("bare PyTorch", "synthetic", "fp32"), ("dstrain", "synthetic", "fp32")}
     dstrain = next(r for r in result["rows"] if r["loop"] == "dstrain")
     assert dstrain["images_per_s"] > 0 and dstrain["vs_bare"] > 0 and dstrain["timed_images"] == 16
-    assert (
-        "| dstrain | synthetic | bf16 (autocast) | on | off |" in out.with_suffix(".md").read_text()
-    )
+    assert "| dstrain | synthetic | fp32 | on | off |" in out.with_suffix(".md").read_text()
 
 
 def test_throughput_bench_refuses_the_native_fp16_engine_without_a_gpu(tmp_path):
