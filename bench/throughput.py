@@ -235,14 +235,6 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def dali_missing() -> str:
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return "the DALI rows: nvidia.dali is not installed (pip install -e .[dali])"
-    return ""
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet50", help="torchvision model name")
@@ -314,8 +306,8 @@ def main() -> int:
     layouts = [c == "on" for c in args.channels_last]
     compiles = [c == "on" for c in args.compile]
     not_run, loaders = [], list(args.loaders)
-    if "dali" in loaders and dali_missing():
-        not_run.append(dali_missing())
+    if "dali" in loaders and env["dali"] is None:  # environment() found no nvidia.dali
+        not_run.append("the DALI rows: nvidia.dali is not installed (pip install -e .[dali])")
         loaders.remove("dali")
     rows, t_start = [], time.perf_counter()
     twins = sorted({PRECISIONS[p][2] for p in precisions})

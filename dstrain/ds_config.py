@@ -169,7 +169,8 @@ def parse(raw: dict, path: str | Path, cuda_available: bool | None = None) -> De
             f"{path}: has a 'scheduler' block, but the trainer owns the LR schedule "
             "(optim.warmup_epochs, optim.decay, ...). Remove 'scheduler' from the JSON."
         )
-    if cfg.get("fp16", {}).get("enabled", False):
+    native_fp16 = cfg.get("fp16", {}).get("enabled", False)
+    if native_fp16:
         if cuda_available is None:
             cuda_available = torch.cuda.is_available()
         if not cuda_available:
@@ -177,15 +178,14 @@ def parse(raw: dict, path: str | Path, cuda_available: bool | None = None) -> De
                 f"{path}: fp16.enabled needs a CUDA GPU and none is visible. "
                 f"On CPU use {CPU_CONFIGS}."
             )
-    if cfg.get("fp16", {}).get("enabled", False):
         log.warning(
             "%s: fp16.enabled selects DeepSpeed's native fp16 engine, measured at 0.52x a bare "
             "PyTorch AMP loop on an H100; ds_configs/fp16.json (torch_autocast float16, FP32 "
             "master weights, dynamic loss scaling) ran at 0.96x",
             path,
         )
-    if cfg.get("fp16", {}).get("enabled", False) and cfg.get("bf16", {}).get("enabled", False):
-        raise ConfigError(f"{path}: fp16 and bf16 are both enabled; enable one of them.")
+        if cfg.get("bf16", {}).get("enabled", False):
+            raise ConfigError(f"{path}: fp16 and bf16 are both enabled; enable one of them.")
     stage = cfg.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise ConfigError(f"{path}: zero_optimization.stage={stage!r}: use 0, 1, 2 or 3")

@@ -112,8 +112,12 @@ def build_model(
     return torchvision.models.get_model(name, **kwargs)
 
 
+def batchnorms(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
 def has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    return bool(batchnorms(model))
 
 
 def input_dtype(precision: str) -> torch.dtype:
@@ -145,12 +149,10 @@ def keep_batchnorm_fp32(model: nn.Module) -> int:
     (apex's keep_batchnorm_fp32); with FP16 parameters and the FP32 running statistics DeepSpeed
     keeps, NCHW BatchNorm fails in backward ("Expected running_mean to have type Half"). The
     Parameter objects stay the same, so the engine's FP32 master copies still map to them."""
-    n = 0
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.float()
-            n += 1
-    return n
+    bns = batchnorms(model)
+    for m in bns:
+        m.float()
+    return len(bns)
 
 
 def memory_format(channels_last: bool) -> torch.memory_format:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -114,8 +115,6 @@ def deepspeed_arch_list(value: str | None) -> str | None:
 @contextlib.contextmanager
 def _parsable_arch_list():
     """Hand DeepSpeed's op builder an arch list it can parse, for the duration of the build."""
-    import os
-
     old = os.environ.get("TORCH_CUDA_ARCH_LIST")
     fixed = deepspeed_arch_list(old)
     if fixed is not None:
@@ -137,41 +136,24 @@ def load_fused_lamb_op() -> None:
     """Build (or load the cached) DeepSpeed FusedLamb CUDA op; :class:`OpBuildError` says why not."""
     if not torch.cuda.is_available():
         raise OpBuildError("it is a CUDA op and no CUDA device is visible")
+    # a compiler, CUDA toolkit or arch problem: reported with the op builder's own message
     try:
         from deepspeed.ops.op_builder import FusedLambBuilder
 
         builder = FusedLambBuilder()
-        if not builder.is_compatible():
-            raise OpBuildError("DeepSpeed reports its FusedLamb op incompatible with this machine")
-        with _parsable_arch_list():
-            builder.load()
-    except OpBuildError:
-        raise
-    except (
-        Exception
-    ) as err:  # a compiler, CUDA toolkit or arch problem: the op builder's own message
+        compatible = builder.is_compatible()
+        if compatible:
+            with _parsable_arch_list():
+                builder.load()
+    except Exception as err:
         raise OpBuildError(f"{type(err).__name__}: {err}") from err
+    if not compatible:
+        raise OpBuildError("DeepSpeed reports its FusedLamb op incompatible with this machine")
 
 
-def _dstrain_lamb(
-    groups,
-    lr,
-    betas=(0.9, 0.999),
-    eps=1e-6,
-    weight_decay=0.01,
-    max_coeff=10.0,
-    min_coeff=0.01,
-    bias_correction=True,
-):
-    return LAMB(
-        groups,
-        lr=lr,
-        betas=tuple(betas),
-        eps=eps,
-        max_coeff=max_coeff,
-        min_coeff=min_coeff,
-        bias_correction=bias_correction,
-    )
+def _dstrain_lamb(groups, lr, **params):
+    """dstrain's LAMB; the group weight decay set by param_groups() overrides the default."""
+    return LAMB(groups, lr=lr, **params)
 
 
 def _lamb(groups, lr, **params):

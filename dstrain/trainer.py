@@ -274,11 +274,10 @@ class Trainer:
 
     # ------------------------------------------------------------ evaluation, checkpoints, polish
     def evaluate(self) -> dict:
-        if not self.cfg.model.compile:
-            return evaluate(self.engine, self.data.val, self.input_dtype, self.memory_format)
-        started, graphs = time.perf_counter(), compiled_graphs()
+        compiled = self.cfg.model.compile
+        started, graphs = time.perf_counter(), compiled_graphs() if compiled else 0
         metrics = evaluate(self.engine, self.data.val, self.input_dtype, self.memory_format)
-        if compiled_graphs() > graphs:
+        if compiled and compiled_graphs() > graphs:
             log.info(
                 "torch.compile: evaluation %.1f s, compiling %d new graphs (%d in all)",
                 time.perf_counter() - started,
