@@ -80,7 +80,10 @@ def report(err: Exception, code: int, kind: str = "error") -> int:
     """One line on stderr: ``dstrain: error: ...`` (``dstrain[rank R]: ...`` in a multi-rank run)."""
     rank = os.environ.get("RANK", "0")
     prefix = "dstrain" if os.environ.get("WORLD_SIZE", "1") == "1" else f"dstrain[rank {rank}]"
-    print(f"{prefix}: {kind}: {err}", file=sys.stderr, flush=True)
+    # one write() per line: under the launcher (python -u) print() writes the text and its newline
+    # separately, and two ranks' lines then interleaved into one
+    sys.stderr.write(f"{prefix}: {kind}: {err}\n")
+    sys.stderr.flush()
     return code
 
 

@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = polish_run_dir(args)
     except ConfigError as err:
-        print(f"dstrain.polish: error: {err}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"dstrain.polish: error: {err}\n")  # one write: ranks' lines stay whole
+        sys.stderr.flush()
         return EXIT_CONFIG
     if dist.is_main():
         print(json.dumps(result, indent=2))
