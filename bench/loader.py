@@ -1,22 +1,29 @@
-"""Loader throughput: DALI vs the torchvision DataLoader on the same generated JPEG folder.
+"""Loader throughput: dstrain's DaliLoader against a plain DALI pipeline (the ceiling) and torchvision.
 
-    .venv/bin/python bench/loader.py                       # -> bench/results/loader_cpu.json
-    .venv/bin/python bench/loader.py --images 2000 --threads 2 --batch 64 --epochs 3
+    .venv/bin/python bench/loader.py                      # CPU (and GPU when there is one)
+    .venv/bin/python bench/loader.py --batch 64 --batches-per-epoch 25 100 --threads 2 \
+        --out bench/results/loader_cpu.json
 
-Both loaders are dstrain's own (dstrain.data.dali.DaliLoader and
-dstrain.data.folder.TorchvisionLoader), fed the same file list and the same
-sharding, with the same work per image: decode, random-resized-crop to 224
-(area 0.08-1, aspect 3/4-4/3), horizontal flip, normalise, float32 NCHW.
-DALI gets ``--threads`` CPU threads; torchvision gets ``--threads`` DataLoader
-worker processes. The folder holds ImageNet-like 500x375 JPEGs (quality 90,
-smooth random content plus pixel noise, ~100 KB each like ImageNet's). One warm-up epoch per loader
-(page cache, worker start-up), then the two loaders alternate for ``--epochs``
-timed epochs each; the ratio is DALI images/s over torchvision images/s in
-this one run.
+Rows, on the same generated JPEG folder, files, threads, prefetch depth, batch and output (float16
+HWC by default, what dstrain's DaliLoader gives FP16/BF16 training with channels_last):
 
-With a GPU (torch.cuda.is_available()), a second result file records the GPU
-variant: DALI with ``mixed`` (nvJPEG) decode and outputs on the GPU, against the
-same torchvision loader copying batches to the GPU -> loader_gpu.json.
+  plain        the ceiling: a plain DALI training pipeline built once (DALI's file reader and
+               shuffle, ``decoders.image_random_crop``, resize, flip, normalise,
+               ``DALIGenericIterator``), see :func:`plain_pipeline`
+  dali         dstrain.data.dali.DaliLoader: our global batches, per-epoch reshuffle, exact-resume
+               crops, the ramp; one kept pipeline fed each epoch's order
+  torchvision  dstrain.data.folder.TorchvisionLoader, ``--threads`` worker processes (fp32 NCHW)
+
+Each is timed over whole epochs (start_epoch to the last batch on the device) at each
+``--batches-per-epoch``: short passes show per-pass costs (a pipeline build, a prefetch ramp),
+long ones the steady state. A first pass per loader is recorded apart (build, page cache,
+workers), then the loaders take turns for ``--epochs`` timed epochs; ratios are from this one run.
+``--threads`` and ``--prefetch`` take several values: every combination is measured.
+With a GPU, the same rows run with ``mixed`` (nvJPEG / hardware) decode, once per
+``--hw-decoder-load``.
+
+The folder holds ImageNet-like 500x375 JPEGs (quality 90, smooth random content plus pixel noise,
+~100 KB each like ImageNet's).
 """
 
 from __future__ import annotations
@@ -67,57 +74,182 @@ def make_folder(
     return root
 
 
+def plain_pipeline(
+    files: list[str], batch: int, threads: int, prefetch: int, device: str, opts: dict
+):
+    """The ceiling: a plain DALI training pipeline as DALI's own examples write one, built once, with
+    DALI's file reader and its shuffle, the random-resized crop drawn by the decoder, the same
+    resize / flip / normalise / output as dstrain's, and ``DALIGenericIterator`` (zero-copy under
+    DALI's dynamic executor, as dstrain's batches are). It keeps none of dstrain's guarantees (our
+    global batches, resume, ramp): it is what the hardware gives when nothing else is asked."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    gpu = device == "cuda"
+    decode = dict(device="mixed" if gpu else "cpu", output_type=types.RGB)
+    if gpu:
+        from dstrain.data.dali import DEVICE_MEMORY_PADDING, HOST_MEMORY_PADDING
+
+        decode.update(
+            hw_decoder_load=opts["hw_decoder_load"],
+            device_memory_padding=DEVICE_MEMORY_PADDING,
+            host_memory_padding=HOST_MEMORY_PADDING,
+        )
+
+    @pipeline_def(
+        batch_size=batch,
+        num_threads=threads,
+        prefetch_queue_depth=prefetch,
+        device_id=0 if gpu else None,
+        seed=1,
+    )
+    def pipe():
+        encoded, labels = fn.readers.file(
+            files=files, labels=list(range(len(files))), random_shuffle=True, name="Reader"
+        )
+        images = fn.decoders.image_random_crop(
+            encoded, random_area=[0.08, 1.0], random_aspect_ratio=[0.75, 4 / 3], **decode
+        )
+        images = fn.resize(images, size=[224, 224])
+        images = fn.crop_mirror_normalize(
+            images,
+            mirror=fn.random.coin_flip(),
+            mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+            std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
+            dtype=types.FLOAT16 if opts["dtype"] == "float16" else types.FLOAT,
+            output_layout="HWC" if opts["channels_last"] else "CHW",
+        )
+        return images, labels.gpu() if gpu else labels
+
+    it = DALIGenericIterator(
+        pipe(),
+        ["x", "y"],
+        reader_name="Reader",
+        last_batch_policy=LastBatchPolicy.DROP,
+        auto_reset=True,
+    )
+    return PlainEpochs(it)
+
+
+class PlainEpochs:
+    """The plain pipeline behind the loaders' interface (``start_epoch``, iteration)."""
+
+    def __init__(self, iterator):
+        self.iterator = iterator
+
+    def start_epoch(self, epoch: int) -> None:
+        pass  # DALI's reader reshuffles by itself
+
+    def __iter__(self):
+        for (out,) in self.iterator:
+            yield out["x"], out["y"]
+
+
+def build_loader(
+    name: str, root: Path, n: int, batch: int, threads: int, prefetch: int, device: str, opts: dict
+):
+    """One loader over the first ``n`` files of the folder (same files for every loader)."""
+    import torch
+
+    from dstrain.config import DataConfig
+    from dstrain.data import Shard
+    from dstrain.data.folder import limited, scan_split
+
+    images = limited(scan_split(root, "train"), n)
+    if name == "plain":
+        return plain_pipeline(images.files, batch, threads, prefetch, device, opts)
+    cfg = DataConfig(
+        dataset="imagefolder",
+        root=str(root),
+        num_workers=threads,
+        prefetch=prefetch,
+        hw_decoder_load=opts["hw_decoder_load"] or 0.0,
+        pin_memory=True,
+    )
+    shard = Shard(0, 1, batch, 1, eval_batch=batch, seed=0)
+    common = dict(augment=True, channels=3, device=device)
+    if name == "dali":
+        from dstrain.data.dali import DaliLoader
+
+        dtype = torch.float16 if opts["dtype"] == "float16" else torch.float32
+        return DaliLoader(
+            images, shard, "train", cfg, dtype=dtype, channels_last=opts["channels_last"], **common
+        )
+    from dstrain.data.folder import TorchvisionLoader
+
+    return TorchvisionLoader(images, shard, "train", cfg, **common)
+
+
 def time_epoch(loader, epoch: int) -> tuple[float, int]:
-    loader.start_epoch(epoch)
+    """Seconds from the start of an epoch to its last batch on the device, and its images."""
+    import torch
+
     t0, n = time.perf_counter(), 0
+    loader.start_epoch(epoch)
     for x, _ in loader:
         n += len(x)
     if x.is_cuda:
-        import torch
-
         torch.cuda.synchronize()
     return time.perf_counter() - t0, n
 
 
-def build_loaders(root: Path, batch: int, threads: int, device: str):
-    from dstrain.config import DataConfig
-    from dstrain.data import Shard
-    from dstrain.data.dali import DaliLoader
-    from dstrain.data.folder import TorchvisionLoader, scan_split
+def measure(root: Path, device: str, args, opts: dict) -> list[dict]:
+    """Every loader at every epoch length, thread count and prefetch depth: a first (untimed,
+    recorded) pass, then ``--epochs`` timed epochs, the loaders taking turns epoch by epoch."""
+    rows = []
+    for batches in args.batches_per_epoch:
+        for threads in args.threads:
+            for prefetch in args.prefetch:
+                n = batches * args.batch
+                loaders = {
+                    name: build_loader(name, root, n, args.batch, threads, prefetch, device, opts)
+                    for name in args.loaders
+                }
+                first = {name: time_epoch(loader, 0)[0] for name, loader in loaders.items()}
+                times = {name: [] for name in loaders}
+                for epoch in range(1, args.epochs + 1):
+                    for name, loader in loaders.items():
+                        times[name].append(time_epoch(loader, epoch))
+                row = {
+                    "batches_per_epoch": batches,
+                    "images_per_epoch": n,
+                    "threads": threads,
+                    "prefetch": prefetch,
+                    **opts,
+                }
+                for name, runs in times.items():
+                    seconds, images = sum(t for t, _ in runs), sum(k for _, k in runs)
+                    row[name] = {
+                        "images_per_sec": round(images / seconds, 1),
+                        "epoch_s": [round(t, 3) for t, _ in runs],
+                        "first_pass_s": round(first[name], 3),
+                    }
+                    if name == "dali":
+                        row[name]["pipelines_built"] = loaders[name].builds
+                for name in loaders:
+                    if name != "plain" and "plain" in loaders:
+                        row[f"ratio_{name}_over_plain"] = round(
+                            row[name]["images_per_sec"] / row["plain"]["images_per_sec"], 3
+                        )
+                rows.append(row)
+                print(f"{device}: " + format_row(row), flush=True)
+                del loaders
+    return rows
 
-    cfg = DataConfig(dataset="imagefolder", root=str(root), num_workers=threads, pin_memory=True)
-    images = scan_split(root, "train")
-    shard = Shard(0, 1, batch, 1, eval_batch=batch, seed=0)
-    dali = DaliLoader(images, shard, "train", cfg, augment=True, channels=3, device=device)
-    tv = TorchvisionLoader(images, shard, "train", cfg, augment=True, channels=3, device=device)
-    return {"dali": dali, "torchvision": tv}, len(images)
 
-
-def measure(root: Path, batch: int, threads: int, epochs: int, device: str) -> dict:
-    loaders, n = build_loaders(root, batch, threads, device)
-    for loader in loaders.values():
-        time_epoch(loader, 0)  # warm-up: page cache, worker processes, DALI start-up
-    times = {name: [] for name in loaders}
-    for epoch in range(1, epochs + 1):
-        for name, loader in loaders.items():
-            times[name].append(time_epoch(loader, epoch))
-    out = {}
-    for name, runs in times.items():
-        seconds, images = sum(t for t, _ in runs), sum(k for _, k in runs)
-        out[name] = {
-            "images_per_sec": round(images / seconds, 1),
-            "epoch_s": [round(t, 3) for t, _ in runs],
-            "images_per_epoch": runs[0][1],
-        }
-    dali = loaders["dali"]
-    build_t0 = time.perf_counter()  # what each training epoch pays for its own pipeline
-    dali._build(dali.images.files, dali.images.labels.tolist(), batch, seed=1)
-    out["dali"]["pipeline_build_s"] = round(time.perf_counter() - build_t0, 3)
-    out["ratio_dali_over_torchvision"] = round(
-        out["dali"]["images_per_sec"] / out["torchvision"]["images_per_sec"], 2
+def format_row(row: dict) -> str:
+    speeds = ", ".join(
+        f"{name} {row[name]['images_per_sec']}"
+        for name in ("plain", "dali", "torchvision")
+        if name in row
     )
-    out["files_in_folder"] = n
-    return out
+    ratio = (
+        f", dali/plain {row['ratio_dali_over_plain']}x" if "ratio_dali_over_plain" in row else ""
+    )
+    return (
+        f"{row['batches_per_epoch']} batches/epoch, {row['threads']} threads, prefetch "
+        f"{row['prefetch']}, hw_decoder_load {row['hw_decoder_load']}: {speeds} img/s{ratio}"
+    )
 
 
 def stage_profile(files: list[str], n: int = 256, batch: int = 32) -> dict:
@@ -208,17 +340,61 @@ def machine() -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=1536, help="JPEGs in the generated folder")
+    parser.add_argument("--batch", type=int, default=64, help="images per batch")
+    parser.add_argument(
+        "--batches-per-epoch",
+        type=int,
+        nargs="+",
+        default=[25, 100],
+        help="epoch lengths (batches); the folder holds enough files for the longest",
+    )
     parser.add_argument("--classes", type=int, default=16)
     parser.add_argument(
-        "--threads", type=int, default=os.cpu_count(), help="DALI threads = DataLoader workers"
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[os.cpu_count()],
+        help="DALI threads = DataLoader workers (several: each is measured)",
     )
-    parser.add_argument("--batch", type=int, default=64)
     parser.add_argument(
-        "--epochs", type=int, default=3, help="timed epochs per loader (after one warm-up)"
+        "--prefetch",
+        type=int,
+        nargs="+",
+        default=[2],
+        help="DALI prefetch queue depth (several: each is measured)",
+    )
+    parser.add_argument(
+        "--hw-decoder-load",
+        type=float,
+        nargs="+",
+        default=[0.9],
+        help="GPU only: hardware-decoder shares to measure",
+    )
+    parser.add_argument("--dtype", choices=("float16", "float32"), default="float16")
+    parser.add_argument(
+        "--layout", choices=("HWC", "CHW"), default="HWC", help="HWC = channels_last batches"
+    )
+    parser.add_argument(
+        "--loaders", nargs="+", default=["plain", "dali"], choices=("plain", "dali", "torchvision")
+    )
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs per loader")
+    parser.add_argument(
+        "--devices",
+        nargs="+",
+        default=["cpu", "cuda"],
+        choices=("cpu", "cuda"),
+        help="cuda is skipped without a GPU",
     )
     parser.add_argument(
         "--root", default="", help="reuse this generated folder (made when missing)"
+    )
+    parser.add_argument(
+        "--out", default="", help="result file (default bench/results/loader_<device>.json)"
+    )
+    parser.add_argument(
+        "--stage-profile",
+        action="store_true",
+        help="also time each CPU stage on one thread (torchvision vs DALI)",
     )
     args = parser.parse_args()
 
@@ -226,13 +402,16 @@ def main() -> int:
 
     from dstrain.provenance import git_sha
 
+    needed = max(args.batches_per_epoch) * args.batch
+    devices = [d for d in args.devices if d == "cpu" or torch.cuda.is_available()]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.root or Path(tmp) / "jpegs")
-        if not (root / "train").is_dir():
+        have = len(list((root / "train").rglob("*.JPEG"))) if (root / "train").is_dir() else 0
+        if have < needed:
             t0 = time.perf_counter()
-            make_folder(root, args.images, args.classes)
+            make_folder(root, needed, args.classes, start=have)
             print(
-                f"generated {args.images} JPEGs in {time.perf_counter() - t0:.0f} s under {root}",
+                f"generated {needed - have} JPEGs in {time.perf_counter() - t0:.0f} s under {root}",
                 flush=True,
             )
         sizes = [p.stat().st_size for p in (root / "train").rglob("*.JPEG")]
@@ -242,29 +421,41 @@ def main() -> int:
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "machine": machine(),
             "setup": {
-                "images": len(sizes),
+                "files_in_folder": len(sizes),
                 "image_size": "500x375",
                 "mean_jpeg_kb": round(np.mean(sizes) / 1024, 1),
                 "batch": args.batch,
-                "threads_or_workers": args.threads,
                 "timed_epochs": args.epochs,
-                "transform": "decode + random-resized-crop 224 (0.08-1, 3/4-4/3) + flip + normalize, fp32 NCHW",
+                "transform": "decode + random-resized-crop 224 (0.08-1, 3/4-4/3) + flip + "
+                f"normalize, {args.dtype} {args.layout} (torchvision: float32 CHW)",
             },
         }
-        results = {"cpu": measure(root, args.batch, args.threads, args.epochs, "cpu")}
-        results["cpu"]["stage_profile"] = stage_profile(
-            sorted(str(p) for p in (root / "train").rglob("*.JPEG"))
+        results = {}
+        for device in devices:
+            loads = args.hw_decoder_load if device == "cuda" else [None]
+            rows = []
+            for load in loads:
+                opts = {
+                    "dtype": args.dtype,
+                    "channels_last": args.layout == "HWC",
+                    "hw_decoder_load": load,  # None: CPU decode, no hardware decoder
+                }
+                rows += measure(root, device, args, opts)
+            results[device] = {"rows": rows}
+        if args.stage_profile:
+            results["cpu"]["stage_profile"] = stage_profile(
+                sorted(str(p) for p in (root / "train").rglob("*.JPEG"))
+            )
+    for device, res in results.items():
+        path = (
+            Path(args.out)
+            if args.out and len(results) == 1
+            else (
+                REPO / "bench" / "results" / f"loader_{'gpu' if device == 'cuda' else 'cpu'}.json"
+            )
         )
-        if torch.cuda.is_available():
-            results["gpu"] = measure(root, args.batch, args.threads, args.epochs, "cuda")
-    out_dir = REPO / "bench" / "results"
-    for kind, res in results.items():
-        path = out_dir / f"loader_{kind}.json"
-        path.write_text(json.dumps({**common, "device": kind, **res}, indent=2) + "\n")
-        print(
-            f"{kind}: DALI {res['dali']['images_per_sec']} img/s, torchvision {res['torchvision']['images_per_sec']} "
-            f"img/s, ratio {res['ratio_dali_over_torchvision']}x -> {path}"
-        )
+        path.write_text(json.dumps({**common, "device": device, **res}, indent=2) + "\n")
+        print(f"{device}: {len(res['rows'])} rows -> {path}")
     return 0
 
 

@@ -80,6 +80,12 @@ class DataConfig:
         "imagefolder: batches prepared ahead (DALI prefetch queue depth / DataLoader "
         "prefetch_factor per worker) (batches)",
     )
+    hw_decoder_load: float = setting(
+        0.9,
+        "DALI on a GPU: share of JPEGs decoded by the GPU's hardware JPEG decoder (A100, H100, "
+        "H200), the rest by CUDA nvJPEG; ignored where there is none. DALI's own default is 0.65; "
+        "0.9 measured 1.09-1.16x faster on an H100 (docs/data.md) (fraction 0-1)",
+    )
     pin_memory: bool = setting(
         True, "torchvision loader: pin host memory for faster H2D copies (bool)"
     )
@@ -381,6 +387,10 @@ def _data_rules(cfg: TrainConfig, world_size: int) -> Rules:
         data.num_workers >= 0 and data.prefetch >= 1,
         f"data.num_workers={data.num_workers}, data.prefetch={data.prefetch}: "
         "need num_workers >= 0, prefetch >= 1",
+    )
+    yield (
+        0 <= data.hw_decoder_load <= 1,
+        f"data.hw_decoder_load={data.hw_decoder_load}: must be a fraction in [0, 1]",
     )
     yield (
         data.limit_train >= 0 and data.limit_val >= 0,

@@ -102,6 +102,11 @@ def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
         "16",
         "--loaders",
         "synthetic",
+        "dali",
+        "--dali-images",
+        "16",
+        "--dali-threads",
+        "1",
         "--channels-last",
         "on",
         "--compile",
@@ -118,10 +123,40 @@ def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     loops = {(r["loop"], r["data"], r["precision"]) for r in result["rows"]}
-    assert loops == {("bare PyTorch", "synthetic", "fp32"), ("dstrain", "synthetic", "fp32")}
-    dstrain = next(r for r in result["rows"] if r["loop"] == "dstrain")
-    assert dstrain["images_per_s"] > 0 and dstrain["vs_bare"] > 0 and dstrain["timed_images"] == 16
-    assert "| dstrain | synthetic | fp32 | on | off |" in out.with_suffix(".md").read_text()
+    assert loops == {
+        ("bare PyTorch", "synthetic", "fp32"),
+        ("dstrain", "synthetic", "fp32"),
+        ("dstrain", "dali", "fp32"),
+    }
+    synthetic, dali = (
+        next(r for r in result["rows"] if r["loop"] == "dstrain" and r["data"] == data)
+        for data in ("synthetic", "dali")
+    )
+    assert synthetic["images_per_s"] > 0 and synthetic["vs_bare"] > 0
+    assert synthetic["timed_images"] == dali["timed_images"] == 16
+    assert dali["vs_synthetic"] == pytest.approx(dali["images_per_s"] / synthetic["images_per_s"])
+    table = out.with_suffix(".md").read_text()
+    assert "| dstrain | synthetic | fp32 | on | off |" in table
+    assert f"| {dali['vs_synthetic']:.2f}x |" in table
+
+
+@pytest.mark.slow
+def test_loader_bench_measures_dali_against_the_plain_pipeline_ceiling(tmp_path):
+    out = tmp_path / "loader.json"
+    args = ["--batch", "4", "--batches-per-epoch", "2", "3", "--threads", "1", "--epochs", "2"]
+    proc = bench(
+        "loader.py", *args, "--root", str(tmp_path / "jpegs"), "--devices", "cpu", "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["batches_per_epoch"], r["images_per_epoch"]) for r in rows] == [(2, 8), (3, 12)]
+    for row in rows:
+        assert row["plain"]["images_per_sec"] > 0 and row["dali"]["images_per_sec"] > 0
+        assert row["ratio_dali_over_plain"] == pytest.approx(
+            row["dali"]["images_per_sec"] / row["plain"]["images_per_sec"], abs=1e-3
+        )
+        assert row["dali"]["pipelines_built"] == 1  # 1 + 2 passes through one pipeline
+        assert len(row["dali"]["epoch_s"]) == 2
 
 
 def test_throughput_bench_refuses_the_native_fp16_engine_without_a_gpu(tmp_path):

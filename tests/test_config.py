@@ -101,6 +101,7 @@ def test_override_without_equals():
             "does not divide the per-rank batch 128",
         ),
         (["model.name=resnet50"], "set model.in_channels=3"),
+        (["data.hw_decoder_load=1.5"], "data.hw_decoder_load=1.5: must be a fraction in [0, 1]"),
     ],
 )
 def test_validate_names_the_field(overrides, message):

@@ -1,30 +1,52 @@
 """NVIDIA DALI pipelines over an image folder: decode on the GPU (``mixed``) when there is one, on the CPU otherwise.
 
-Which files a rank reads, and in what order, comes from dstrain.data.sharding:
-each pass (a training epoch, an evaluation) builds a pipeline whose file reader
-gets exactly that list with shuffling off, so DALI follows the same sharding,
-per-epoch shuffle and batch-size ramp as the other loaders (DALI's own shuffle
-draws from a buffer and its shards are contiguous ranges; it could not
-reproduce our global batches). Reading, decoding, cropping, resizing and
-normalising all run in DALI's threads.
+One pipeline per loader, built at its first pass and kept: every later pass (each epoch, each
+evaluation) feeds the same pipeline its files, so a pass pays no pipeline build, no decoder or
+memory set-up and no prefetch ramp (a pipeline built per pass ran at 0.18x a plain DALI pipeline
+on an H100 at 25 batches an epoch, issue 17). DALI works ``prefetch`` batches ahead, across the
+end of a pass into the pass the loader predicts next (see :class:`_Stream`), and a new batch is
+scheduled as soon as one is handed out.
+
+Which files a rank reads, and in what order, comes from :mod:`dstrain.data.sharding` (the same
+global batches on any number of ranks, reshuffled from (seed, epoch), the batch-size ramp); the
+pipeline takes them through ``fn.external_source``: each batch is this rank's file paths, which
+DALI's own threads read (``fn.io.file.read``), decode, crop, resize and normalise. DALI's file
+reader could not follow our order (it shuffles from a buffer and shards contiguous ranges), and a
+reader fed a new list would mean a new pipeline.
+
+Random-resized crops and flips are drawn by dstrain, not by DALI's generator: for every sample,
+from (seed, epoch, rank, batch index), ``CROP_ATTEMPTS`` candidate (area, aspect ratio) pairs and
+a position and a coin. In the pipeline, the first candidate that fits the image (its size comes
+from the JPEG header, ``fn.peek_image_shape``) is decoded as a region of interest; when none fits,
+the centred crop of the whole image with its aspect ratio clamped to the range (torchvision's
+``RandomResizedCrop`` rule). So a resumed run, even from the middle of an epoch, draws exactly
+the crops an uninterrupted one draws, and the pipeline holds no random state across passes.
 
 Pipelines
-  train  decode with random-resized-crop (area / aspect-ratio ranges), resize to
+  train  random-resized-crop (area / aspect-ratio ranges) decoded as a region of interest, resize to
          ``image_size``, random horizontal flip, normalise.
-  val    decode, resize the shorter side to ``val_resize``, center crop
-         ``image_size``, normalise. Also used for train mode with
-         ``start_epoch(..., augment=False)`` and for the polish set.
-Output: NCHW, or NHWC viewed as channels_last NCHW, in float16 for fp16
-training, else float32 (DALI has no bfloat16; the trainer casts on the device).
+  val    decode, resize the shorter side to ``val_resize``, center crop ``image_size``, normalise.
+         Also used for train mode with ``start_epoch(..., augment=False)`` and for the polish set.
+Output: NCHW, or NHWC viewed as channels_last NCHW; float16 for FP16 and BF16 training (half the
+bytes of float32; the trainer casts to bfloat16 on the device, DALI has no bfloat16), else float32.
+Batches are DALI's own buffers handed over by DLPack (no copy): DALI's dynamic executor keeps a
+buffer alive while a tensor references it.
 
-A training pipeline is seeded from (seed, epoch, rank), so a resumed run draws
-the same crops as an uninterrupted one. Building a pipeline costs milliseconds
-plus the file list (bench/loader.py records it).
+GPU settings (``data`` section): ``hw_decoder_load`` (the share of JPEGs given to the hardware
+decoder of A100/H100-class GPUs), ``num_workers`` (DALI CPU threads per rank), ``prefetch``
+(batches prepared ahead); docs/data.md gives their measured effects.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -40,9 +62,15 @@ from dstrain.data.folder import (
     corrupt_image_message,
     decode_error,
 )
-from dstrain.data.sharding import Shard, ShardedBatches
+from dstrain.data.sharding import Shard, ShardedBatches, index_lists
 
 log = logging.getLogger(__name__)
+
+CROP_ATTEMPTS = 10  # candidate crops per sample, as torchvision's RandomResizedCrop and DALI try
+NO_FIT = 1e6  # the score of a candidate that does not fit (any score below it is a fitting one)
+# nvJPEG's buffers, sized once for ImageNet-class images so they are not grown batch by batch
+# (the values of DALI's ResNet-50 example)
+DEVICE_MEMORY_PADDING, HOST_MEMORY_PADDING = 211_025_920, 140_544_512
 
 
 def dali_available() -> bool:
@@ -53,8 +81,113 @@ def dali_available() -> bool:
     return True
 
 
+def output_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The loader's output dtype for a training input dtype: float16 serves FP16 and BF16 training
+    (DALI has no bfloat16; the cast on the device is cheap), float32 anything else."""
+    return torch.float16 if dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
+def crop_draws(seed: int, n: int, area, aspect) -> dict[str, np.ndarray]:
+    """The random draws of ``n`` random-resized crops and flips, as the pipeline takes them.
+
+    Per sample, ``CROP_ATTEMPTS`` candidates of area fraction s ~ U(area) and aspect ratio
+    r ~ logU(aspect). On a W x H image a candidate is sqrt(s r W H) x sqrt(s W H / r) pixels, so
+    it fits iff ``lo`` = s r <= q <= r / s = ``hi`` (q = W / H), and its size relative to the image
+    is sqrt(``a`` / q) x sqrt(q / ``b``) with a = s r, b = r / s; its position is (``u``, ``v``)
+    of the room left. One more candidate, last, always fits: torchvision's fallback, the whole
+    image with its aspect ratio clamped to the range, centred (a, b = 1e6, 1e-6: the pipeline's
+    clamps to min(1, aspect max / q) x min(1, q / aspect min) give its size; they never cut a
+    fitting candidate). Then the flip coin."""
+    rng = np.random.default_rng(seed)
+    s = rng.uniform(area[0], area[1], (n, CROP_ATTEMPTS))
+    r = np.exp(rng.uniform(math.log(aspect[0]), math.log(aspect[1]), (n, CROP_ATTEMPTS)))
+    u, v = rng.uniform(size=(2, n, 1))
+    flip = rng.uniform(size=n) < 0.5
+
+    def last(values: np.ndarray, fallback: float) -> np.ndarray:
+        full = np.concatenate([values, np.full((n, 1), fallback)], 1)
+        return np.ascontiguousarray(full, dtype=np.float32)
+
+    return {
+        "attempt": np.ascontiguousarray(
+            np.broadcast_to(np.arange(CROP_ATTEMPTS + 1, dtype=np.float32), (n, CROP_ATTEMPTS + 1))
+        ),
+        "lo": last(s * r, 0.0),
+        "hi": last(r / s, np.inf),
+        "a": last(s * r, 1e6),
+        "b": last(r / s, 1e-6),
+        "u": last(np.repeat(u, CROP_ATTEMPTS, 1), 0.5),
+        "v": last(np.repeat(v, CROP_ATTEMPTS, 1), 0.5),
+        "flip": flip.astype(np.int32),
+    }
+
+
+FEED_ORDER = ("attempt", "lo", "hi", "a", "b", "u", "v", "flip")  # crop_draws' arrays, as fed
+
+
+def crop_window(q: np.ndarray, draws: dict[str, np.ndarray], aspect) -> np.ndarray:
+    """The crops (x, y, w, h), relative to the image, that the pipeline decodes for images of
+    aspect ratios ``q``: the NumPy twin of the pipeline's graph, step by step (tested)."""
+    q = q[:, None]
+    score = draws["attempt"] + ((draws["lo"] > q) | (q > draws["hi"])) * NO_FIT
+    chosen = score == score.min(1, keepdims=True)
+
+    def pick(name: str) -> np.ndarray:
+        return (draws[name] * chosen).sum(1, keepdims=True)
+
+    w = np.minimum(np.minimum(1.0, aspect[1] / q), np.sqrt(pick("a") / q))
+    h = np.minimum(np.minimum(1.0, q / aspect[0]), np.sqrt(q / pick("b")))
+    return np.concatenate([pick("u") * (1 - w), pick("v") * (1 - h), w, h], 1)
+
+
+@dataclass
+class _Pass:
+    """One pass (an epoch, an evaluation) as the pipeline's feed hands it over, batch by batch."""
+
+    key: tuple  # what decides its batches: (epoch, start, accumulation, augment)
+    items: Iterator  # (batch indices, what the feed hands DALI for it), made as they are fed
+    claimed: bool = False  # a consumer iterates it (False: fed ahead, on a prediction)
+
+
+class _Stream:
+    """The pipeline's ``external_source``: an endless stream of batches, pass after pass.
+
+    DALI runs ``prefetch`` batches ahead of the consumer; at the end of a pass the stream goes on
+    with the pass the loader predicts next (the next epoch in the same order rules; the same
+    evaluation again), so the pipeline is never idle between passes and needs no reset. A pass
+    that turns out different (a ramp step, a resume, a pass broken off) starts its own batches at
+    once; the few batches fed ahead on the wrong prediction are run and dropped (``fed`` says
+    which pass each batch in flight belongs to)."""
+
+    def __init__(self, predict: Callable[[_Pass], _Pass]):
+        # weak: the loader owns the pipeline that owns this stream; a strong reference back would
+        # keep a dropped loader's pipeline (and its busy threads) alive until the garbage collector
+        self.predict = weakref.WeakMethod(predict)
+        self.current: _Pass | None = None
+        self.scheduled = False  # the pipeline's queue has been filled (its first schedule_run)
+        self.fed: deque[tuple[_Pass, torch.Tensor]] = deque()
+
+    def start(self, new: _Pass) -> _Pass:
+        """The pass a consumer iterates: the one fed ahead if it is the same, else ``new``."""
+        if self.current is not None and not self.current.claimed and self.current.key == new.key:
+            new = self.current
+        self.current, new.claimed = new, True
+        return new
+
+    def __call__(self):
+        while True:
+            item = next(self.current.items, None)
+            if item is not None:
+                batch, inputs = item
+                self.fed.append((self.current, batch))
+                return inputs
+            self.current = self.predict()(self.current)
+
+
 class DaliLoader(ShardedBatches):
     """One split of an image folder through DALI; iteration yields (images, labels) on ``device``."""
+
+    exec_dynamic: bool | None = None  # DALI's executor: None = its default (dynamic since 2.0)
 
     def __init__(
         self,
@@ -70,7 +203,8 @@ class DaliLoader(ShardedBatches):
         channels_last: bool = False,
         limit: int = 0,
     ):
-        """``cfg`` (the ``data`` section) gives sizes, crop ranges, threads and prefetch."""
+        """``cfg`` (the ``data`` section) gives sizes, crop ranges, threads, prefetch and the
+        hardware-decoder share."""
         super().__init__(len(images), shard, mode, limit)
         self.images = images
         self.augment = augment and mode == "train"
@@ -78,102 +212,176 @@ class DaliLoader(ShardedBatches):
         self.area, self.aspect = tuple(cfg.random_area), tuple(cfg.random_aspect_ratio)
         self.channels, self.channels_last = channels, channels_last
         self.num_threads, self.prefetch = max(1, cfg.num_workers), max(1, cfg.prefetch)
+        self.hw_decoder_load = cfg.hw_decoder_load
         self.device = torch.device(device)
-        self.dtype = torch.float16 if dtype == torch.float16 else torch.float32
+        self.dtype = output_dtype(dtype)
+        self._pipe = None  # (pipeline, stream, augment) once built; None after a failed pass
+        self.builds = 0  # pipelines built by this loader (the tests and bench/loader.py read it)
 
     def _set_augment(self, augment: bool) -> None:
         self.augment = augment and self.mode == "train"
 
-    def _build(self, files: list[str], labels: list[int], batch_size: int, seed: int):
-        """A pipeline that reads ``files`` in this order (DALI's reader threads), then decodes and transforms."""
+    def _build(self, augment: bool):
+        """The pipeline (and its feed) for one transform; the feed decides the files of each pass."""
         from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali import math as dmath
 
         gpu = self.device.type == "cuda"
         rgb = self.channels == 3
         mean = [m * 255 for m in (IMAGENET_MEAN if rgb else GRAY_MEAN * self.channels)]
         std = [s * 255 for s in (IMAGENET_STD if rgb else GRAY_STD * self.channels)]
-        size, dtype = self.image_size, types.FLOAT16 if self.dtype == torch.float16 else types.FLOAT
+        size, out_type = (
+            self.image_size,
+            (types.FLOAT16 if self.dtype == torch.float16 else types.FLOAT),
+        )
+        decode = dict(
+            device="mixed" if gpu else "cpu", output_type=types.RGB if rgb else types.GRAY
+        )
+        if gpu:
+            decode.update(
+                hw_decoder_load=self.hw_decoder_load,
+                device_memory_padding=DEVICE_MEMORY_PADDING,
+                host_memory_padding=HOST_MEMORY_PADDING,
+            )
+        feed = _Stream(self._predict)
+        t0 = time.perf_counter()
 
         @pipeline_def(
-            batch_size=batch_size,
+            batch_size=self._max_batch(),
             num_threads=self.num_threads,
             prefetch_queue_depth=self.prefetch,
             device_id=(self.device.index or 0) if gpu else None,
-            seed=seed,
+            seed=self.shard.seed,  # nothing random is drawn in the pipeline; for completeness
+            exec_dynamic=self.exec_dynamic,
         )
         def pipeline():
-            # pad_last_batch: a short last batch is filled with copies of its last file; __iter__ trims them
-            encoded, label = fn.readers.file(
-                files=files,
-                labels=labels,
-                random_shuffle=False,
-                pad_last_batch=True,
-                prefetch_queue_depth=self.prefetch,
-                name="reader",
-            )
-            decode = dict(
-                device="mixed" if gpu else "cpu", output_type=types.RGB if rgb else types.GRAY
-            )
-            if self.augment:  # decodes only the crop window (libjpeg-turbo / nvJPEG ROI decode)
-                images = fn.decoders.image_random_crop(
-                    encoded,
-                    random_area=list(self.area),
-                    random_aspect_ratio=list(self.aspect),
-                    **decode,
-                )
-                images = fn.resize(images, size=[size, size])
-                mirror, crop = fn.random.coin_flip(probability=0.5), {}
-            else:
-                images = fn.decoders.image(encoded, **decode)
+            if not augment:
+                (paths,) = fn.external_source(source=feed, num_outputs=1)
+                images = fn.decoders.image(fn.io.file.read(paths), **decode)
                 images = fn.resize(images, resize_shorter=self.val_resize)
                 mirror, crop = 0, dict(crop=[size, size], crop_pos_x=0.5, crop_pos_y=0.5)
-            images = fn.crop_mirror_normalize(
+            else:
+                paths, *draws = fn.external_source(source=feed, num_outputs=1 + len(FEED_ORDER))
+                attempt, lo, hi, a, b, u, v, mirror = draws
+                encoded = fn.io.file.read(paths)
+                shape = fn.peek_image_shape(encoded, dtype=types.FLOAT)  # H, W, C
+                q = shape[1] / shape[0]
+                # the first candidate that fits (crop_draws, crop_window: the same steps in NumPy)
+                score = attempt + ((lo > q) | (q > hi)) * NO_FIT
+                chosen = score == fn.reductions.min(score)
+
+                def pick(values):
+                    return fn.reductions.sum(values * chosen)
+
+                w = dmath.min(dmath.min(1.0, self.aspect[1] / q), dmath.sqrt(pick(a) / q))
+                h = dmath.min(dmath.min(1.0, q / self.aspect[0]), dmath.sqrt(q / pick(b)))
+                x, y = pick(u) * (1 - w), pick(v) * (1 - h)
+                # a region-of-interest decode: only the crop window is decoded
+                images = fn.decoders.image_slice(encoded, fn.stack(x, y), fn.stack(w, h), **decode)
+                images = fn.resize(images, size=[size, size])
+                crop = {}
+            return fn.crop_mirror_normalize(
                 images,
                 mirror=mirror,
                 mean=mean,
                 std=std,
-                dtype=dtype,
+                dtype=out_type,
                 output_layout="HWC" if self.channels_last else "CHW",
                 **crop,
             )
-            return images, label
 
         pipe = pipeline()
         pipe.build()
-        return pipe
+        self.builds += 1
+        log.debug(
+            "DALI %s pipeline (%s) built in %.2f s",
+            self.mode,
+            "augment" if augment else "no augmentation",
+            time.perf_counter() - t0,
+        )
+        return pipe, feed
+
+    def _max_batch(self) -> int:
+        return self.shard.micro if self.mode == "train" else self.shard.eval_batch
+
+    def _pass(self, epoch: int, start: int, accumulation: int, augment: bool) -> _Pass:
+        shard = replace(self.shard, accumulation=accumulation)
+        batches = index_lists(self.n, shard, self.mode, epoch, self.limit)[start:]
+        draws = (self.augment_seed(epoch), self.area, self.aspect) if augment else None
+        items = feed_items(self.images.files, batches, start, draws)
+        return _Pass((epoch, start, accumulation, augment), items)
+
+    def _predict(self, done: _Pass) -> _Pass:
+        """The pass after ``done``: a training loader's next epoch from its start; an evaluation
+        (val, polish) again."""
+        epoch, _, accumulation, augment = done.key
+        return self._pass(epoch + (self.mode == "train"), 0, accumulation, augment)
+
+    def close(self) -> None:
+        """Stop the pipeline's threads now (they run ahead between passes). DALI's pipeline holds
+        reference cycles, so dropping it alone would leave its threads to the garbage collector;
+        a process that forks (a DataLoader's workers) must not do so while they work. Batches
+        already handed out stay valid. The next pass builds a new pipeline."""
+        if self._pipe is not None:
+            pipe, self._pipe = self._pipe[0], None
+            shutdown = getattr(pipe, "_shutdown", None)  # DALI's own teardown (its __del__)
+            if shutdown is not None:
+                shutdown()
+
+    def __del__(self):
+        self.close()
+
+    def _pipeline(self, augment: bool):
+        """The kept pipeline for this transform: built on first use, or when the transform
+        changed or the last pass failed."""
+        if self._pipe is not None and self._pipe[2] != augment:
+            self.close()
+        if self._pipe is None:
+            pipe, stream = self._build(augment)
+            self._pipe = (pipe, stream, augment)
+        return self._pipe[:2]
+
+    @staticmethod
+    def _next_output(pipe):
+        """The oldest batch in flight, and one more batch scheduled in its place: DALI keeps
+        ``prefetch`` batches in the works while the trainer uses this one (``Pipeline.run`` would
+        schedule only when asked for the next, leaving one fewer in flight during a step)."""
+        (images,) = pipe.share_outputs()
+        x = images.as_tensor()  # every sample has the same shape after the crop
+        x = torch.from_dlpack(x) if pipe.exec_dynamic else _copy(x)
+        pipe.release_outputs()  # under the dynamic executor the tensor keeps its buffer
+        pipe.schedule_run()
+        return x
 
     def __iter__(self):
-        """One pipeline per pass, over this pass's file order; train seeds it by (seed, epoch, rank), so a
-        resumed run draws the same crops as an uninterrupted one."""
-        from nvidia.dali.plugin.pytorch import feed_ndarray
-
-        batches = self.batches()[
-            self.start :
-        ]  # a resumed epoch: same files in the same order, crops redrawn
-        if not batches:
+        """This pass's batches from the kept pipeline (see :class:`_Stream`)."""
+        epoch = self.epoch if self.mode == "train" else 0
+        todo = len(self.batches()) - self.start
+        if todo <= 0:
             return
-        order = torch.cat(batches).tolist()
-        # DALI seeds are int32
-        pipe = self._build(
-            [self.images.files[i] for i in order],
-            self.images.labels[order].tolist(),
-            len(batches[0]),
-            (self.augment_seed() + 7919 * self.start) % 2**31,
-        )
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        for k, batch in enumerate(batches):
+        pipe, stream = self._pipeline(self.augment)
+        mine = stream.start(self._pass(epoch, self.start, self.shard.accumulation, self.augment))
+        if (
+            not stream.scheduled
+        ):  # a new pipeline: fill its queue (later passes find theirs in flight)
+            pipe.schedule_run()
+            stream.scheduled = True
+        while todo:
             try:
-                images, labels = pipe.run()
+                with (
+                    torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
+                ):
+                    images = self._next_output(pipe)
             except RuntimeError as err:  # DALI's pipeline is unusable after an operator error
-                raise self._decode_error(err, batches[k : k + self.prefetch + 2]) from None
-            dense = images.as_tensor()  # every sample has the same shape after the crop
-            x = torch.empty(dense.shape(), dtype=self.dtype, device=self.device)
-            feed_ndarray(dense, x, cuda_stream=stream)  # a copy: DALI reuses its output buffers
-            y = torch.from_numpy(np.array(labels.as_tensor(), dtype=np.int64)).reshape(-1)
-            x, y = x[: len(batch)], y[: len(batch)]  # drop pad_last_batch's copies
-            if self.channels_last:  # NHWC in memory = NCHW with channels_last strides
-                x = x.permute(0, 3, 1, 2)
-            yield x, y.to(self.device, non_blocking=True)
+                self.close()
+                raise self._decode_error(err, [batch for _, batch in stream.fed]) from None
+            owner, batch = stream.fed.popleft()
+            if owner is mine:  # else fed ahead for a pass that did not come: dropped
+                todo -= 1
+                yield self._tensor(images), batch_labels(self.images, batch, self.device)
+
+    def _tensor(self, x: torch.Tensor) -> torch.Tensor:
+        return x.permute(0, 3, 1, 2) if self.channels_last else x  # NHWC = channels_last NCHW
 
     def _decode_error(self, err: RuntimeError, in_flight: list[torch.Tensor]) -> Exception:
         suspects = [self.images.files[i] for batch in in_flight for i in batch.tolist()]
@@ -183,3 +391,36 @@ class DaliLoader(ShardedBatches):
             extra = f" (and {len(bad) - 1} more nearby)" if len(bad) > 1 else ""
             return CorruptImageError(corrupt_image_message(bad[0], f"DALI: {reason}") + extra)
         return RuntimeError(f"DALI pipeline failed on a batch holding {suspects[:3]}...: {err}")
+
+
+def _copy(dense) -> torch.Tensor:
+    """A batch copied out of DALI's buffer: without the dynamic executor DALI reuses its buffers."""
+    from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+    from nvidia.dali.tensors import TensorGPU
+
+    gpu = isinstance(dense, TensorGPU)
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else "cpu"
+    x = torch.empty(dense.shape(), dtype=to_torch_type[dense.dtype], device=device)
+    return feed_ndarray(dense, x, cuda_stream=torch.cuda.current_stream() if gpu else None)
+
+
+def feed_items(files: list[str], batches: list[torch.Tensor], first: int, draws: tuple | None):
+    """What the feed hands DALI for each batch: the paths (NUL-free bytes), and with ``draws`` =
+    (the epoch's seed, area, aspect) the batch's crop draws, seeded by (that seed, the batch's
+    index in the epoch). A plain function: the pipeline's stream holds it, and a reference back to
+    the loader would keep the loader, and the pipeline's threads, alive."""
+    for k, batch in enumerate(batches, start=first):
+        idx = batch.tolist()
+        paths = [np.frombuffer(files[i].encode(), np.uint8) for i in idx]
+        if draws is None:
+            yield batch, (paths,)
+            continue
+        seed, area, aspect = draws
+        d = crop_draws(seed * 1_000_003 + k, len(idx), area, aspect)
+        yield batch, (paths, *(d[name] for name in FEED_ORDER))
+
+
+def batch_labels(images: ImageList, batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The labels of a batch, from the file list (DALI carries only the pixels)."""
+    y = torch.from_numpy(images.labels[batch.numpy()])
+    return y.to(device, non_blocking=True) if device.type == "cuda" else y

@@ -143,6 +143,8 @@ class ShardedBatches:
     def __len__(self) -> int:
         return len(self.batches())
 
-    def augment_seed(self) -> int:
-        """The seed of this epoch's random crops and flips on this rank: a resumed run redraws the same."""
-        return (self.shard.seed * 1_000_003 + self.epoch) * 1024 + self.shard.rank
+    def augment_seed(self, epoch: int | None = None) -> int:
+        """The seed of an epoch's (default: this epoch's) random crops and flips on this rank: a
+        resumed run redraws the same."""
+        epoch = self.epoch if epoch is None else epoch
+        return (self.shard.seed * 1_000_003 + epoch) * 1024 + self.shard.rank
