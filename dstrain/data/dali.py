@@ -145,6 +145,7 @@ class _Pass:
     """One pass (an epoch, an evaluation) as the pipeline's feed hands it over, batch by batch."""
 
     key: tuple  # what decides its batches: (epoch, start, accumulation, augment)
+    size: int  # its batches
     items: Iterator  # (batch indices, what the feed hands DALI for it), made as they are fed
     claimed: bool = False  # a consumer iterates it (False: fed ahead, on a prediction)
 
@@ -309,7 +310,7 @@ class DaliLoader(ShardedBatches):
         batches = index_lists(self.n, shard, self.mode, epoch, self.limit)[start:]
         draws = (self.augment_seed(epoch), self.area, self.aspect) if augment else None
         items = feed_items(self.images.files, batches, start, draws)
-        return _Pass((epoch, start, accumulation, augment), items)
+        return _Pass((epoch, start, accumulation, augment), len(batches), items)
 
     def _predict(self, done: _Pass) -> _Pass:
         """The pass after ``done``: a training loader's next epoch from its start; an evaluation
@@ -356,14 +357,14 @@ class DaliLoader(ShardedBatches):
     def __iter__(self):
         """This pass's batches from the kept pipeline (see :class:`_Stream`)."""
         epoch = self.epoch if self.mode == "train" else 0
-        todo = len(self.batches()) - self.start
-        if todo <= 0:
+        new = self._pass(epoch, self.start, self.shard.accumulation, self.augment)
+        if not new.size:
             return
         pipe, stream = self._pipeline(self.augment)
-        mine = stream.start(self._pass(epoch, self.start, self.shard.accumulation, self.augment))
-        if (
-            not stream.scheduled
-        ):  # a new pipeline: fill its queue (later passes find theirs in flight)
+        mine = stream.start(new)
+        todo = mine.size
+        # a new pipeline: fill its queue (later passes find theirs in flight)
+        if not stream.scheduled:
             pipe.schedule_run()
             stream.scheduled = True
         while todo:
