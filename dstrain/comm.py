@@ -52,9 +52,8 @@ from typing import Literal
 
 import torch
 import torch.distributed as torch_dist
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
+from dstrain import jsonspec
 from dstrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ DTYPES = {
 
 @dataclass
 class CommConfig:
-    """The ``dstrain_communication`` block, typed: OmegaConf rejects unknown keys, wrong types and choices."""
+    """The ``dstrain_communication`` block, typed (read through :data:`FIELDS`)."""
 
     mode: Literal["allreduce", "torus2d"] = "allreduce"
     compression: Literal["none", "sign", "powersgd"] = "none"
@@ -82,6 +81,17 @@ class CommConfig:
     powersgd_rank: int = 4
     warmup_steps: int = 0  # optimizer steps synchronised uncompressed before compression starts
     bucket_mb: float = 25.0  # flattened gradient bucket size (MiB)
+
+
+# the block's JSON declaration (dstrain/jsonspec.py): the types and ranges of CommConfig's fields
+FIELDS = {
+    "mode": jsonspec.choice("allreduce", "torus2d"),
+    "compression": jsonspec.choice("none", "sign", "powersgd"),
+    "grid": jsonspec.Value("integers"),
+    "powersgd_rank": jsonspec.integer(lambda v: v >= 1, "must be >= 1"),
+    "warmup_steps": jsonspec.integer(lambda v: v >= 0, "must be >= 0"),
+    "bucket_mb": jsonspec.positive("MiB"),
+}
 
 
 @dataclass(frozen=True)
@@ -100,18 +110,11 @@ def parse(ds: dict, source: str) -> CommSpec | None:
     where = f"{source}: {BLOCK}"
     if not isinstance(block, dict):
         raise ConfigError(f'{where} must be an object, e.g. {{"mode": "torus2d"}}')
-    block = {k: v for k, v in block.items() if not k.startswith("_")}
     if block.get("grid") == "auto":
-        block["grid"] = []
-    try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CommConfig), block))
-    except OmegaConfBaseException as err:
-        key = str(getattr(err, "full_key", "") or "?").split("[")[0]
-        if key not in CommConfig.__dataclass_fields__:
-            known = ", ".join(CommConfig.__dataclass_fields__)
-            raise ConfigError(f"{where}: unknown key '{key}'; known keys: {known}") from None
-        reason = str(err).splitlines()[0]
-        raise ConfigError(f"{where}.{key}={block.get(key)!r}: {reason}") from None
+        block = {**block, "grid": []}
+    cfg = CommConfig(
+        **jsonspec.read_block(block, FIELDS, BLOCK, source, "dstrain does not read it")
+    )
     if cfg.mode == "torus2d" and cfg.compression == "powersgd":
         raise ConfigError(
             f"{where}: powersgd does not compose with torus2d (it needs whole weight matrices, the "
@@ -119,16 +122,6 @@ def parse(ds: dict, source: str) -> CommSpec | None:
         )
     if cfg.grid and (len(cfg.grid) != 2 or min(cfg.grid) < 1):
         raise ConfigError(f'{where}.grid={cfg.grid!r}: use "auto" or [X, Y] with X*Y = world size')
-    for key, ok in (
-        ("powersgd_rank", cfg.powersgd_rank >= 1),
-        ("warmup_steps", cfg.warmup_steps >= 0),
-        ("bucket_mb", cfg.bucket_mb > 0),
-    ):
-        if not ok:
-            raise ConfigError(
-                f"{where}.{key}={getattr(cfg, key)!r}: must be a positive number "
-                "(warmup_steps may be 0)"
-            )
     if ds.get("zero_optimization", {}).get("stage", 0) != 0:
         raise ConfigError(
             f"{where} replaces the engine's gradient all-reduce, which ZeRO stages > 0 do not use; "

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from dstrain import comm, optim
+from dstrain import comm, jsonspec, optim
 from dstrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,83 @@ DEEPSPEED_KEYS = frozenset(
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 CPU_CONFIGS = "ds_configs/fp32.json, ds_configs/bf16.json or ds_configs/fp16.json (torch_autocast)"
 
+# The typed part of the JSON: every scalar DeepSpeed reads without checking its type (a string where
+# a number belongs reached arithmetic deep inside the engine), and the blocks DeepSpeed reads as plain
+# dicts (a misspelled key inside them was ignored: a torch_autocast typo trained in FP32).
+COMM_DTYPE = jsonspec.choice("fp16", "bf16", "fp32", nullable=True)
+SCALARS = {
+    "gradient_clipping": jsonspec.non_negative(),
+    "steps_per_print": jsonspec.integer(lambda v: v >= 1, "must be >= 1"),
+    "prescale_gradients": jsonspec.boolean(),
+    "gradient_predivide_factor": jsonspec.positive(),
+    "gradient_allreduce_op": jsonspec.choice("mean", "sum"),
+    "communication_data_type": COMM_DTYPE,
+    "seq_parallel_communication_data_type": COMM_DTYPE,
+    "wall_clock_breakdown": jsonspec.boolean(),
+    "memory_breakdown": jsonspec.boolean(),
+    "dump_state": jsonspec.boolean(),
+    "disable_allgather": jsonspec.boolean(),
+    "zero_allow_untested_optimizer": jsonspec.boolean(),
+    "zero_force_ds_cpu_optimizer": jsonspec.boolean(),
+    "dataloader_drop_last": jsonspec.boolean(),
+    "use_data_before_expert_parallelism": jsonspec.boolean(),
+    "managed_gradient_accumulation": jsonspec.boolean(),
+    "disable_python_gc": jsonspec.integer(),
+    "log_level": jsonspec.choice("debug", "info", "warning", "error", "critical"),
+    "mics_shard_size": jsonspec.integer(),
+    "mics_hierarchical_params_gather": jsonspec.boolean(),
+}
+AUTOCAST_DTYPES = ("bfloat16", "bf16", "torch.bfloat16", "float16", "fp16", "half", "torch.float16")
+DICT_BLOCKS = {
+    "torch_autocast": {
+        "enabled": jsonspec.boolean(),
+        "dtype": jsonspec.choice(*AUTOCAST_DTYPES),
+        "lower_precision_safe_modules": jsonspec.Value("texts"),
+    },
+    "flops_profiler": {
+        "enabled": jsonspec.boolean(),
+        "recompute_fwd_factor": jsonspec.non_negative(),
+        "profile_step": jsonspec.integer(lambda v: v >= 1, "must be >= 1"),
+        "module_depth": jsonspec.integer(),
+        "top_modules": jsonspec.integer(lambda v: v >= 1, "must be >= 1"),
+        "detailed": jsonspec.boolean(),
+        "output_file": jsonspec.Value("text", nullable=True),
+    },
+    "data_types": {"grad_accum_dtype": jsonspec.choice("fp32", "fp16", "bf16", nullable=True)},
+    "timers": {
+        "throughput": jsonspec.block(
+            {"enabled": jsonspec.boolean(), "synchronized": jsonspec.boolean()}
+        )
+    },
+}
+# blocks DeepSpeed validates itself (pydantic, unknown keys forbidden): checked by validate_engine()
+VALIDATED_BY_DEEPSPEED = frozenset(
+    {
+        "fp16",
+        "bf16",
+        "zero_optimization",
+        "tensorboard",
+        "csv_monitor",
+        "wandb",
+        "comet",
+        "compile",
+        "hybrid_engine",
+        "tensor_parallel",
+        "weight_quantization",
+    }
+)
+# DeepSpeed blocks read as plain dicts that image training has no use for: refused rather than handed
+# over unchecked (DeepSpeed would ignore a misspelled key inside them)
+UNCHECKED = {
+    "activation_checkpointing": "for transformer layers; a ResNet has no checkpointed activations",
+    "aio": "NVMe offload (ZeRO-Infinity), which the layer-wise optimizers cannot use",
+    "autotuning": "the DeepSpeed autotuner launches its own experiments",
+    "checkpoint": "dstrain writes checkpoints itself (checkpoint.* in the trainer config)",
+    "data_efficiency": "curriculum learning for language models",
+    "expert_parallel": "mixture-of-experts models",
+    "pipeline": "pipeline parallelism for models split over GPUs",
+}
+
 
 def read_json(path: str | Path) -> dict:
     path = Path(path)
@@ -169,6 +246,7 @@ def parse(raw: dict, path: str | Path, cuda_available: bool | None = None) -> De
             f"{path}: has a 'scheduler' block, but the trainer owns the LR schedule "
             "(optim.warmup_epochs, optim.decay, ...). Remove 'scheduler' from the JSON."
         )
+    read_typed(cfg, str(path))
     native_fp16 = cfg.get("fp16", {}).get("enabled", False)
     if native_fp16:
         if cuda_available is None:
@@ -205,7 +283,139 @@ def parse(raw: dict, path: str | Path, cuda_available: bool | None = None) -> De
             path,
         )
     engine = {k: v for k, v in cfg.items() if k not in ("optimizer", comm.BLOCK)}
-    return DeepSpeedSpec(str(path), engine, optimizer, communication, precision(cfg))
+    spec = DeepSpeedSpec(str(path), engine, optimizer, communication, precision(cfg))
+    validate_engine(spec)
+    return spec
+
+
+# inside the blocks DeepSpeed validates: the keys dstrain reads itself, and the precision blocks whole
+# (pydantic would take "16" for 16 and say nothing; a config is written in one way)
+READ_INSIDE = {
+    "fp16": {
+        "enabled": jsonspec.boolean(),
+        "auto_cast": jsonspec.boolean(),
+        "loss_scale": jsonspec.non_negative(),
+        "initial_scale_power": jsonspec.integer(lambda v: 0 <= v < 64, "must be in [0, 64)"),
+        "loss_scale_window": jsonspec.integer(lambda v: v >= 1, "must be >= 1"),
+        "hysteresis": jsonspec.integer(lambda v: v >= 1, "must be >= 1"),
+        "consecutive_hysteresis": jsonspec.boolean(),
+        "min_loss_scale": jsonspec.positive(),
+        "fp16_master_weights_and_grads": jsonspec.boolean(),
+    },
+    "bf16": {
+        "enabled": jsonspec.boolean(),
+        "immediate_grad_update": jsonspec.boolean(),
+        "check_grad_overflow": jsonspec.boolean(),
+        "bf16_master_weights_and_grads": jsonspec.boolean(),
+        "bf16_optimizer_states": jsonspec.boolean(),
+    },
+    "zero_optimization": {"stage": jsonspec.integer()},
+}
+WHOLE = ("fp16", "bf16")  # declared whole above: an undeclared key inside is refused by dstrain
+
+
+def read_typed(cfg: dict, source: str) -> None:
+    """Type every scalar and dict block of ``cfg`` in place (see SCALARS, DICT_BLOCKS); refuse UNCHECKED."""
+    for key, why in UNCHECKED.items():
+        if key in cfg:
+            raise ConfigError(
+                f"{source}: '{key}' is a DeepSpeed block dstrain does not check ({why}); DeepSpeed "
+                "would silently ignore a misspelled key inside it. Remove it from the JSON"
+            )
+    for key, value in SCALARS.items():
+        if key in cfg:
+            cfg[key] = value.read(cfg[key], key, source)
+    for key, fields in DICT_BLOCKS.items():
+        if key in cfg:
+            cfg[key] = jsonspec.read_block(cfg[key], fields, key, source)
+    for key in VALIDATED_BY_DEEPSPEED & cfg.keys():
+        block = cfg[key]
+        if not isinstance(block, dict):
+            raise ConfigError(
+                f"{source}: {key} must be a JSON object {{...}}, got {jsonspec.shown(block)}"
+            )
+        if key in WHOLE:
+            cfg[key] = jsonspec.read_block(
+                block, READ_INSIDE[key], key, source, "DeepSpeed refuses it"
+            )
+            continue
+        for name, value in READ_INSIDE.get(key, {}).items():
+            if name in block:
+                block[name] = value.read(block[name], f"{key}.{name}", source)
+
+
+def validate_engine(spec: DeepSpeedSpec) -> None:
+    """Let DeepSpeed's own config parser check what it will be given, now, before anything starts.
+
+    Its blocks with pydantic models (fp16, bf16, zero_optimization, the monitors, ...) refuse unknown
+    keys and wrong types there; an error becomes one line naming the file, the key and the fix."""
+    import deepspeed  # noqa: F401  (deepspeed.runtime.config needs the package initialised)
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.utils import logger as ds_logger
+
+    level = ds_logger.level
+    ds_logger.setLevel(logging.WARNING)  # it logs its world size and every setting at INFO
+    try:
+        DeepSpeedConfig(spec.engine_config(micro=1, accumulation=1, world=1))
+    except Exception as err:  # pydantic's ValidationError, DeepSpeedConfigError, assertions
+        raise ConfigError(deepspeed_error(err, spec.path)) from None
+    finally:
+        ds_logger.setLevel(level)
+
+
+def deepspeed_error(err: Exception, source: str) -> str:
+    """DeepSpeed's config error as one line: ``file: key: what is wrong, got value``."""
+    errors = getattr(err, "errors", None)
+    if callable(errors):  # pydantic: the first problem, with its location in the JSON
+        first = errors()[0]
+        block = MODEL_BLOCKS.get(getattr(err, "title", ""), "")
+        loc = ".".join(str(part) for part in first.get("loc", ()))
+        key = loc if not block or loc.startswith(block + ".") else f"{block}.{loc}"
+        given = jsonspec.shown(first.get("input"))
+        if first.get("type") == "extra_forbidden":
+            return str(
+                jsonspec.unknown_key(
+                    key.split(".")[-1],
+                    known_fields(err),
+                    ".".join(key.split(".")[:-1]),
+                    source,
+                    "DeepSpeed refuses it",
+                )
+            )
+        return f"{source}: {key}: {first.get('msg', 'invalid')}, got {given} (DeepSpeed's check)"
+    text = " ".join(str(err).split()) or type(err).__name__
+    return f"{source}: DeepSpeed refuses this configuration: {text}"
+
+
+# pydantic model title -> the JSON block it parses (monitors name their block in the location)
+MODEL_BLOCKS = {
+    "DeepSpeedFP16Config": "fp16",
+    "DeepSpeedBF16Config": "bf16",
+    "DeepSpeedZeroConfig": "zero_optimization",
+    "CompileConfig": "compile",
+    "HybridEngineConfig": "hybrid_engine",
+    "TPTrainingConfig": "tensor_parallel",
+    "WeightQuantConfig": "weight_quantization",
+}
+
+
+def known_fields(err: Exception) -> list[str]:
+    """The field names (and aliases) of the pydantic model that raised ``err``, for a did-you-mean."""
+    import deepspeed.runtime.precision_config as precision_config
+    import deepspeed.runtime.zero.config as zero_config
+
+    models = {
+        "DeepSpeedFP16Config": precision_config.DeepSpeedFP16Config,
+        "DeepSpeedBF16Config": precision_config.DeepSpeedBF16Config,
+        "DeepSpeedZeroConfig": zero_config.DeepSpeedZeroConfig,
+    }
+    model = models.get(getattr(err, "title", ""))
+    if model is None:
+        return []
+    names = []
+    for name, info in model.model_fields.items():
+        names.append(info.alias or name)
+    return names
 
 
 def load(path: str | Path, cuda_available: bool | None = None) -> DeepSpeedSpec:
@@ -219,5 +429,8 @@ def precision(cfg: dict) -> str:
         return "bf16"
     autocast = cfg.get("torch_autocast", {})
     if autocast.get("enabled", False):
-        return "autocast-" + str(autocast.get("dtype", "bfloat16")).replace("torch.", "")
+        dtype = str(autocast.get("dtype", "bfloat16")).replace("torch.", "")
+        return "autocast-" + {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(
+            dtype, dtype
+        )
     return "fp32"

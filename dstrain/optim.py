@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dstrain import jsonspec
 from dstrain.errors import ConfigError
 from dstrain.lamb import LAMB
 from dstrain.lars import LARS
@@ -180,39 +181,59 @@ def _fused_lamb(groups, lr, **params):
 
     betas = tuple(params.pop("betas", (0.9, 0.999)))
     params.pop("weight_decay", None)  # set per group by param_groups()
-    log.info("FusedLamb: DeepSpeed's CUDA op; it applies the trust ratio to BN/bias tensors too")
-    return FusedLamb(
-        [{k: v for k, v in g.items() if k != "lars_exclude"} for g in groups],
-        lr=lr,
-        betas=betas,
-        **params,
+    log.info(
+        "FusedLamb: DeepSpeed's CUDA op; BN/bias tensors get ratio 1 through their group's clamp [1, 1]"
     )
+    return FusedLamb(fused_lamb_groups(groups), lr=lr, betas=betas, **params)
 
 
-def check_ranges(params: dict, where: str) -> None:
-    """Values no optimizer accepts; the builders' own messages do not name the JSON field."""
+def fused_lamb_groups(groups: list[dict]) -> list[dict]:
+    """:func:`param_groups` in FusedLamb's terms. FusedLamb has no per-group switch for the trust ratio,
+    but clamps it per group to [min_coeff, max_coeff]: a group clamped to [1, 1] gets ratio 1, which is
+    what dstrain's LAMB gives a ``lars_exclude`` group (its weight decay is already 0)."""
+    out = []
+    for group in groups:
+        group = dict(group)
+        if group.pop("lars_exclude", False):
+            group.update(min_coeff=1.0, max_coeff=1.0)
+        out.append(group)
+    return out
 
-    def num(key):
-        try:
-            return float(params[key])
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}.{key}={params[key]!r}: must be a number") from None
 
-    if "lr" in params and not num("lr") > 0:
-        raise ConfigError(
-            f"{where}.lr={params['lr']}: must be > 0 (the LR per optim.lr_reference_batch images)"
-        )
-    if "momentum" in params and not 0 <= num("momentum") < 1:
-        raise ConfigError(f"{where}.momentum={params['momentum']}: must be in [0, 1)")
-    if "weight_decay" in params and num("weight_decay") < 0:
-        raise ConfigError(f"{where}.weight_decay={params['weight_decay']}: must be >= 0")
-    betas = params.get("betas")
-    if betas is not None and not (
-        isinstance(betas, (list, tuple))
-        and len(betas) == 2
-        and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas)
-    ):
-        raise ConfigError(f"{where}.betas={betas}: must be [beta1, beta2], each in [0, 1)")
+LR = jsonspec.positive("the LR per optim.lr_reference_batch images")
+BETAS = jsonspec.Value(
+    "pair", lambda b: all(0 <= x < 1 for x in b), "must be [beta1, beta2], each in [0, 1)"
+)
+# every parameter each optimizer type takes, typed: one declaration, checked when the JSON is read
+COMMON = {"lr": LR, "weight_decay": jsonspec.non_negative(), "exclude_bn_bias": jsonspec.boolean()}
+ADAM = {**COMMON, "betas": BETAS, "eps": jsonspec.non_negative()}
+LAMB_PARAMS = {
+    **ADAM,
+    "max_coeff": jsonspec.positive(),
+    "min_coeff": jsonspec.non_negative(),
+    "bias_correction": jsonspec.boolean(),
+}
+PARAMS = {
+    "sgd": {
+        **COMMON,
+        "momentum": jsonspec.fraction(),
+        "nesterov": jsonspec.boolean(),
+        "dampening": jsonspec.fraction(),
+    },
+    "adam": ADAM,
+    "adamw": ADAM,
+    "lars": {
+        **COMMON,
+        "momentum": jsonspec.fraction(),
+        "trust_coefficient": jsonspec.positive(),
+        "eps": jsonspec.non_negative(),
+        "larc_clip": jsonspec.boolean(),
+    },
+    "lamb": LAMB_PARAMS,
+    # where DeepSpeed's op does not build, FusedLamb falls back to dstrain's LAMB: the same parameters
+    "fusedlamb": LAMB_PARAMS,
+}
+BLOCK_KEYS = ("type", "params")  # what the "optimizer" block holds
 
 
 # JSON "type" (lower-cased) -> builder(groups, **params).
@@ -259,7 +280,12 @@ def parse_spec(block: dict | None, source: str = "optimizer") -> OptimizerSpec:
         raise ConfigError(
             f"{source}: 'optimizer' must be an object with a 'type' (e.g. \"SGD\") and 'params'"
         )
-    name = str(block["type"])
+    for key in block:
+        if not key.startswith("_") and key not in BLOCK_KEYS:
+            raise jsonspec.unknown_key(
+                key, BLOCK_KEYS, "optimizer", source, "dstrain does not read it"
+            )
+    name = jsonspec.Value("text").read(block["type"], "optimizer.type", source)
     kind = name.lower()
     if kind in REMOVED_1BIT:
         raise ConfigError(
@@ -272,13 +298,18 @@ def parse_spec(block: dict | None, source: str = "optimizer") -> OptimizerSpec:
             f"{source}: optimizer type {name!r} is not supported; "
             f"use one of {', '.join(sorted(OPTIMIZERS))} (case-insensitive)"
         )
-    params = dict(block.get("params", {}))
+    params = jsonspec.read_block(
+        block.get("params", {}),
+        PARAMS[kind],
+        "optimizer.params",
+        source,
+        f"optimizer {name} takes no such parameter",
+    )
     if "lr" not in params:
         raise ConfigError(
             f"{source}: optimizer.params.lr is missing (the LR per optim.lr_reference_batch images)"
         )
-    check_ranges(params, f"{source}: optimizer.params")
-    exclude = bool(params.pop("exclude_bn_bias", True))
+    exclude = params.pop("exclude_bn_bias", True)
     return OptimizerSpec(kind, name, params, exclude, source)
 
 

@@ -23,6 +23,11 @@ JSON_FILES = {
     "momentum": '{"optimizer": {"type": "LARS", "params": {"lr": 1.0, "momentum": 1.5}}}',
     "zero_comm": '{"zero_optimization": {"stage": 1}, "dstrain_communication": {"compression": "sign"}}',
     "typo_key": '{"gradient_cliping": 1.0}',
+    "clip_auto": '{"gradient_clipping": "auto"}',
+    "lr_string": '{"gradient_clipping": 0.0, "optimizer": {"type": "LARS", "params": {"lr": "10"}}}',
+    "autocast_typo": '{"gradient_clipping": 0.0, "torch_autocast": {"enabeld": true}}',
+    "zero_typo": '{"gradient_clipping": 0.0, "zero_optimization": {"stage": 0, "reduce_bucket_sise": 5}}',
+    "fp16_typo": '{"gradient_clipping": 0.0, "fp16": {"enabled": false, "loss_scale_windw": 100}}',
 }
 
 
@@ -69,6 +74,36 @@ CASES = [
         "Did you mean 'gradient_clipping'",
     ),
     ("config", "wrong type", ["epochs=three"], "bad value for 'epochs'"),
+    (
+        "config",
+        "a string where the JSON needs a number",
+        [JSON, "{clip_auto}"],
+        'clip_auto.json: gradient_clipping must be a number, got "auto"',
+    ),
+    (
+        "config",
+        "an optimizer parameter as a string",
+        [JSON, "{lr_string}"],
+        'lr_string.json: optimizer.params.lr must be a number, got "10"',
+    ),
+    (
+        "config",
+        "a typo inside torch_autocast (was: silently FP32)",
+        [JSON, "{autocast_typo}"],
+        "unknown key 'torch_autocast.enabeld' (DeepSpeed would silently ignore it). Did you mean 'enabled'?",
+    ),
+    (
+        "config",
+        "a typo inside zero_optimization (was: a pydantic traceback)",
+        [JSON, "{zero_typo}"],
+        "unknown key 'zero_optimization.reduce_bucket_sise' (DeepSpeed refuses it). Did you mean",
+    ),
+    (
+        "config",
+        "a typo inside the fp16 block",
+        [JSON, "{fp16_typo}"],
+        "unknown key 'fp16.loss_scale_windw'",
+    ),
     ("config", "negative LR (trainer)", ["optim.base_lr=-0.1"], "optim.base_lr=-0.1: must be >= 0"),
     (
         "config",

@@ -126,3 +126,237 @@ def test_layerwise_optimizers_need_zero_stage_0(kind):
         ConfigError, match=f"optimizer {kind} is layer-wise and needs zero_optimization.stage 0"
     ):
         ds_config.parse(cfg, "x.json")
+
+
+def _leaves(block: dict, path: str = ""):
+    """(dotted path, value) of every typed value in a JSON block (documentation keys skipped)."""
+    for key, value in block.items():
+        if key.startswith("_"):
+            continue
+        where = f"{path}.{key}" if path else key
+        if isinstance(value, dict):
+            yield from _leaves(value, where)
+        else:
+            yield where, value
+
+
+def _set(block: dict, path: str, value) -> dict:
+    import copy
+
+    out = copy.deepcopy(block)
+    *parents, last = path.split(".")
+    node = out
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return out
+
+
+MUTATIONS = [
+    (path.stem, leaf)
+    for path in SHIPPED
+    for leaf, value in _leaves(ds_config.read_json(path))
+    if not isinstance(value, str)  # numbers, bools, lists: each written as a string instead
+]
+
+
+@pytest.mark.parametrize("name, leaf", MUTATIONS, ids=[f"{n}:{p}" for n, p in MUTATIONS])
+def test_every_value_of_every_shipped_json_is_typed(name, leaf):
+    """Each number, bool and list the shipped configs set, written as a JSON string, is refused where the
+    JSON is read, in one line naming the file and the key (was: a traceback where it was used)."""
+    path = REPO / "ds_configs" / f"{name}.json"
+    raw = ds_config.read_json(path)
+    value = dict(_leaves(raw))[leaf]
+    wrong = json_text(value)
+    with pytest.raises(ConfigError) as err:
+        ds_config.parse(_set(raw, leaf, wrong), path, cuda_available=True)
+    message = str(err.value)
+    assert message.startswith(f"{path}: "), message
+    assert leaf in message and "must be" in message, message
+    assert "\n" not in message
+
+
+def json_text(value) -> str:
+    import json
+
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+BASE = {"gradient_clipping": 0.0}
+BAD_JSON = [
+    # name, JSON (on top of BASE), the error line must match
+    (
+        "clipping auto",
+        {"gradient_clipping": "auto"},
+        'gradient_clipping must be a number, got "auto"',
+    ),
+    ("clipping negative", {"gradient_clipping": -1}, "gradient_clipping=-1: must be >= 0"),
+    ("steps_per_print float", {"steps_per_print": 1.5}, "steps_per_print must be an integer"),
+    ("prescale as 1", {"prescale_gradients": 1}, "prescale_gradients must be true or false, got 1"),
+    ("predivide 0", {"gradient_predivide_factor": 0}, "gradient_predivide_factor=0: must be > 0"),
+    ("comm dtype", {"communication_data_type": "int8"}, "communication_data_type must be one of"),
+    ("allreduce op", {"gradient_allreduce_op": "max"}, "gradient_allreduce_op must be one of"),
+    (
+        "lr as string",
+        {"optimizer": {"type": "SGD", "params": {"lr": "0.1"}}},
+        'optimizer.params.lr must be a number, got "0.1"',
+    ),
+    (
+        "momentum as string",
+        {"optimizer": {"type": "LARS", "params": {"lr": 1, "momentum": "10"}}},
+        'optimizer.params.momentum must be a number, got "10"',
+    ),
+    (
+        "trust coefficient 0",
+        {"optimizer": {"type": "LARS", "params": {"lr": 1, "trust_coefficient": 0}}},
+        "optimizer.params.trust_coefficient=0: must be > 0",
+    ),
+    (
+        "eps negative",
+        {"optimizer": {"type": "Lamb", "params": {"lr": 1, "eps": -1e-6}}},
+        "optimizer.params.eps=-1e-06: must be >= 0",
+    ),
+    (
+        "max_coeff string",
+        {"optimizer": {"type": "Lamb", "params": {"lr": 1, "max_coeff": "10"}}},
+        "optimizer.params.max_coeff must be a number",
+    ),
+    (
+        "betas out of range",
+        {"optimizer": {"type": "AdamW", "params": {"lr": 1, "betas": [0.9, 1.5]}}},
+        r"optimizer.params.betas=\[0.9, 1.5\]: must be \[beta1, beta2\]",
+    ),
+    (
+        "betas not a pair",
+        {"optimizer": {"type": "Adam", "params": {"lr": 1, "betas": 0.9}}},
+        "optimizer.params.betas must be a list of two numbers, got 0.9",
+    ),
+    (
+        "weight decay as string",
+        {"optimizer": {"type": "SGD", "params": {"lr": 1, "weight_decay": "5e-5"}}},
+        "optimizer.params.weight_decay must be a number",
+    ),
+    (
+        "exclude_bn_bias as string",
+        {"optimizer": {"type": "SGD", "params": {"lr": 1, "exclude_bn_bias": "false"}}},
+        'optimizer.params.exclude_bn_bias must be true or false, got "false"',
+    ),
+    (
+        "optimizer param typo",
+        {"optimizer": {"type": "LARS", "params": {"lr": 1, "trust_coeficient": 0.1}}},
+        "unknown key 'optimizer.params.trust_coeficient'.*Did you mean 'trust_coefficient'",
+    ),
+    (
+        "param of another optimizer",
+        {"optimizer": {"type": "SGD", "params": {"lr": 1, "betas": [0.9, 0.99]}}},
+        "unknown key 'optimizer.params.betas' .optimizer SGD takes no such parameter",
+    ),
+    (
+        "optimizer block typo",
+        {"optimizer": {"type": "Lamb", "param": {"lr": 1}}},
+        "unknown key 'optimizer.param'.*Did you mean 'params'",
+    ),
+    (
+        "optimizer type not a string",
+        {"optimizer": {"type": 3, "params": {"lr": 1}}},
+        "optimizer.type must be a string, got 3",
+    ),
+    (
+        "torch_autocast typo",
+        {"torch_autocast": {"enabeld": True, "dtype": "bfloat16"}},
+        "unknown key 'torch_autocast.enabeld'.*Did you mean 'enabled'",
+    ),
+    (
+        "torch_autocast enabled as string",
+        {"torch_autocast": {"enabled": "true"}},
+        'torch_autocast.enabled must be true or false, got "true"',
+    ),
+    (
+        "torch_autocast dtype",
+        {"torch_autocast": {"enabled": True, "dtype": "float8"}},
+        'torch_autocast.dtype must be one of .*got "float8"',
+    ),
+    (
+        "torch_autocast not an object",
+        {"torch_autocast": True},
+        "torch_autocast must be a JSON object",
+    ),
+    (
+        "fp16 typo",
+        {"fp16": {"enabled": False, "loss_scale_windw": 100}},
+        "unknown key 'fp16.loss_scale_windw'.*Did you mean 'loss_scale_window'",
+    ),
+    (
+        "fp16 scale power as string",
+        {"fp16": {"enabled": False, "initial_scale_power": "16"}},
+        'fp16.initial_scale_power must be an integer, got "16"',
+    ),
+    (
+        "fp16 window 0",
+        {"fp16": {"enabled": False, "loss_scale_window": 0}},
+        "fp16.loss_scale_window=0: must be >= 1",
+    ),
+    ("bf16 enabled as string", {"bf16": {"enabled": "yes"}}, "bf16.enabled must be true or false"),
+    (
+        "bf16 typo",
+        {"bf16": {"enabled": False, "immediate_grad_updates": True}},
+        "unknown key 'bf16.immediate_grad_updates'.*Did you mean 'immediate_grad_update'",
+    ),
+    (
+        "zero typo (DeepSpeed's model)",
+        {"zero_optimization": {"stage": 0, "reduce_bucket_sise": 5}},
+        "unknown key 'zero_optimization.reduce_bucket_sise' .DeepSpeed refuses it.*reduce_bucket_size",
+    ),
+    (
+        "zero value (DeepSpeed's model)",
+        {"zero_optimization": {"stage": 0, "reduce_bucket_size": "lots"}},
+        'zero_optimization.reduce_bucket_size: .*got "lots" .DeepSpeed\'s check',
+    ),
+    (
+        "zero stage as string",
+        {"zero_optimization": {"stage": "1"}},
+        "zero_optimization.stage must be an integer",
+    ),
+    (
+        "tensorboard typo (DeepSpeed's model)",
+        {"tensorboard": {"enabled": False, "output_pat": "tb"}},
+        "unknown key 'tensorboard.output_pat'",
+    ),
+    (
+        "flops_profiler typo",
+        {"flops_profiler": {"enabled": False, "profile_stp": 3}},
+        "unknown key 'flops_profiler.profile_stp'.*Did you mean 'profile_step'",
+    ),
+    (
+        "timers nested typo",
+        {"timers": {"throughput": {"enabled": True, "synchronised": False}}},
+        "unknown key 'timers.throughput.synchronised'.*Did you mean 'synchronized'",
+    ),
+    (
+        "an unchecked DeepSpeed block",
+        {"activation_checkpointing": {"partition_activations": True}},
+        "'activation_checkpointing' is a DeepSpeed block dstrain does not check",
+    ),
+    (
+        "comm block typo",
+        {"dstrain_communication": {"compresion": "sign"}},
+        "unknown key 'dstrain_communication.compresion'.*Did you mean 'compression'",
+    ),
+    (
+        "comm value type",
+        {"dstrain_communication": {"bucket_mb": "big"}},
+        'dstrain_communication.bucket_mb must be a number, got "big"',
+    ),
+    (
+        "a block DeepSpeed removed",
+        {"sparse_attention": {"mode": "fixed"}},
+        "DeepSpeed refuses this configuration: .*Sparse Attention has been removed",
+    ),
+]
+
+
+@pytest.mark.parametrize("name, block, match", BAD_JSON, ids=[c[0] for c in BAD_JSON])
+def test_bad_json_values_and_nested_keys_give_one_line_naming_file_and_key(name, block, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        ds_config.parse({**BASE, **block}, "ds_configs/x.json", cuda_available=True)
+    assert str(err.value).startswith("ds_configs/x.json: ") and "\n" not in str(err.value)
