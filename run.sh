@@ -74,7 +74,7 @@ case "$cmd" in
         exec "$VENV/bin/python" -m pytest -m oldest "$@" ;;
     evidence)
         setup_venv; setup_fashion_mnist
-        exec "$VENV/bin/python" -m pytest -q tests/test_cli_errors.py tests/test_faults.py \
+        exec "$VENV/bin/python" -m pytest -q tests/test_cli_errors.py tests/test_faults.py tests/test_watchdog.py \
             "tests/test_e2e.py::test_corrupt_image_stops_the_run_with_one_line" \
             --evidence docs/results/faults.md "$@" ;;
     *)

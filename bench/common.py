@@ -34,7 +34,8 @@ def run_trainer(
     proc = subprocess.run(
         cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})}
     )
-    if proc.returncode != 0:
+    failed = Path(run_dir) / "failed.json"  # dstrain/rundir.py: no checkpoint, nothing to read
+    if proc.returncode != 0 or failed.is_file():
         raise SystemExit(
             f"{what} failed ({proc.returncode}): {shlex.join(cmd)}\n"
             f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"

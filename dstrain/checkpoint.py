@@ -193,6 +193,13 @@ def load(engine, root: Path, tag: str) -> dict:
             f"({str(err).splitlines()[-1].strip()[:160]}). Resume with the model.* settings it was "
             "trained with, or start a new run_dir"
         ) from None
+    except (KeyError, ValueError) as err:  # an optimizer or engine state of another layout
+        # dstrain/compat.py refuses the known causes first; this names the file if another slips through
+        raise ConfigError(
+            f"{root / tag}: cannot be loaded into this run's optimizer or engine "
+            f"({type(err).__name__}: {str(err).strip().splitlines()[0][:160] if str(err).strip() else ''}). "
+            "Resume with the run's own config.yaml and DeepSpeed JSON, or start a new run_dir"
+        ) from None
     if path is None or not client_state or "dstrain" not in client_state:
         raise RuntimeError(f"{root / tag}: DeepSpeed could not load this checkpoint")
     rng_file = root / tag / f"rng_rank{dist.rank():05d}.pt"

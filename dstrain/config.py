@@ -240,6 +240,21 @@ class FaultConfig:
     check_disk: bool = setting(
         True, "at start-up, refuse a run_dir whose file system cannot hold two checkpoints (bool)"
     )
+    stall_timeout_s: float = setting(
+        1800.0,
+        "a phase of the loop (data, forward/backward, collective, optimizer, checkpoint, "
+        "evaluation batch, polish) that does not end within this long prints every thread's "
+        "stack and exits 6, keeping the last checkpoint; generous because the first step with "
+        "model.compile and the first DALI pass take minutes; keep it above the longest checkpoint "
+        "write and evaluation batch; 0 = off (seconds)",
+    )
+    signal_grace_s: float = setting(
+        20.0,
+        "after a SIGTERM/SIGINT the step in flight gets this long to finish before the run exits "
+        "75 without a new checkpoint (a second signal 2 s or more after the first exits at once); "
+        "DeepSpeed's launcher sends SIGKILL 30 s after forwarding SIGTERM, PBS/Slurm give "
+        "30-60 s; 0 = no limit (seconds)",
+    )
 
 
 @dataclass
@@ -365,6 +380,9 @@ def _run_rules(cfg: TrainConfig, world_size: int) -> Rules:
         fault.max_consecutive_skips >= 0,
         f"fault.max_consecutive_skips={fault.max_consecutive_skips}: must be >= 0",
     )
+    for key in ("stall_timeout_s", "signal_grace_s"):
+        value = getattr(fault, key)
+        yield value >= 0, f"fault.{key}={value}: must be >= 0 (seconds; 0 = off)"
 
 
 def _data_rules(cfg: TrainConfig, world_size: int) -> Rules:

@@ -10,7 +10,9 @@ Imports nothing of dstrain. Every way a run can end has its own exit status
 3     diverged: a non-finite loss or weights, or too many consecutive FP16 overflow skips
 4     lost a rank: a collective failed or timed out (``fault.collective_timeout_s``)
 5     a checkpoint could not be written (disk full, permissions)
-75    stopped by SIGTERM/SIGINT after writing a checkpoint; ``resume=auto`` continues
+6     stalled: no progress for ``fault.stall_timeout_s``; every thread's stack is printed
+75    stopped by SIGTERM/SIGINT after writing a checkpoint, or without one when the step in flight
+      outlasted ``fault.signal_grace_s`` or a second signal came; ``resume=auto`` continues
 ====  =====================================================================
 
 75 is ``EX_TEMPFAIL`` of sysexits.h ("try again later"): a job script can requeue on it.
@@ -26,6 +28,7 @@ EXIT_CONFIG = 2
 EXIT_DIVERGED = 3
 EXIT_PEER_LOST = 4
 EXIT_CHECKPOINT = 5
+EXIT_STALLED = 6
 EXIT_PREEMPTED = 75
 
 
@@ -53,6 +56,12 @@ class PeerLost(RunStopped):
 
 class CheckpointWriteError(RunStopped):
     exit_code, state = EXIT_CHECKPOINT, "checkpoint_failed"
+
+
+class Stalled(RunStopped):
+    """No progress within ``fault.stall_timeout_s`` (dstrain/watchdog.py ends the process itself)."""
+
+    exit_code, state = EXIT_STALLED, "stalled"
 
 
 class Preempted(RunStopped):

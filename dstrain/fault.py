@@ -48,20 +48,35 @@ class StopSignals:
 
     The handler only records the signal: the step in flight finishes, every rank
     stops after the same step, a checkpoint is written, and the run exits 75.
-    Later signals (a launcher forwards the scheduler's SIGTERM, Ctrl-C reaches
-    every process of the terminal) change nothing.
+
+    A Python handler runs only when the main thread runs Python code, and never while it is
+    stuck in native code (a hung kernel, a collective). So :meth:`install` also sets a
+    wake-up socket: CPython's C-level handler writes each signal's number to it at once,
+    and :class:`dstrain.watchdog.Watchdog`'s thread reads it (:meth:`received`) to bound
+    the step in flight (``fault.signal_grace_s``) and to exit on a second signal. The loop
+    calls :meth:`acknowledge` once it has stopped stepping and writes its checkpoint.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
         self.signum = 0
+        self.acknowledged = False
+        self.wakeup: socket.socket | None = None  # read end; None before install / after restore
+        self._wakeup_write: socket.socket | None = None
         self._previous: dict = {}
+        self._previous_wakeup: int | None = None
 
     def install(self) -> None:
+        """Our handlers and the wake-up socket (call from the main thread)."""
         for s in self.SIGNALS:
             self._previous[s] = signal.getsignal(s)
             signal.signal(s, self._handle)
+        read, write = socket.socketpair()
+        read.setblocking(False)
+        write.setblocking(False)  # set_wakeup_fd requires it
+        self._previous_wakeup = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
+        self.wakeup, self._wakeup_write = read, write
 
     def _handle(self, signum, frame) -> None:
         self.signum = self.signum or signum
@@ -70,12 +85,34 @@ class StopSignals:
     def name(self) -> str:
         return signal_name(self.signum)
 
+    def acknowledge(self) -> None:
+        """The loop has stopped stepping and now writes its checkpoint: the grace for the step ends."""
+        self.acknowledged = True
+
+    def received(self) -> list[int]:
+        """SIGTERM/SIGINT numbers that arrived since the last call, from the wake-up socket (any thread;
+        [] once restored). Other signals with a Python handler write there too; they are dropped."""
+        wakeup = self.wakeup
+        try:
+            data = wakeup.recv(4096) if wakeup is not None else b""
+        except OSError:  # nothing there (BlockingIOError), or closed by restore() meanwhile
+            return []
+        return [signum for signum in data if signum in self.SIGNALS]
+
     def restore(self) -> None:
-        """Put back exactly the handlers that were there before :meth:`install` (SIG_IGN included)."""
+        """Put back exactly the handlers that were there before :meth:`install` (SIG_IGN included) and the
+        previous wake-up fd; close the wake-up socket."""
         for s, handler in self._previous.items():
             # None: set outside Python
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
         self._previous.clear()
+        if self._previous_wakeup is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            self._previous_wakeup = None
+        sockets, self.wakeup, self._wakeup_write = (self.wakeup, self._wakeup_write), None, None
+        for sock in sockets:
+            if sock is not None:
+                sock.close()
 
 
 # ---------------------------------------------------------------- divergence

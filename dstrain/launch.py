@@ -304,9 +304,17 @@ def report(run_dir: Path | None, launcher_code: int) -> int:
                 )
         return 0
     if states == {"preempted"}:
+        # the watchdog's exits after a signal's grace, or a second signal, write no new checkpoint
+        late = [r for r in records if "without a new checkpoint" in r.get("message", "")]
+        how = (
+            f"every rank stopped, {len(late)} without waiting for a new checkpoint (their step did "
+            "not finish within fault.signal_grace_s, or a second signal came); resume=auto "
+            "continues from the last complete one"
+            if late
+            else "every rank stopped with a checkpoint"
+        )
         print(
-            f"launch.sh: every rank stopped with a checkpoint ({run_dir}); rerun with resume=auto "
-            f"run_dir={run_dir} to continue",
+            f"launch.sh: {how} ({run_dir}); rerun with resume=auto run_dir={run_dir} to continue",
             flush=True,
         )
         return EXIT_PREEMPTED

@@ -48,7 +48,7 @@ from torch import nn
 if __package__ in (None, ""):  # run as a script under the deepspeed launcher
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dstrain import checkpoint, dist, ds_config  # noqa: E402
+from dstrain import checkpoint, dist, ds_config, rundir  # noqa: E402
 from dstrain.components import build_components  # noqa: E402
 from dstrain.config import PolishConfig, load_config, validate  # noqa: E402
 from dstrain.errors import EXIT_CONFIG, ConfigError  # noqa: E402
@@ -291,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
 def checkpoint_tag(run_dir: Path, tag: str, force: bool) -> str:
     """The checkpoint to polish (``tag``, else the newest complete one); refuses what cannot be polished."""
     ckpt_root = run_dir / "checkpoints"
+    failed = rundir.failed_start(run_dir)
+    if failed is not None:
+        raise ConfigError(
+            f"--checkpoint {run_dir}: this run failed before its first checkpoint "
+            f"({rundir.FAILED}: {failed.get('message', '?')}); there is nothing to polish"
+        )
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"--checkpoint {run_dir}: no config.yaml; pass a dstrain run directory")
     found = tag or checkpoint.newest_complete(ckpt_root)

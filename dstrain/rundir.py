@@ -20,6 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dstrain import dist
+from dstrain.checkpoint import complete_tags
 from dstrain.config import ModelConfig, TrainConfig
 from dstrain.errors import ConfigError
 from dstrain.files import atomic_write_text
@@ -28,6 +29,9 @@ from dstrain.provenance import environment, git_sha
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
+FAILED = (
+    "failed.json"  # a run that failed before its first complete checkpoint: nothing to continue
+)
 
 
 def choose(cfg: TrainConfig) -> Path:
@@ -36,7 +40,15 @@ def choose(cfg: TrainConfig) -> Path:
     path = Path(dist.broadcast_object(path))
     if path.exists() and not path.is_dir():
         raise ConfigError(f"run_dir={str(path)!r} is a file; choose a directory")
-    if path.exists() and any(path.iterdir()):
+    failed = failed_start(path)
+    if failed is not None:
+        log.warning(
+            "run_dir %s holds a run that failed before its first checkpoint (%s: %s); starting over in it",
+            path,
+            FAILED,
+            failed.get("message", "?"),
+        )
+    elif path.exists() and any(path.iterdir()):
         if cfg.resume != "auto":
             raise ConfigError(
                 f"run_dir={str(path)!r} already holds a run. Pass resume=auto to continue it, "
@@ -66,6 +78,8 @@ def create(path: Path, checkpoint_size: int = 0) -> None:
     stays until the next is complete), before training starts. A failure removes what it created."""
     error = ""
     if dist.is_main():
+        if failed_start(path) is not None:  # nothing in it can be continued: start from empty
+            clear(path)
         created = not path.exists()
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -114,9 +128,10 @@ def check_same_model(run_dir: Path, model: ModelConfig) -> None:
 
 
 def write_run_files(
-    run_dir: Path, cfg: TrainConfig, engine_cfg: dict, ds_path: str, world: int
+    run_dir: Path, cfg: TrainConfig, engine_cfg: dict, ds_path: str, world: int, resume: dict
 ) -> None:
-    """config.yaml, ds_config.json and meta.json (rank 0)."""
+    """config.yaml, ds_config.json and meta.json (rank 0); ``resume``: what the checkpoints depend on
+    (dstrain/compat.py)."""
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
     atomic_write_text(run_dir / "ds_config.json", json.dumps(engine_cfg, indent=2) + "\n")
     meta = {
@@ -125,5 +140,43 @@ def write_run_files(
         "deepspeed_config_file": ds_path,
         **environment(),
         "command": sys.argv,
+        "resume": resume,
     }
     atomic_write_text(run_dir / "meta.json", json.dumps(meta, indent=2) + "\n")
+
+
+def failed_start(path: Path) -> dict | None:
+    """The record of a run in ``path`` that failed before its first complete checkpoint, or None."""
+    marker = path / FAILED
+    if not marker.is_file() or complete_tags(path / CHECKPOINTS):
+        return None
+    try:
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return {"message": f"{marker} unreadable"}
+
+
+def mark_failed(path: Path, state: str, exit_code: int, message: str) -> bool:
+    """A run that stops before its first complete checkpoint leaves nothing to continue: rank 0 writes
+    RUN_DIR/failed.json (the error), which resume=auto, a new run in the same run_dir and the results
+    tooling (``python -m dstrain.polish``, bench/) read as "no run here". The files stay for reading
+    (config.yaml, meta.json, ranks/ for launch.sh's table). Returns whether the mark was made."""
+    if not dist.is_main() or not path.is_dir() or complete_tags(path / CHECKPOINTS):
+        return False
+    record = {"state": state, "exit_code": exit_code, "message": message, "time": time.time()}
+    try:
+        atomic_write_text(path / FAILED, json.dumps(record, indent=2) + "\n")
+    except OSError as err:  # a full disk must not hide the real error
+        log.warning("could not write %s: %s", path / FAILED, err)
+        return False
+    log.info("%s: no checkpoint was written, marked failed (%s)", path, FAILED)
+    return True
+
+
+def clear(path: Path) -> None:
+    """Empty a run directory that holds only a failed start (see :func:`failed_start`)."""
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()

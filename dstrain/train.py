@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dstrain import checkpoint, comm, dist, ds_config, fault, rundir
+from dstrain import checkpoint, comm, compat, dist, ds_config, fault, rundir
 from dstrain.components import Components, build_components
 from dstrain.config import TrainConfig, validate
 from dstrain.errors import EXIT_ERROR, EXIT_PEER_LOST, ConfigError, PeerLost, RunStopped, first_line
@@ -46,11 +46,22 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     dist.init_process_group(cfg.fault.collective_timeout_s)
     signals = fault.StopSignals()
     signals.install()  # from here a SIGTERM/SIGINT stops the run after a step, with a checkpoint
+    run_dir = None
     try:
         run_dir = rundir.choose(cfg)
         trainer = build_trainer(plan, run_dir, signals)
         log_plan(plan, trainer, run_dir)
         summary = fit_and_summarise(trainer, plan, run_dir)
+    except Exception as err:
+        if run_dir is not None:  # stopped before its first checkpoint: the directory says so
+            stopped = isinstance(err, (ConfigError, RunStopped))
+            rundir.mark_failed(
+                run_dir,
+                err.state if stopped else "error",
+                err.exit_code if stopped else EXIT_ERROR,
+                str(err) if stopped else first_line(err),
+            )
+        raise
     finally:
         signals.restore()
     dist.shutdown()
@@ -80,6 +91,9 @@ def prepare(cfg: TrainConfig, ds_path: str) -> Plan:
 def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trainer:
     """Phase 2: model, data, optimizer, engine, run directory, and the state to start from."""
     cfg, spec = plan.cfg, plan.spec
+    # before anything is built or written: a resume this config cannot continue is refused
+    if cfg.resume == "auto" and checkpoint.newest_complete(run_dir / rundir.CHECKPOINTS):
+        compat.check(run_dir, cfg, spec, plan.world)
     device = dist.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -125,6 +139,7 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
             spec.engine_config(plan.stages[0].micro, plan.stages[0].accumulation, plan.world),
             spec.path,
             plan.world,
+            compat.fingerprint(cfg, spec, plan.world),
         )
     return trainer
 
@@ -220,10 +235,17 @@ def fit_and_summarise(trainer: Trainer, plan: Plan, run_dir: Path) -> dict:
     """Phase 3: train, polish, write summary.json; every rank records how it ended (RUN_DIR/ranks/)."""
     records = fault.RankRecords(run_dir, dist.rank(), plan.world)
     records.start(trainer.state.step)
+
+    def report(state: str, exit_code: int, message: str) -> None:  # the watchdog ends the run
+        records.finish(state, exit_code, message, trainer.state.step)
+
     try:
-        trainer.fit()
-        trainer.checks.signals.restore()  # trained and checkpointed: a signal during polishing just ends it
-        polished = trainer.polish(run_dir) if plan.cfg.polish.enabled else None
+        # a phase that does not end, or a step that outlasts a signal's grace, ends the process
+        with trainer.watchdog.running(report, trainer.resume_note):
+            trainer.fit()
+            # trained and checkpointed: a signal during polishing just ends it
+            trainer.checks.signals.restore()
+            polished = trainer.polish(run_dir) if plan.cfg.polish.enabled else None
     except (
         RunStopped,
         ConfigError,

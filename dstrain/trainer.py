@@ -15,6 +15,7 @@ import math
 import os
 import signal
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from dstrain.monitor import Monitor, Progress, StepMeter, loss_scale_of
 from dstrain.optim import StepCounter, apply_schedule
 from dstrain.ramp import BatchStage, batch_at
 from dstrain.schedule import LRSchedule
+from dstrain.watchdog import InjectedStall, Watchdog
 
 log = logging.getLogger(__name__)
 KILL_AT_STEP_ENV = (
@@ -80,6 +82,12 @@ class Trainer:
         # steps a loss scaler skipped = steps asked for - client optimizer steps taken
         self.steps_taken = StepCounter(self.optimizer)
         self.first_step = self.state.step
+        # started by dstrain.train.fit_and_summarise; the loop marks its phases with self.phase()
+        fault_cfg = self.cfg.fault
+        self.watchdog = Watchdog(
+            fault_cfg.stall_timeout_s, fault_cfg.signal_grace_s, self.checks.signals
+        )
+        self.injected_stall = InjectedStall.from_env(dist.rank())
 
     # ------------------------------------------------------------ the epochs
     def fit(self) -> None:
@@ -91,6 +99,7 @@ class Trainer:
             stage = self.enter_stage(epoch)
             metrics = self.train_epoch(epoch, stage)
             # eval and checkpoints see the same BN statistics everywhere
+            self.phase("collective")
             dist.sync_bn_buffers(self.engine.module)
             # the training part of the epoch (no evaluation, no checkpoint)
             train_s = time.perf_counter() - t0
@@ -108,8 +117,10 @@ class Trainer:
             if saved:
                 self.save_checkpoint(checkpoint.tag_for(epoch + 1), epoch)
             # a signal during evaluation or the save
+            self.phase("collective")
             if not last and self.checks.stop_requested_now():
                 if saved:
+                    self.checks.signals.acknowledge()
                     raise Preempted(self.preempted_message("the end of", epoch))
                 self.stop_with_checkpoint(checkpoint.tag_for(epoch + 1), epoch)
         self.checks.drain()
@@ -161,6 +172,7 @@ class Trainer:
         stop signal ended it early (``state.epoch_step`` / ``epoch_sums`` then hold the part done)."""
         state, loader, accumulation = self.state, self.data.train, stage.accumulation
         first = state.epoch_step
+        self.phase("data")
         self.start_loader(epoch, stage, first)
         n_micro = len(loader)  # once: a folder loader's len() draws the epoch's permutation
         steps = n_micro // accumulation
@@ -169,7 +181,7 @@ class Trainer:
         )
         stop, done, lr = "", first, 0.0
         started = time.perf_counter()
-        for i, (x, y) in enumerate(loader, first * accumulation):
+        for i, (x, y) in enumerate(self.marked(loader, "data"), first * accumulation):
             if i % accumulation == 0:
                 lr = self.set_lr(epoch + (i // accumulation + 1) / steps, stage.global_size)
             boundary = (i + 1) % accumulation == 0
@@ -232,12 +244,16 @@ class Trainer:
         engine = self.engine
         # we own the boundary: DeepSpeed's micro-step counter drifts when a ramp changes accumulation
         engine.set_gradient_accumulation_boundary(boundary)
+        # without a dstrain_communication block DeepSpeed's gradient all-reduce runs inside backward
+        self.phase("forward/backward")
         logits = engine(x.to(dtype=self.input_dtype, memory_format=self.memory_format))
         loss = smoothed_cross_entropy(logits, y, self.cfg.optim.label_smoothing)
         self.checks.nonfinite.observe(loss, self.state.step + 1)
         engine.backward(loss)
         if boundary and self.grad_sync is not None:
+            self.phase("collective")
             self.grad_sync.sync()  # our all-reduce (dstrain/comm.py): the engine's is switched off
+        self.phase("optimizer")
         engine.step()
         meter.add_micro_batch(loss, logits, y, accumulation)
 
@@ -249,12 +265,14 @@ class Trainer:
         self.checks.skips.update(
             asked - self.steps_taken.taken, self.state.step, lambda: loss_scale_of(self.engine)
         )
+        self.phase("collective")
         return self.checks.stop_requested()
 
     def log_window(
         self, meter: StepMeter, progress: Progress, lr: float, stage: BatchStage
     ) -> None:
         # a host sync, as the logged loss is anyway
+        self.phase("collective")
         self.checks.check_finite(self.state.step, progress.epoch)
         loss, steps, seconds = meter.take_window()
         sent = self.grad_sync.take_bytes() / steps if self.grad_sync is not None else None
@@ -276,7 +294,8 @@ class Trainer:
     def evaluate(self) -> dict:
         compiled = self.cfg.model.compile
         started, graphs = time.perf_counter(), compiled_graphs() if compiled else 0
-        metrics = evaluate(self.engine, self.data.val, self.input_dtype, self.memory_format)
+        batches = self.marked(self.data.val, "evaluation")  # each batch is progress
+        metrics = evaluate(self.engine, batches, self.input_dtype, self.memory_format)
         if compiled and compiled_graphs() > graphs:
             log.info(
                 "torch.compile: evaluation %.1f s, compiling %d new graphs (%d in all)",
@@ -287,6 +306,7 @@ class Trainer:
         return metrics
 
     def save_checkpoint(self, tag: str, epoch: int) -> None:
+        self.phase("checkpoint")
         # never save a diverged model
         self.checks.check_finite(self.state.step, epoch, self.engine.module)
         self.checks.last_checkpoint = checkpoint.save(
@@ -298,10 +318,21 @@ class Trainer:
         )
 
     def stop_with_checkpoint(self, tag: str, epoch: int) -> None:
+        self.checks.signals.acknowledge()  # the step is done: the checkpoint write is no longer in grace
+        self.phase("collective")
         self.checks.drain()
         self.save_checkpoint(tag, epoch)
         where = f"step {self.state.epoch_step} of" if self.state.epoch_step else "the end of"
         raise Preempted(self.preempted_message(where, epoch))
+
+    def resume_note(self) -> str:
+        """Where a run that ends now stands: the end of the watchdog's message (dstrain/watchdog.py)."""
+        last = self.checks.last_checkpoint
+        return f"at step {self.state.step}; " + (
+            f"the last complete checkpoint is {last} (resume=auto continues from it)"
+            if last
+            else "no checkpoint was written yet"
+        )
 
     def preempted_message(self, where: str, epoch: int) -> str:
         return (
@@ -319,12 +350,13 @@ class Trainer:
                 done.parent,
             )
             return json.loads(done.read_text())
+        self.phase("polish")
         state, settings = self.state, self.cfg.polish
         # the last epoch is always evaluated
         before = next(h for h in reversed(state.history) if "val_top1" in h)
         after = polish.polish_model(
             self.engine.module,
-            self.engine,
+            self.polish_forward,
             self.data.polish,
             self.evaluate,
             settings,
@@ -352,12 +384,34 @@ class Trainer:
             after["refit_s"],
             100 * (info["refit_fraction_of_training"] or 0),
         )
+        self.phase("polish")
         if dist.is_main():
             polish.save_polished(
                 run_dir, self.engine.module, {"checkpoint": f"epoch{state.epoch:04d}", **info}
             )
         dist.barrier()
         return info
+
+    def polish_forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.phase("polish")  # each refit batch is progress
+        return self.engine(x)
+
+    # ------------------------------------------------------------ progress marks (the stall watchdog)
+    def phase(self, name: str) -> None:
+        """The loop enters phase ``name`` (dstrain/watchdog.py's PHASES); a test may hang it here."""
+        self.watchdog.phase(name)
+        stall = self.injected_stall
+        if stall is not None and stall.due(name, self.state.step):
+            self.injected_stall = None
+            stall.hang()
+
+    def marked(self, batches: Iterable, name: str) -> Iterator:
+        """``batches``, with phase ``name`` marked before each one is fetched (the first ``iter()``
+        included: it may start loader workers)."""
+        self.phase(name)
+        for batch in batches:
+            yield batch
+            self.phase(name)
 
     def summary(self, world: int, precision: str) -> dict:
         """summary.json: final and best top-1, steps, wall and GPU time, throughput, the history."""

@@ -366,6 +366,74 @@ def test_resume_with_a_different_model_is_refused(finished_run, fake_fmnist, evi
     )
 
 
+INCOMPATIBLE = [
+    # what changes, extra arguments, text of the refusal
+    (
+        "another optimizer JSON (was: a KeyError after rewriting config.yaml and meta.json)",
+        [JSON, "ds_configs/lars_fp32.json"],
+        "optimizer.type 'sgd' there, 'lars' here",
+    ),
+    (
+        "another precision",
+        [JSON, "ds_configs/bf16.json"],
+        "precision 'fp32' there, 'autocast-bfloat16'",
+    ),
+    ("another global batch", ["batch.global_size=64"], "batch.global_size 32 there, 64 here"),
+]
+
+
+@pytest.mark.parametrize("case, extra, text", INCOMPATIBLE, ids=[c[0][:20] for c in INCOMPATIBLE])
+def test_resume_with_an_incompatible_config_is_refused_untouched(
+    case, extra, text, finished_run, fake_fmnist, evidence
+):
+    before = tree_digest(finished_run)
+    proc = run_cli(
+        [
+            JSON,
+            "ds_configs/fp32.json",
+            *TINY,
+            "epochs=2",
+            f"data.root={fake_fmnist}",
+            f"run_dir={finished_run}",
+            "resume=auto",
+            *extra,
+        ],
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    line = check_one_clear_line(proc, text)
+    assert "cannot be resumed with this config" in line
+    assert tree_digest(finished_run) == before
+    evidence(
+        "bad input: resume", f"resume=auto with {case}", exit=2, seen=line, disk="run untouched"
+    )
+
+
+def test_resume_with_allowed_changes_continues(finished_run, fake_fmnist, tmp_path, evidence):
+    """epochs, the LR (in the JSON and the trainer config), label smoothing and logging may change."""
+    import json
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    raw = json.loads((Path(__file__).parent.parent / "ds_configs/fp32.json").read_text())
+    raw["optimizer"]["params"].update(lr=0.05, momentum=0.8)
+    (tmp_path / "lr.json").write_text(json.dumps(raw))
+    args = [JSON, str(tmp_path / "lr.json"), *TINY, "epochs=2", "optim.label_smoothing=0.05"]
+    args += ["log.every_steps=8", f"data.root={fake_fmnist}", f"run_dir={run_dir}", "resume=auto"]
+    proc = run_cli(args, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs"] == 2 and "resumed from" in proc.stdout + proc.stderr
+    evidence(
+        "resume",
+        "resume=auto with a new LR, momentum value, label smoothing, logging and more epochs",
+        exit=0,
+        seen="resumed from epoch 1 and trained epoch 2",
+        disk="epoch0002 checkpoint, summary.json",
+    )
+
+
 @pytest.mark.parametrize("case", ["not a run directory", "a different model"])
 def test_polish_refuses_a_checkpoint_it_cannot_use(case, finished_run, tmp_path, evidence):
     target = str(tmp_path) if case == "not a run directory" else str(finished_run)

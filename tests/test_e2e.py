@@ -255,13 +255,34 @@ def test_corrupt_image_stops_the_run_with_one_line(tmp_path, evidence):
     run_dir = tmp_path / "run"
     assert not (run_dir / "checkpoints").exists()
     assert json.loads((run_dir / "ranks" / "rank00000.json").read_text())["state"] == "bad_input"
+    # no checkpoint: the run directory is marked failed, with the error, and read as "no run here"
+    failed = json.loads((run_dir / "failed.json").read_text())
+    assert failed["exit_code"] == 2 and str(bad) in failed["message"]
+    polish = run_cli(["--checkpoint", str(run_dir)], module="dstrain.polish", timeout=120)
+    assert polish.returncode == 2 and "failed before its first checkpoint" in polish.stderr
     evidence(
         "bad input: data",
         "a truncated JPEG in the training set (found when decoded)",
         exit=2,
         seen=errors[0],
-        disk="run files and rank record only, no checkpoint",
+        disk="run directory marked failed (failed.json with the error), no checkpoint",
     )
+    # the image mended, the same command with resume=auto starts over in the marked directory
+    bad.write_bytes((root / "train" / "cat" / "001.JPEG").read_bytes())
+    again = run_cli(
+        [
+            "--deepspeed_config",
+            "ds_configs/fp32.json",
+            *FOLDER,
+            "data.loader=dali",
+            f"data.root={root}",
+            f"run_dir={run_dir}",
+            "resume=auto",
+        ]
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "failed before its first checkpoint" in again.stdout + again.stderr
+    assert not (run_dir / "failed.json").exists() and (run_dir / "summary.json").is_file()
 
 
 def test_cpu_channels_last_hazard_is_detected_by_shape():

@@ -128,6 +128,11 @@ def test_launcher_report_and_exit_status(tmp_path, capsys):
     assert (
         report(tmp_path, 1) == 75
     )  # DeepSpeed's launcher says 1 after a SIGTERM; the ranks say 75
+    assert "every rank stopped with a checkpoint" in capsys.readouterr().out
+    late = "SIGTERM received 20 s ago ...: exiting without a new checkpoint at step 7"
+    write_record(tmp_path, 1, state="preempted", exit_code=75, message=late)
+    assert report(tmp_path, 1) == 75  # the grace ran out on rank 1: said, not hidden
+    assert "1 without waiting for a new checkpoint" in capsys.readouterr().out
     write_record(tmp_path, 1, state="diverged", exit_code=3, message="non-finite loss")
     assert report(tmp_path, 1) == 3
     out = capsys.readouterr().out
@@ -138,6 +143,8 @@ def test_launcher_report_and_exit_status(tmp_path, capsys):
 
 
 def test_stop_signals_only_record_the_first_signal():
+    before = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(before)
     signals = fault.StopSignals()
     signals.install()
     try:
@@ -146,8 +153,13 @@ def test_stop_signals_only_record_the_first_signal():
             os.getpid(), signal.SIGINT
         )  # e.g. a launcher forwarding, then Ctrl-C: still one stop
         assert signals.name == "SIGTERM"
+        # CPython's C-level handler wrote both to the wake-up socket: what the watchdog's thread reads
+        assert signals.received() == [signal.SIGTERM, signal.SIGINT]
+        assert signals.received() == []
     finally:
         signals.restore()
+    assert signals.wakeup is None and signals.received() == []
+    assert signal.set_wakeup_fd(before) == before  # the previous wake-up fd is back
 
 
 def _custom_handler(signum, frame):  # pragma: no cover - never called

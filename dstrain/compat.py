@@ -1,0 +1,123 @@
+"""Resume compatibility: what a resumed run may change, checked before anything is built or written.
+
+A run records what its checkpoints depend on in ``meta.json`` (``"resume"``: :func:`fingerprint`).
+``resume=auto`` compares that record with the new config and DeepSpeed JSON first; a difference in
+:data:`MUST_MATCH` is refused in one line naming every difference and the way out, and the run
+directory is left byte-for-byte as it was. Everything else may change on resume (docs/faults.md
+lists it): epochs, the LR and its schedule, optimizer hyperparameters that keep the state layout
+(``lr``, ``momentum`` > 0, ``weight_decay``, ``trust_coefficient``, betas, ...), gradient clipping,
+label smoothing, logging, evaluation, checkpoint and fault settings, Final Polishing, the data root,
+loader threads and prefetch, the micro batch (the global batch stays), ``model.channels_last`` and
+``model.compile``, and the gradient communication block.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from dstrain.config import TrainConfig
+from dstrain.ds_config import DeepSpeedSpec
+from dstrain.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MODEL_KEYS = ("name", "num_classes", "in_channels", "width", "blocks_per_stage")
+# what each difference breaks, said in the refusal
+MUST_MATCH = {
+    "model": "the checkpoint holds this network's tensors",
+    "optimizer.type": "the optimizer state belongs to one optimizer",
+    "optimizer state": "momentum 0 keeps no momentum buffer, momentum > 0 needs one",
+    "optimizer.params.exclude_bn_bias": "it sets the number of parameter groups in the state",
+    "precision": "DeepSpeed's engines keep different master weights and scaler state",
+    "zero_optimization.stage": "ZeRO stages partition the optimizer state differently",
+    "batch.global_size": "the epochs already done were cut into batches of this size",
+    "batch.ramp": "the epochs already done were cut into batches of this size",
+    "seed": "it fixes the data order of the epoch being continued",
+    "data.dataset": "the model was trained on this data",
+}
+
+
+def state_layout(spec: DeepSpeedSpec) -> str:
+    """What the optimizer keeps per tensor: the part of its hyperparameters a checkpoint depends on."""
+    opt = spec.optimizer
+    if opt.kind not in ("sgd", "lars"):
+        return "first and second moments"
+    default = 0.9 if opt.kind == "lars" else 0.0  # the builders' defaults (dstrain/optim.py)
+    return "momentum buffer" if opt.params.get("momentum", default) > 0 else "none"
+
+
+def fingerprint(cfg: TrainConfig, spec: DeepSpeedSpec, world: int) -> dict:
+    """What the checkpoints of this run depend on (written to meta.json, compared on resume)."""
+    fp = {
+        "model": {k: getattr(cfg.model, k) for k in MODEL_KEYS},
+        "optimizer.type": spec.optimizer.kind,
+        "optimizer state": state_layout(spec),
+        "optimizer.params.exclude_bn_bias": spec.optimizer.exclude_bn_bias,
+        "precision": spec.precision,
+        "zero_optimization.stage": int(spec.engine.get("zero_optimization", {}).get("stage", 0)),
+        "batch.global_size": cfg.batch.global_size,
+        "batch.ramp": [list(step) for step in cfg.batch.ramp],
+        "seed": cfg.seed,
+        "data.dataset": cfg.data.dataset,
+        "world_size": world,
+    }
+    return json.loads(json.dumps(fp, default=list))  # as meta.json will hold it (lists, not tuples)
+
+
+def world_size_may_change(fp: dict) -> bool:
+    """ZeRO 0 keeps the whole optimizer state in rank 0's file, except DeepSpeed's bf16 engine, which
+    saves its FP32 master state per rank; ZeRO > 0 partitions it over the ranks."""
+    return fp["zero_optimization.stage"] == 0 and fp["precision"] != "bf16"
+
+
+def differences(saved: dict, now: dict) -> list[str]:
+    """Every refused difference as ``key: X there, Y here (why)``; empty when the resume may go on."""
+    out = []
+    for key, why in MUST_MATCH.items():
+        if key not in saved or saved[key] == now[key]:
+            continue
+        if key == "model":
+            changed = [k for k in MODEL_KEYS if saved["model"].get(k) != now["model"][k]]
+            out += [
+                f"model.{k}={saved['model'].get(k)!r} there, {now['model'][k]!r} here"
+                for k in changed
+            ]
+            continue
+        out.append(f"{key} {saved[key]!r} there, {now[key]!r} here ({why})")
+    if saved.get("world_size", now["world_size"]) != now[
+        "world_size"
+    ] and not world_size_may_change(saved):
+        out.append(
+            f"world size {saved['world_size']} there, {now['world_size']} here (with "
+            f"zero_optimization.stage {saved['zero_optimization.stage']} and precision "
+            f"{saved['precision']} the optimizer state is saved per rank)"
+        )
+    return out
+
+
+def saved_fingerprint(run_dir: Path) -> dict | None:
+    """The fingerprint in RUN_DIR/meta.json, or None (a run from before it was recorded)."""
+    try:
+        return json.loads((run_dir / "meta.json").read_text()).get("resume")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check(run_dir: Path, cfg: TrainConfig, spec: DeepSpeedSpec, world: int) -> None:
+    """Refuse a resume that cannot continue the run in ``run_dir``; writes nothing either way."""
+    saved = saved_fingerprint(run_dir)
+    if saved is None:
+        log.warning(
+            "%s records no resume fingerprint (a run from an older dstrain): only the model is compared",
+            run_dir / "meta.json",
+        )
+        return
+    diff = differences(saved, fingerprint(cfg, spec, world))
+    if diff:
+        raise ConfigError(
+            f"run_dir={str(run_dir)!r} cannot be resumed with this config: {'; '.join(diff)}. "
+            "Resume with the settings it was started with (its config.yaml and meta.json), or start a "
+            "new run_dir (docs/faults.md lists what may change on resume)"
+        )
