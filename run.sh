@@ -75,6 +75,7 @@ case "$cmd" in
     evidence)
         setup_venv; setup_fashion_mnist
         exec "$VENV/bin/python" -m pytest -q tests/test_cli_errors.py tests/test_faults.py tests/test_watchdog.py \
+            "tests/test_ds_config.py::test_bad_json_values_and_nested_keys_give_one_line_naming_file_and_key" \
             "tests/test_e2e.py::test_corrupt_image_stops_the_run_with_one_line" \
             --evidence docs/results/faults.md "$@" ;;
     *)

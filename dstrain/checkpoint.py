@@ -101,6 +101,14 @@ def newest_complete(root: Path) -> str | None:
     return tags[-1] if tags else None
 
 
+def trainer_state(root: Path, tag: str) -> dict:
+    """The trainer state a complete checkpoint was saved with (its human-readable copy), or {}."""
+    try:
+        return json.loads((root / tag / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) -> Path:
     """Collective: every rank calls it. Returns the complete checkpoint's directory."""
     partial = f"{tag}.partial"

@@ -5,7 +5,8 @@ A run records what its checkpoints depend on in ``meta.json`` (``"resume"``: :fu
 :data:`MUST_MATCH` is refused in one line naming every difference and the way out, and the run
 directory is left byte-for-byte as it was. Everything else may change on resume (docs/faults.md
 lists it): epochs, the LR and its schedule, optimizer hyperparameters that keep the state layout
-(``lr``, ``momentum`` > 0, ``weight_decay``, ``trust_coefficient``, betas, ...), gradient clipping,
+(``lr``, ``momentum`` > 0, ``weight_decay``, ``trust_coefficient``, betas, ...), the batch size and
+ramp of epochs not yet started, the seed at an epoch boundary, gradient clipping,
 label smoothing, logging, evaluation, checkpoint and fault settings, Final Polishing, the data root,
 loader threads and prefetch, the micro batch (the global batch stays), ``model.channels_last`` and
 ``model.compile``, and the gradient communication block.
@@ -32,9 +33,6 @@ MUST_MATCH = {
     "optimizer.params.exclude_bn_bias": "it sets the number of parameter groups in the state",
     "precision": "DeepSpeed's engines keep different master weights and scaler state",
     "zero_optimization.stage": "ZeRO stages partition the optimizer state differently",
-    "batch.global_size": "the epochs already done were cut into batches of this size",
-    "batch.ramp": "the epochs already done were cut into batches of this size",
-    "seed": "it fixes the data order of the epoch being continued",
     "data.dataset": "the model was trained on this data",
 }
 
@@ -72,9 +70,35 @@ def world_size_may_change(fp: dict) -> bool:
     return fp["zero_optimization.stage"] == 0 and fp["precision"] != "bf16"
 
 
-def differences(saved: dict, now: dict) -> list[str]:
-    """Every refused difference as ``key: X there, Y here (why)``; empty when the resume may go on."""
+def global_batch_at(fp: dict, epoch: int) -> int:
+    """The global batch of ``epoch`` (0-based) under a fingerprint's ``batch.global_size`` and ramp."""
+    size = fp["batch.global_size"]
+    for first, later in sorted(fp["batch.ramp"]):
+        if epoch >= first:
+            size = later
+    return size
+
+
+def differences(saved: dict, now: dict, epochs_done: int = 0, mid_epoch: bool = False) -> list[str]:
+    """Every refused difference as ``key: X there, Y here (why)``; empty when the resume may go on.
+
+    ``epochs_done`` / ``mid_epoch``: where the checkpoint stands. The batch plan must be the same
+    for the epochs done and the one being continued (a ramp switch may be added or moved later);
+    the seed, which orders each epoch's data, only for an epoch being continued."""
     out = []
+    for epoch in range(epochs_done + int(mid_epoch)):
+        there, here = global_batch_at(saved, epoch), global_batch_at(now, epoch)
+        if there != here:
+            out.append(
+                f"global batch {there} there, {here} here in epoch {epoch + 1} (batch.global_size "
+                "and batch.ramp may change only for epochs not yet started)"
+            )
+            break
+    if mid_epoch and saved["seed"] != now["seed"]:
+        out.append(
+            f"seed {saved['seed']!r} there, {now['seed']!r} here (it orders the data of the epoch "
+            "being continued; resume at an epoch boundary to change it)"
+        )
     for key, why in MUST_MATCH.items():
         if key not in saved or saved[key] == now[key]:
             continue
@@ -105,8 +129,9 @@ def saved_fingerprint(run_dir: Path) -> dict | None:
         return None
 
 
-def check(run_dir: Path, cfg: TrainConfig, spec: DeepSpeedSpec, world: int) -> None:
-    """Refuse a resume that cannot continue the run in ``run_dir``; writes nothing either way."""
+def check(run_dir: Path, cfg: TrainConfig, spec: DeepSpeedSpec, world: int, state: dict) -> None:
+    """Refuse a resume that cannot continue the run in ``run_dir`` from the checkpoint whose trainer
+    state is ``state``; writes nothing either way."""
     saved = saved_fingerprint(run_dir)
     if saved is None:
         log.warning(
@@ -114,7 +139,8 @@ def check(run_dir: Path, cfg: TrainConfig, spec: DeepSpeedSpec, world: int) -> N
             run_dir / "meta.json",
         )
         return
-    diff = differences(saved, fingerprint(cfg, spec, world))
+    done, mid = int(state.get("epoch", 0)), bool(state.get("epoch_step", 0))
+    diff = differences(saved, fingerprint(cfg, spec, world), done, mid)
     if diff:
         raise ConfigError(
             f"run_dir={str(run_dir)!r} cannot be resumed with this config: {'; '.join(diff)}. "

@@ -92,8 +92,10 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
     """Phase 2: model, data, optimizer, engine, run directory, and the state to start from."""
     cfg, spec = plan.cfg, plan.spec
     # before anything is built or written: a resume this config cannot continue is refused
-    if cfg.resume == "auto" and checkpoint.newest_complete(run_dir / rundir.CHECKPOINTS):
-        compat.check(run_dir, cfg, spec, plan.world)
+    root = run_dir / rundir.CHECKPOINTS
+    tag = checkpoint.newest_complete(root) if cfg.resume == "auto" else None
+    if tag:
+        compat.check(run_dir, cfg, spec, plan.world, checkpoint.trainer_state(root, tag))
     device = dist.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -238,6 +240,7 @@ def fit_and_summarise(trainer: Trainer, plan: Plan, run_dir: Path) -> dict:
 
     def report(state: str, exit_code: int, message: str) -> None:  # the watchdog ends the run
         records.finish(state, exit_code, message, trainer.state.step)
+        rundir.mark_failed(run_dir, state, exit_code, message)  # if no checkpoint was written yet
 
     try:
         # a phase that does not end, or a step that outlasts a signal's grace, ends the process

@@ -378,7 +378,7 @@ INCOMPATIBLE = [
         [JSON, "ds_configs/bf16.json"],
         "precision 'fp32' there, 'autocast-bfloat16'",
     ),
-    ("another global batch", ["batch.global_size=64"], "batch.global_size 32 there, 64 here"),
+    ("another global batch", ["batch.global_size=64"], "global batch 32 there, 64 here in epoch 1"),
 ]
 
 

@@ -40,21 +40,38 @@ REFUSED = [
     ),
     ("precision", ([], "bf16", 1, None), "precision 'fp32' there, 'autocast-bfloat16' here"),
     (
-        "global batch",
-        (["batch.global_size=512"], "fp32", 1, None),
-        "batch.global_size 256 there, 512",
+        "dataset",
+        (["data.dataset=imagefolder"], "fp32", 1, None),
+        "data.dataset 'fashion_mnist' there",
     ),
-    ("ramp", (["batch.ramp=[[2,512]]"], "fp32", 1, None), "batch.ramp [] there, [[2, 512]] here"),
-    ("seed", (["seed=1"], "fp32", 1, None), "seed 0 there, 1 here"),
 ]
+# the checkpoint after 2 epochs and part of the third
+DONE = {"epochs_done": 2, "mid_epoch": True}
 
 
 @pytest.mark.parametrize("name, now, text", REFUSED, ids=[c[0] for c in REFUSED])
 def test_changes_a_checkpoint_depends_on_are_refused(name, now, text):
     saved = fingerprint()
     overrides, json_name, world, edit = now
-    diff = compat.differences(saved, fingerprint(overrides, json_name, world, edit))
+    diff = compat.differences(saved, fingerprint(overrides, json_name, world, edit), **DONE)
     assert len(diff) == 1 and text in diff[0], diff
+
+
+BATCH_AND_SEED = [
+    # overrides, where the checkpoint stands, the refusal (None: allowed)
+    (["batch.global_size=512"], DONE, "global batch 256 there, 512 here in epoch 1"),
+    (["batch.ramp=[[2,512]]"], DONE, "global batch 256 there, 512 here in epoch 3"),
+    (["batch.ramp=[[2,512]]"], {"epochs_done": 2, "mid_epoch": False}, None),  # not yet due
+    (["batch.ramp=[[5,512]]"], DONE, None),
+    (["seed=1"], DONE, "seed 0 there, 1 here (it orders the data of the epoch being continued"),
+    (["seed=1"], {"epochs_done": 2, "mid_epoch": False}, None),  # at an epoch boundary
+]
+
+
+@pytest.mark.parametrize("overrides, done, text", BATCH_AND_SEED)
+def test_batch_plan_and_seed_may_change_only_for_what_is_not_started(overrides, done, text):
+    diff = compat.differences(fingerprint(), fingerprint(overrides), **done)
+    assert (diff == []) if text is None else (len(diff) == 1 and text in diff[0]), diff
 
 
 ALLOWED = [
@@ -82,7 +99,8 @@ ALLOWED = [
 
 @pytest.mark.parametrize("name, overrides, edit", ALLOWED, ids=[c[0] for c in ALLOWED])
 def test_documented_changes_are_allowed(name, overrides, edit):
-    assert compat.differences(fingerprint(), fingerprint(overrides, "fp32", 1, edit)) == []
+    now = fingerprint(overrides, "fp32", 1, edit)
+    assert compat.differences(fingerprint(), now, **DONE) == []
 
 
 def test_world_size_may_change_only_where_the_state_is_not_per_rank():
@@ -95,7 +113,8 @@ def test_world_size_may_change_only_where_the_state_is_not_per_rank():
 
 
 def test_every_difference_is_named_at_once():
-    diff = compat.differences(fingerprint(), fingerprint(["seed=3", "model.width=8"], "lamb_fp32"))
+    now = fingerprint(["seed=3", "model.width=8"], "lamb_fp32")
+    diff = compat.differences(fingerprint(), now, **DONE)
     assert len(diff) == 4, diff  # model.width, optimizer type, its state layout, seed
 
 
@@ -103,5 +122,5 @@ def test_a_run_without_a_fingerprint_is_compared_on_the_model_only(tmp_path, cap
     (tmp_path / "meta.json").write_text('{"git_sha": "x"}')
     cfg = load_config("fashion_mnist", [])
     spec = ds_config.load(REPO / "ds_configs/lars_fp32.json", True)
-    compat.check(tmp_path, cfg, spec, 1)  # no error: nothing recorded to compare
+    compat.check(tmp_path, cfg, spec, 1, {"epoch": 1})  # no error: nothing recorded to compare
     assert "only the model is compared" in caplog.text

@@ -1,3 +1,4 @@
+import json
 import re
 from pathlib import Path
 
@@ -177,8 +178,6 @@ def test_every_value_of_every_shipped_json_is_typed(name, leaf):
 
 
 def json_text(value) -> str:
-    import json
-
     return json.dumps(value) if not isinstance(value, str) else value
 
 
@@ -356,7 +355,16 @@ BAD_JSON = [
 
 
 @pytest.mark.parametrize("name, block, match", BAD_JSON, ids=[c[0] for c in BAD_JSON])
-def test_bad_json_values_and_nested_keys_give_one_line_naming_file_and_key(name, block, match):
+def test_bad_json_values_and_nested_keys_give_one_line_naming_file_and_key(
+    name, block, match, evidence
+):
     with pytest.raises(ConfigError, match=match) as err:
         ds_config.parse({**BASE, **block}, "ds_configs/x.json", cuda_available=True)
     assert str(err.value).startswith("ds_configs/x.json: ") and "\n" not in str(err.value)
+    evidence(
+        "bad input: JSON value",
+        f"{name}: `{json.dumps(block)}`",
+        exit=err.value.exit_code,
+        seen=f"dstrain: error: {err.value}",
+        disk="nothing written (read before anything starts; in-process: ds_config.parse)",
+    )

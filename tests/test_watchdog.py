@@ -246,12 +246,14 @@ def test_a_forward_backward_stall_exits_6_naming_the_phase(fake_fmnist, tmp_path
     assert "DeepSpeed's gradient all-reduce runs inside backward" in line
     assert "at step 3; no checkpoint was written yet" in line
     assert records(run_dir)[0]["state"] == "stalled"
+    # no checkpoint: the directory is marked failed, as any run stopped before its first one
+    assert json.loads((run_dir / "failed.json").read_text())["exit_code"] == 6
     evidence(
         "fault: stall",
         "forward/backward hangs at step 4 (fault.stall_timeout_s=4)",
         exit=6,
         seen=line,
-        disk="no checkpoint yet (none is written by the watchdog)",
+        disk="no checkpoint yet (none is written by the watchdog); run directory marked failed",
     )
 
 
