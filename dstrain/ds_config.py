@@ -22,7 +22,13 @@ schedule. This module closes those gaps before DeepSpeed sees the dict:
 * a missing ``gradient_clipping`` is warned about (DeepSpeed would clip at 1.0);
 * the ``optimizer`` block is parsed by dstrain/optim.py (the trainer builds the
   optimizer itself) and the ``dstrain_communication`` block by dstrain/comm.py;
-  both are removed from what DeepSpeed sees.
+  both are removed from what DeepSpeed sees;
+* every value is typed where it is read (dstrain/jsonspec.py; the declarations are
+  :data:`SCALARS`, :data:`DICT_BLOCKS`, :data:`READ_INSIDE` here, ``optim.PARAMS`` and
+  ``comm.FIELDS``), unknown keys are refused in nested blocks too, blocks DeepSpeed would
+  take unchecked and image training does not use (:data:`UNCHECKED`) are refused, and
+  DeepSpeed's own config parser runs on the result (:func:`validate_engine`), its errors
+  turned into one line naming the file.
 """
 
 from __future__ import annotations

@@ -1,14 +1,17 @@
 """Client optimizers built from the DeepSpeed JSON ``optimizer`` block.
 
-:func:`parse_spec` reads the block once into an :class:`OptimizerSpec` (type
-checked and normalised, parameters range-checked); :func:`build_optimizer`
-builds it for a model.
+:func:`parse_spec` reads the block once into an :class:`OptimizerSpec` (each
+parameter typed and range-checked against :data:`PARAMS`, the declaration of what
+each type takes); :func:`build_optimizer` builds it for a model.
 
 The trainer builds the optimizer itself so that parameter groups can be chosen
 by tensor shape: tensors with ``ndim <= 1`` (BN gamma/beta, biases) get no
 weight decay (Goyal et al.). The result is handed to ``deepspeed.initialize``
 as the client optimizer, so DeepSpeed's precision wrappers, clipping and
-checkpointing apply as usual.
+checkpointing apply as usual. Every implementation gets the groups of
+:func:`param_groups`: DeepSpeed's FusedLamb, which cannot exclude a group from
+its trust ratio, gets the BN/bias group's ratio clamp pinned to [1, 1]
+(:func:`fused_lamb_groups`).
 """
 
 from __future__ import annotations
