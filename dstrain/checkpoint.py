@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from dstrain import dist
-from dstrain.errors import CheckpointWriteError, ConfigError
+from dstrain.errors import CheckpointWriteError, ConfigError, first_line
 from dstrain.files import atomic_write_text, fsync_dir
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ def load(engine, root: Path, tag: str) -> dict:
         # dstrain/compat.py refuses the known causes first; this names the file if another slips through
         raise ConfigError(
             f"{root / tag}: cannot be loaded into this run's optimizer or engine "
-            f"({type(err).__name__}: {str(err).strip().splitlines()[0][:160] if str(err).strip() else ''}). "
+            f"({type(err).__name__}: {first_line(err)[:160]}). "
             "Resume with the run's own config.yaml and DeepSpeed JSON, or start a new run_dir"
         ) from None
     if path is None or not client_state or "dstrain" not in client_state:

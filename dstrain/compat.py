@@ -21,10 +21,10 @@ from pathlib import Path
 from dstrain.config import TrainConfig
 from dstrain.ds_config import DeepSpeedSpec
 from dstrain.errors import ConfigError
+from dstrain.rundir import MODEL_KEYS, check_same_model
 
 log = logging.getLogger(__name__)
 
-MODEL_KEYS = ("name", "num_classes", "in_channels", "width", "blocks_per_stage")
 # what each difference breaks, said in the refusal
 MUST_MATCH = {
     "model": "the checkpoint holds this network's tensors",
@@ -110,9 +110,8 @@ def differences(saved: dict, now: dict, epochs_done: int = 0, mid_epoch: bool = 
             ]
             continue
         out.append(f"{key} {saved[key]!r} there, {now[key]!r} here ({why})")
-    if saved.get("world_size", now["world_size"]) != now[
-        "world_size"
-    ] and not world_size_may_change(saved):
+    moved = saved.get("world_size", now["world_size"]) != now["world_size"]
+    if moved and not world_size_may_change(saved):
         out.append(
             f"world size {saved['world_size']} there, {now['world_size']} here (with "
             f"zero_optimization.stage {saved['zero_optimization.stage']} and precision "
@@ -138,6 +137,7 @@ def check(run_dir: Path, cfg: TrainConfig, spec: DeepSpeedSpec, world: int, stat
             "%s records no resume fingerprint (a run from an older dstrain): only the model is compared",
             run_dir / "meta.json",
         )
+        check_same_model(run_dir, cfg.model)  # from its config.yaml
         return
     done, mid = int(state.get("epoch", 0)), bool(state.get("epoch_step", 0))
     diff = differences(saved, fingerprint(cfg, spec, world), done, mid)

@@ -34,6 +34,9 @@ from dstrain.files import atomic_write_text
 log = logging.getLogger(__name__)
 
 RANKS_DIR = "ranks"
+# in a "preempted" record's message: the rank exited without writing a new checkpoint (the watchdog's
+# exits after a signal's grace or a second signal); launch.sh tells these apart from a clean stop
+NO_NEW_CHECKPOINT = "without a new checkpoint"
 NO_BAD_STEP = 2**62  # "no non-finite loss seen" in the MIN all-reduce of first bad steps
 
 

@@ -144,6 +144,13 @@ def unknown_key(key: str, known, path: str, source: str, why: str) -> ConfigErro
     return ConfigError(f"{source}: unknown key '{full}' ({why}).{hint}")
 
 
+def check_keys(block: dict, known, path: str, source: str, why: str) -> None:
+    """Refuse the first key of ``block`` (``_`` keys aside: documentation) that ``known`` lacks."""
+    for key in block:
+        if not key.startswith("_") and key not in known:
+            raise unknown_key(key, known, path, source, why)
+
+
 def read_block(
     block: Any,
     spec: dict[str, Value],
@@ -154,11 +161,9 @@ def read_block(
     """The typed copy of a JSON object declared by ``spec``; ``_`` keys dropped, unknown keys refused."""
     if not isinstance(block, dict):
         raise ConfigError(f"{source}: {path} must be a JSON object {{...}}, got {shown(block)}")
-    out = {}
-    for key, value in block.items():
-        if key.startswith("_"):
-            continue
-        if key not in spec:
-            raise unknown_key(key, spec, path, source, why)
-        out[key] = spec[key].read(value, f"{path}.{key}", source)
-    return out
+    check_keys(block, spec, path, source, why)
+    return {
+        key: spec[key].read(value, f"{path}.{key}", source)
+        for key, value in block.items()
+        if not key.startswith("_")
+    }

@@ -286,7 +286,7 @@ def _group_alive(pgid: int) -> bool:
 def report(run_dir: Path | None, launcher_code: int) -> int:
     """Print one line per rank that did not finish cleanly; return the job's exit status."""
     from dstrain.errors import EXIT_PEER_LOST, EXIT_PREEMPTED
-    from dstrain.fault import failed_ranks, read_records
+    from dstrain.fault import NO_NEW_CHECKPOINT, failed_ranks, read_records
 
     records = read_records(run_dir) if run_dir else []
     if not records:
@@ -304,8 +304,7 @@ def report(run_dir: Path | None, launcher_code: int) -> int:
                 )
         return 0
     if states == {"preempted"}:
-        # the watchdog's exits after a signal's grace, or a second signal, write no new checkpoint
-        late = [r for r in records if "without a new checkpoint" in r.get("message", "")]
+        late = [r for r in records if NO_NEW_CHECKPOINT in r.get("message", "")]
         how = (
             f"every rank stopped, {len(late)} without waiting for a new checkpoint (their step did "
             "not finish within fault.signal_grace_s, or a second signal came); resume=auto "

@@ -283,11 +283,7 @@ def parse_spec(block: dict | None, source: str = "optimizer") -> OptimizerSpec:
         raise ConfigError(
             f"{source}: 'optimizer' must be an object with a 'type' (e.g. \"SGD\") and 'params'"
         )
-    for key in block:
-        if not key.startswith("_") and key not in BLOCK_KEYS:
-            raise jsonspec.unknown_key(
-                key, BLOCK_KEYS, "optimizer", source, "dstrain does not read it"
-            )
+    jsonspec.check_keys(block, BLOCK_KEYS, "optimizer", source, "dstrain does not read it")
     name = jsonspec.Value("text").read(block["type"], "optimizer.type", source)
     kind = name.lower()
     if kind in REMOVED_1BIT:

@@ -29,9 +29,10 @@ from dstrain.provenance import environment, git_sha
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
-FAILED = (
-    "failed.json"  # a run that failed before its first complete checkpoint: nothing to continue
-)
+# a run that failed before its first complete checkpoint: nothing to continue
+FAILED = "failed.json"
+# the model settings a checkpoint's tensors depend on
+MODEL_KEYS = ("name", "num_classes", "in_channels", "width", "blocks_per_stage")
 
 
 def choose(cfg: TrainConfig) -> Path:
@@ -114,10 +115,9 @@ def check_same_model(run_dir: Path, model: ModelConfig) -> None:
             "%s unreadable (%s): cannot compare the model settings", run_dir / "config.yaml", err
         )
         return
-    shape_keys = ("name", "num_classes", "in_channels", "width", "blocks_per_stage")
     diff = [
         f"model.{k}={saved.get(k)!r} there, {getattr(model, k)!r} here"
-        for k in shape_keys
+        for k in MODEL_KEYS
         if k in saved and saved[k] != getattr(model, k)
     ]
     if diff:

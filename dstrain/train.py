@@ -54,13 +54,10 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         summary = fit_and_summarise(trainer, plan, run_dir)
     except Exception as err:
         if run_dir is not None:  # stopped before its first checkpoint: the directory says so
-            stopped = isinstance(err, (ConfigError, RunStopped))
-            rundir.mark_failed(
-                run_dir,
-                err.state if stopped else "error",
-                err.exit_code if stopped else EXIT_ERROR,
-                str(err) if stopped else first_line(err),
-            )
+            if isinstance(err, (ConfigError, RunStopped)):
+                rundir.mark_failed(run_dir, err.state, err.exit_code, str(err))
+            else:
+                rundir.mark_failed(run_dir, "error", EXIT_ERROR, first_line(err))
         raise
     finally:
         signals.restore()
@@ -96,6 +93,8 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
     tag = checkpoint.newest_complete(root) if cfg.resume == "auto" else None
     if tag:
         compat.check(run_dir, cfg, spec, plan.world, checkpoint.trainer_state(root, tag))
+    elif cfg.resume == "auto":
+        log.info("resume=auto: no complete checkpoint in %s, starting fresh", root)
     device = dist.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -116,7 +115,7 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
         rundir.checkpoint_bytes(engine.module, spec.precision) if cfg.fault.check_disk else 0,
     )
     # only now: a config or data error above leaves nothing behind
-    state, last_checkpoint = resume(cfg, engine, run_dir)  # before anything is written into run_dir
+    state, last_checkpoint = resume(engine, root, tag)  # before anything is written into run_dir
     checks = fault.StepChecks.create(signals, device, cfg.fault.max_consecutive_skips)
     checks.last_checkpoint = last_checkpoint
     trainer = Trainer(
@@ -188,17 +187,13 @@ def configure_grad_sync(
     return None
 
 
-def resume(cfg: TrainConfig, engine, run_dir: Path) -> tuple[TrainState, Path | None]:
-    """With resume=auto, load the newest complete checkpoint into the engine: (state, its directory).
+def resume(engine, root: Path, tag: str | None) -> tuple[TrainState, Path | None]:
+    """Load checkpoint ``tag`` (None: start fresh) into the engine: (state, its directory).
 
-    A run directory that cannot be continued (another model) is refused before anything is written."""
-    root = run_dir / rundir.CHECKPOINTS
-    tag = checkpoint.newest_complete(root) if cfg.resume == "auto" else None
+    :func:`build_trainer` has already refused a checkpoint this config cannot continue
+    (dstrain/compat.py), before anything was built or written."""
     if not tag:
-        if cfg.resume == "auto":
-            log.info("resume=auto: no complete checkpoint in %s, starting fresh", root)
         return TrainState(), None
-    rundir.check_same_model(run_dir, cfg.model)
     state = TrainState(**checkpoint.load(engine, root, tag))
     log.info("resumed from %s: %d epochs and %d steps done", root / tag, state.epoch, state.step)
     return state, root / tag

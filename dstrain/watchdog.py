@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from dstrain import dist
 from dstrain.errors import Preempted, Stalled
-from dstrain.fault import StopSignals, signal_name
+from dstrain.fault import NO_NEW_CHECKPOINT, StopSignals, signal_name
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class Watchdog:
                     Preempted.state,
                     Preempted.exit_code,
                     f"second signal ({signal_name(signum)}, {now - at:.0f} s after {signal_name(first)}) "
-                    f"in phase {phase}: exiting at once without a new checkpoint {self._note()}",
+                    f"in phase {phase}: exiting at once {NO_NEW_CHECKPOINT} {self._note()}",
                 )
         if self._grace_running() and now - self._first[1] >= self.grace_s:
             first, at = self._first
@@ -180,7 +180,7 @@ class Watchdog:
                 Preempted.exit_code,
                 f"{signal_name(first)} received {now - at:.0f} s ago and the step in flight (phase "
                 f"{phase}) did not finish within fault.signal_grace_s={self.grace_s:g}: exiting "
-                f"without a new checkpoint {self._note()}",
+                f"{NO_NEW_CHECKPOINT} {self._note()}",
             )
         if self.stall_timeout_s and now - since >= self.stall_timeout_s:
             return (
