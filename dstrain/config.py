@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dstrain.errors import ConfigError
-from dstrain.ramp import batch_plan
+from dstrain.ramp import batch_arithmetic, batch_plan
 
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 FASHION_MNIST_DEFAULT_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -110,6 +110,12 @@ class ModelConfig:
     )
     zero_init_residual: bool = setting(
         True, "zero-init the last BN gamma of each residual block (Goyal et al.) (bool)"
+    )
+    bn_span: int = setting(
+        0,
+        "BN span (ghost batch norm): training-mode BatchNorm2d statistics over consecutive groups of "
+        "this many images, as each GPU of a large run computes them (Goyal 32, Fujitsu 42); must "
+        "divide the micro batch; 0 = the whole micro batch (images)",
     )
     channels_last: bool = setting(False, "train in NHWC memory format (bool)")
     compile: bool = setting(
@@ -420,6 +426,7 @@ def _model_rules(cfg: TrainConfig, world_size: int) -> Rules:
     model = cfg.model
     yield model.num_classes >= 2, f"model.num_classes={model.num_classes}: must be >= 2"
     yield model.in_channels >= 1, f"model.in_channels={model.in_channels}: must be >= 1"
+    yield from _bn_span_rules(cfg, world_size)
     if model.name == "resnet_small":
         return
     import torchvision  # heavy: only for recipes that name a torchvision model
@@ -437,6 +444,26 @@ def _model_rules(cfg: TrainConfig, world_size: int) -> Rules:
         model.in_channels == 3,
         f"model.name={model.name} takes 3 input channels but model.in_channels={model.in_channels}; "
         "set model.in_channels=3 (grayscale data is repeated to 3 channels)",
+    )
+
+
+def _bn_span_rules(cfg: TrainConfig, world_size: int) -> Rules:
+    span, batch = cfg.model.bn_span, cfg.batch
+    if span == 0:
+        return
+    yield span >= 2, f"model.bn_span={span}: must be >= 2 images (or 0 = the whole micro batch)"
+    if span < 2 or batch.micro_per_rank < 0 or batch.global_size < 1:
+        return
+    try:
+        micro, _ = batch_arithmetic(batch.global_size, batch.micro_per_rank, world_size)
+    except ConfigError:
+        return  # reported by the batch rules
+    yield (
+        micro % span == 0,
+        f"model.bn_span={span} does not divide the micro batch of {micro} images per rank "
+        f"(batch.micro_per_rank={batch.micro_per_rank}, {world_size} rank(s)): choose a span that "
+        f"divides it (e.g. {max(d for d in range(1, min(span, micro) + 1) if micro % d == 0)}) "
+        "or a micro batch that is a multiple of the span",
     )
 
 

@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 
+from dstrain.bn_span import apply_bn_span
 from dstrain.config import ModelConfig
 from dstrain.errors import ConfigError
 
@@ -75,8 +76,8 @@ def zero_init_last_bn(model: nn.Module) -> None:
 
 
 def model_from_config(cfg: ModelConfig) -> nn.Module:
-    """The network the ``model`` section describes."""
-    return build_model(
+    """The network the ``model`` section describes (with its BN span, dstrain/bn_span.py)."""
+    model = build_model(
         cfg.name,
         cfg.num_classes,
         in_channels=cfg.in_channels,
@@ -84,6 +85,10 @@ def model_from_config(cfg: ModelConfig) -> nn.Module:
         blocks_per_stage=cfg.blocks_per_stage,
         zero_init_residual=cfg.zero_init_residual,
     )
+    if cfg.bn_span:
+        layers = apply_bn_span(model, cfg.bn_span)
+        log.info("BN span: %d BatchNorm2d layers normalise over groups of %d images", layers, cfg.bn_span)
+    return model
 
 
 def build_model(

@@ -75,6 +75,7 @@ def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
             *TINY,
             "epochs=2",
             "optim.base_lr=0.01",
+            "model.bn_span=8",  # BN span under bf16 autocast
             f"data.root={fake_fmnist}",
             f"run_dir={run_dir}",
         ]
@@ -96,6 +97,7 @@ def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["precision"] == "autocast-bfloat16"
     assert "Lamb: dstrain's multi-tensor LAMB" in proc.stdout
+    assert "normalise over groups of 8 images" in proc.stdout
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
 
 
@@ -111,9 +113,10 @@ def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
             "batch.ramp=[[1,64]]",
             "optim.wd_follows_lr=true",
             "model.channels_last=true",
+            "model.bn_span=8",
         ],
     ],
-    ids=["sgd", "lars-ramp-channels-last"],
+    ids=["sgd", "lars-ramp-channels-last-bn-span"],
 )
 @pytest.mark.oldest
 def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path, extra):

@@ -1,0 +1,93 @@
+"""BN span ("ghost batch norm", Hoffer et al. 2017): batch statistics over a fixed number of images.
+
+A 2,048-GPU record run normalises each BN layer over the images of one GPU (Goyal 32, Fujitsu 42);
+one device training the same global batch in micro batches of 256 would normalise over 256 and
+train a different network. ``model.bn_span=N`` makes every 2-D BN layer split its training input
+into consecutive groups of N images and normalise each group with that group's own mean and
+variance: a micro batch of k x N images gives exactly what k separate BN calls of N images give,
+outputs, gradients and running statistics (updated once per group, in batch order, as k
+successive calls update them; with ``momentum=None`` the cumulative average over groups).
+Evaluation is unchanged (running statistics). Parameters and buffers keep their names, so
+checkpoints load with or without a span. A batch that is not a multiple of N ends in a smaller
+last group (the polish refit's last batch), as ``torch.split`` would cut it.
+
+The statistics are computed in FP32 whatever the input dtype (FP16/BF16 activations), like the
+native kernels; the output keeps the input's dtype and memory format (channels_last included).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class SpanBatchNorm2d(nn.BatchNorm2d):
+    """``nn.BatchNorm2d`` whose training-mode statistics are taken over groups of ``span`` images."""
+
+    span: int
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, span={self.span}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        if not self.training or n <= self.span:
+            return super().forward(x)  # one group: the native kernel, bit for bit
+        self._check_input_dim(x)
+        full = n - n % self.span
+        if full == n:
+            return self._groups(x, n // self.span)
+        head = self._groups(x[:full], full // self.span)
+        return torch.cat([head, self._groups(x[full:], 1)])
+
+    def _groups(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """Normalise x (k x m images) as k consecutive groups of m; update the running statistics."""
+        n, c, h, w = x.shape
+        xs = x.float().view(k, n // k, c, h, w)
+        var, mean = torch.var_mean(xs, dim=(1, 3, 4), keepdim=True, correction=0)  # (k,1,C,1,1)
+        scale = torch.rsqrt(var + self.eps)
+        if self.affine:
+            scale = scale * self.weight.float().view(1, 1, c, 1, 1)
+        y = (xs - mean) * scale
+        if self.affine:
+            y = y + self.bias.float().view(1, 1, c, 1, 1)
+        if self.track_running_stats:
+            count = (n // k) * h * w
+            self._update_running(mean.view(k, c), var.view(k, c) * count / max(count - 1, 1), k)
+        return y.view(n, c, h, w).to(x.dtype)
+
+    @torch.no_grad()
+    def _update_running(self, means: torch.Tensor, unbiased: torch.Tensor, k: int) -> None:
+        """k successive updates r <- (1 - a) r + a s, in closed form (a: momentum, or 1/t for the
+        cumulative average with ``momentum=None``)."""
+        t0 = int(self.num_batches_tracked.item()) if self.momentum is None else 0
+        self.num_batches_tracked.add_(k)
+        if self.momentum is None:  # cumulative average: r = (t0 r + sum s) / (t0 + k)
+            keep = t0 / (t0 + k)
+            weights = torch.full((k, 1), 1.0 / (t0 + k), device=means.device)
+        else:
+            a = float(self.momentum)
+            keep = (1.0 - a) ** k
+            powers = torch.arange(k - 1, -1, -1, device=means.device, dtype=torch.float32)
+            weights = (a * (1.0 - a) ** powers).view(k, 1)
+        for running, stats in ((self.running_mean, means), (self.running_var, unbiased)):
+            running.copy_((keep * running.float() + (weights * stats).sum(0)).to(running.dtype))
+
+
+def apply_bn_span(model: nn.Module, span: int) -> int:
+    """Give every ``BatchNorm2d`` of ``model`` batch statistics over ``span`` images, in place;
+    returns how many layers. ``span=0`` leaves the model as it is (statistics over the micro batch)."""
+    if span <= 0:
+        return 0
+    count = 0
+    for m in model.modules():
+        if type(m) in (nn.BatchNorm2d, SpanBatchNorm2d):
+            m.__class__ = SpanBatchNorm2d  # the same object: parameters, buffers, hooks, optimizer
+            m.span = span
+            count += 1
+    return count
+
+
+def span_of(module: nn.Module) -> int:
+    """The span of a BN layer, 0 for an ordinary one (statistics over its whole input)."""
+    return getattr(module, "span", 0)

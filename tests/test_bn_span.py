@@ -1,0 +1,192 @@
+"""BN span (dstrain/bn_span.py): a micro batch of k x N images with span N is k separate BN calls of N."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from dstrain.bn_span import SpanBatchNorm2d, apply_bn_span
+from dstrain.config import load_config, validate
+from dstrain.errors import ConfigError
+from dstrain.models import SmallResNet, build_model
+from dstrain.polish import refit_bn
+
+
+def layer(c=6, momentum=0.1, seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    bn = nn.BatchNorm2d(c, momentum=momentum).to(dtype)
+    with torch.no_grad():  # not the identity, so a wrong grouping shows in the output
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    return bn
+
+
+def separate_calls(bn, x, span):
+    """The reference: one ordinary BN layer called on each group of ``span`` images in turn."""
+    return torch.cat([bn(chunk) for chunk in torch.split(x, span)])
+
+
+def inputs(n, c=6, hw=5, seed=1, dtype=torch.float32, channels_last=False):
+    g = torch.Generator().manual_seed(seed)
+    # groups with different means and spreads: one statistic over all of them is far from theirs
+    scale = torch.rand(n, 1, 1, 1, generator=g) * 3 + 0.2
+    x = (torch.randn(n, c, hw, hw, generator=g) * scale + torch.randn(n, c, 1, 1, generator=g)).to(
+        dtype
+    )
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def compare(span, n, *, momentum=0.1, dtype=torch.float32, channels_last=False, tol=None):
+    ref = layer(momentum=momentum, dtype=dtype)
+    ours = apply_bn_span_copy(ref, span)
+    x = inputs(n, dtype=dtype, channels_last=channels_last)
+    xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    yr, yo = separate_calls(ref, xr, span), ours(xo)
+    (yr * g).sum().backward()
+    (yo * g).sum().backward()
+    kw = tol or {}
+    torch.testing.assert_close(yo, yr, **kw)
+    torch.testing.assert_close(xo.grad, xr.grad, **kw)
+    torch.testing.assert_close(ours.weight.grad, ref.weight.grad, **kw)
+    torch.testing.assert_close(ours.bias.grad, ref.bias.grad, **kw)
+    torch.testing.assert_close(ours.running_mean, ref.running_mean, **kw)
+    torch.testing.assert_close(ours.running_var, ref.running_var, **kw)
+    assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked)
+    return x, yo
+
+
+def apply_bn_span_copy(bn, span):
+    wrapper = nn.Sequential(copy.deepcopy(bn))
+    assert apply_bn_span(wrapper, span) == 1
+    assert isinstance(wrapper[0], SpanBatchNorm2d)
+    return wrapper[0]
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+@pytest.mark.parametrize("n", [64, 64 + 10])  # k x N, and a short last group
+def test_a_micro_batch_with_span_n_is_k_separate_bn_calls(momentum, n):
+    compare(16, n, momentum=momentum)
+
+
+def test_channels_last_keeps_its_format_and_values():
+    x, y = compare(8, 32, channels_last=True)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_bf16_matches_separate_fp32_calls_within_bf16_rounding():
+    """BF16 activations (DeepSpeed's bf16 engine): statistics in FP32, so the result is the FP32
+    reference rounded to BF16; ours stays as close to it as the native BF16 layer called per group."""
+    ref32 = layer()
+    ours = apply_bn_span_copy(ref32, 8).to(torch.bfloat16)
+    native = copy.deepcopy(ref32).to(torch.bfloat16)
+    x = inputs(32, dtype=torch.bfloat16)
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
+    results = {}
+    for name, module, xin in (("fp32", ref32, x.float()), ("ours", ours, x), ("native", native, x)):
+        xin = xin.clone().requires_grad_()
+        y = module(xin) if name == "ours" else separate_calls(module, xin, 8)
+        (y.float() * g).sum().backward()
+        results[name] = [t.float() for t in (y, xin.grad, module.weight.grad, module.bias.grad)]
+        results[name] += [module.running_mean.float(), module.running_var.float()]
+    for got, native_got, want in zip(results["ours"], results["native"], results["fp32"]):
+        scale = want.abs().max()
+        assert (got - want).abs().max() <= max(1.5 * (native_got - want).abs().max(), 0.01 * scale)
+        assert (got - want).abs().max() <= 0.02 * scale
+
+
+def test_the_span_changes_the_output_so_the_comparison_can_fail():
+    bn = layer()
+    x = inputs(64)
+    whole = copy.deepcopy(bn)(x)
+    spanned = apply_bn_span_copy(bn, 16)(x)
+    assert (whole - spanned).abs().max() > 0.1
+
+
+def test_evaluation_and_a_batch_within_one_span_are_the_native_layer():
+    bn = layer()
+    ours = apply_bn_span_copy(bn, 16)
+    x = inputs(32)
+    bn.eval(), ours.eval()
+    assert torch.equal(ours(x), bn(x))
+    bn.train(), ours.train()
+    small = inputs(16)
+    assert torch.equal(ours(small), bn(small))
+
+
+def test_the_model_keeps_its_tensors_and_names():
+    plain = SmallResNet(1, 10, width=4)
+    spanned = copy.deepcopy(plain)
+    before = {id(p) for p in spanned.parameters()}
+    layers = apply_bn_span(spanned, 8)
+    assert layers == sum(isinstance(m, nn.BatchNorm2d) for m in plain.modules()) == 9
+    assert {id(p) for p in spanned.parameters()} == before  # an optimizer built earlier still holds them
+    assert spanned.state_dict().keys() == plain.state_dict().keys()
+    spanned.load_state_dict(plain.state_dict())  # checkpoints load either way
+    assert apply_bn_span(build_model("resnet18", 10), 32) == 20
+    assert apply_bn_span(plain, 0) == 0 and not any(
+        isinstance(m, SpanBatchNorm2d) for m in plain.modules()
+    )
+
+
+def test_a_network_with_span_trains_as_the_concatenation_of_its_groups():
+    """Whole model: one forward of 4 x 8 images with span 8 = four forwards of 8 (every BN layer)."""
+    torch.manual_seed(0)
+    ref = SmallResNet(1, 10, width=4)
+    ours = copy.deepcopy(ref)
+    apply_bn_span(ours, 8)
+    x = torch.randn(32, 1, 12, 12)
+    torch.testing.assert_close(ours(x), separate_calls(ref, x, 8))
+    for a, b in zip(ours.buffers(), ref.buffers()):
+        torch.testing.assert_close(a, b)
+
+
+def test_polish_refit_with_a_span_sees_what_training_sees():
+    """The refit on batches of 32 with span 8 equals the refit of the plain model on batches of 8:
+    every BN layer gets the same inputs (the earlier layers normalise per span in both)."""
+    torch.manual_seed(0)
+    plain = SmallResNet(1, 10, width=4)
+    spanned = copy.deepcopy(plain)
+    apply_bn_span(spanned, 8)
+    data = torch.randn(96, 1, 12, 12) * 2 + 0.5
+    refit_bn(spanned, torch.split(data, 32), reduce=None)
+    refit_bn(plain, torch.split(data, 8), reduce=None)
+    for (name, a), b in zip(spanned.named_buffers(), plain.buffers()):
+        if "num_batches" not in name:
+            torch.testing.assert_close(a, b, msg=name)
+    unspanned = copy.deepcopy(plain)
+    refit_bn(unspanned, torch.split(data, 32), reduce=None)
+    assert not torch.allclose(unspanned.layers[-1].bn2.running_var, plain.layers[-1].bn2.running_var)
+
+
+def test_compiled_span_layer_matches_eager():
+    ref = apply_bn_span_copy(layer(), 8)
+    compiled = copy.deepcopy(ref)
+    fn = torch.compile(compiled, backend="inductor")
+    x = inputs(32)
+    torch.testing.assert_close(fn(x), ref(x))
+    torch.testing.assert_close(compiled.running_var, ref.running_var)
+
+
+@pytest.mark.parametrize(
+    "overrides, world, message",
+    [
+        (["model.bn_span=48", "batch.global_size=256", "batch.micro_per_rank=64"], 1, "divide"),
+        (["model.bn_span=32", "batch.global_size=96"], 2, "micro batch of 48"),
+        (["model.bn_span=1"], 1, "must be >= 2"),
+    ],
+)
+def test_a_span_that_does_not_fit_the_micro_batch_is_refused(overrides, world, message):
+    cfg = load_config(None, overrides)
+    with pytest.raises(ConfigError, match="model.bn_span") as err:
+        validate(cfg, world)
+    assert message in str(err.value)
+
+
+def test_a_span_that_divides_the_micro_batch_is_accepted():
+    validate(load_config(None, ["model.bn_span=32", "batch.global_size=256"]), 2)
