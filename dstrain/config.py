@@ -89,6 +89,12 @@ class DataConfig:
     pin_memory: bool = setting(
         True, "torchvision loader: pin host memory for faster H2D copies (bool)"
     )
+    holdout: int = setting(
+        0,
+        "hold out this many training images (a fixed split, the same for every seed) and "
+        "evaluate on them instead of the validation/test set, for tuning; 0 = evaluate on the "
+        "validation set (images)",
+    )
     limit_train: int = setting(0, "use only the first N training images, 0 = all (images)")
     limit_val: int = setting(0, "use only the first N validation images, 0 = all (images)")
     synthetic_train_size: int = setting(12800, "synthetic: training images per epoch (images)")
@@ -419,6 +425,12 @@ def _data_rules(cfg: TrainConfig, world_size: int) -> Rules:
     yield (
         data.limit_train >= 0 and data.limit_val >= 0,
         "data.limit_train/limit_val must be >= 0 (0 = all)",
+    )
+    yield data.holdout >= 0, f"data.holdout={data.holdout}: must be >= 0 (0 = no holdout)"
+    yield (
+        not (data.holdout and data.loader == "synthetic"),
+        f"data.holdout={data.holdout} with data.loader=synthetic: synthetic data has no training "
+        "images to hold out; set data.holdout=0",
     )
 
 

@@ -87,7 +87,9 @@ def model_from_config(cfg: ModelConfig) -> nn.Module:
     )
     if cfg.bn_span:
         layers = apply_bn_span(model, cfg.bn_span)
-        log.info("BN span: %d BatchNorm2d layers normalise over groups of %d images", layers, cfg.bn_span)
+        log.info(
+            "BN span: %d BatchNorm2d layers normalise over groups of %d images", layers, cfg.bn_span
+        )
     return model
 
 

@@ -125,7 +125,9 @@ def test_the_model_keeps_its_tensors_and_names():
     before = {id(p) for p in spanned.parameters()}
     layers = apply_bn_span(spanned, 8)
     assert layers == sum(isinstance(m, nn.BatchNorm2d) for m in plain.modules()) == 9
-    assert {id(p) for p in spanned.parameters()} == before  # an optimizer built earlier still holds them
+    assert {
+        id(p) for p in spanned.parameters()
+    } == before  # an optimizer built earlier still holds them
     assert spanned.state_dict().keys() == plain.state_dict().keys()
     spanned.load_state_dict(plain.state_dict())  # checkpoints load either way
     assert apply_bn_span(build_model("resnet18", 10), 32) == 20
@@ -161,7 +163,9 @@ def test_polish_refit_with_a_span_sees_what_training_sees():
             torch.testing.assert_close(a, b, msg=name)
     unspanned = copy.deepcopy(plain)
     refit_bn(unspanned, torch.split(data, 32), reduce=None)
-    assert not torch.allclose(unspanned.layers[-1].bn2.running_var, plain.layers[-1].bn2.running_var)
+    assert not torch.allclose(
+        unspanned.layers[-1].bn2.running_var, plain.layers[-1].bn2.running_var
+    )
 
 
 def test_compiled_span_layer_matches_eager():

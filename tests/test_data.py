@@ -123,3 +123,33 @@ def test_augmentation_pads_crops_and_flips():
 def test_batch_larger_than_data_set_is_a_clear_error(fake_fmnist):
     with pytest.raises(ConfigError, match="less than one global batch"):
         build_data(DataConfig(root=str(fake_fmnist), download=False), Shard(0, 1, 1024, 1), 1, 10)
+
+
+def test_holdout_evaluates_on_a_fixed_part_of_the_training_set(fake_fmnist):
+    """data.holdout=N: N training images (the same ones for every seed) become the evaluation set,
+    with the validation transform; none of them is trained on; the test set is not read."""
+    from dstrain.data.fashion_mnist import FASHION_MNIST_MEAN, FASHION_MNIST_STD, load_fashion_mnist
+    from dstrain.data.holdout import holdout_split
+
+    raw = load_fashion_mnist(str(fake_fmnist), download=False)["train"][0]
+    _, held_idx = holdout_split(len(raw), 100)
+    expected = (raw[held_idx].float().div(255) - FASHION_MNIST_MEAN) / FASHION_MNIST_STD
+    cfg = DataConfig(root=str(fake_fmnist), download=False, augment=False, holdout=100)
+    for seed in (0, 1):
+        data = build_data(cfg, Shard(0, 1, 32, 1, eval_batch=50, seed=seed), 1, 10)
+        assert (data.n_train, data.n_val) == (412, 100)
+        held = torch.cat([x for x, _ in data.val])
+        torch.testing.assert_close(held, expected.view_as(held))  # same images whatever the seed
+        trained = []
+        for epoch in range(3):  # drop-last batches: three shuffles cover every kept image
+            data.train.start_epoch(epoch)
+            trained += [x for x, _ in data.train]
+        trained = torch.cat(trained)
+        distance = torch.cdist(held.flatten(1), trained.flatten(1))
+        assert distance.min() > 1.0  # no held-out image among the training batches
+
+
+def test_holdout_larger_than_the_training_set_is_refused(fake_fmnist):
+    cfg = DataConfig(root=str(fake_fmnist), download=False, holdout=512)
+    with pytest.raises(ConfigError, match=r"data.holdout=512 leaves no training images out of 512"):
+        build_data(cfg, Shard(0, 1, 32, 1), 1, 10)

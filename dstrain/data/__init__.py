@@ -35,7 +35,8 @@ from dstrain.data.fashion_mnist import (
     TensorLoader,
     load_fashion_mnist,
 )
-from dstrain.data.folder import CorruptImageError, ImageList, limited, scan_folder
+from dstrain.data.folder import CorruptImageError, ImageList, limited, scan_folder, subset
+from dstrain.data.holdout import holdout_split
 from dstrain.data.sharding import Shard, epoch_order, index_lists, polish_batches, val_range
 from dstrain.errors import ConfigError
 
@@ -51,6 +52,10 @@ __all__ = [
     "CorruptImageError",
 ]
 log = logging.getLogger(__name__)
+HOLDOUT_LOG = (
+    "data: data.holdout: evaluating on %d held-out training images, training on the other %d; "
+    "the validation/test set is not read"
+)
 FASHION_MNIST_SIDE = 28
 
 
@@ -151,6 +156,10 @@ def _fashion_mnist(cfg: DataConfig, shard: Shard, channels: int, num_classes: in
         xt, yt = xt[: cfg.limit_train], yt[: cfg.limit_train]
     if cfg.limit_val:
         xv, yv = xv[: cfg.limit_val], yv[: cfg.limit_val]
+    if cfg.holdout:
+        keep, held = holdout_split(len(xt), cfg.holdout)
+        (xt, yt), (xv, yv) = (xt[keep], yt[keep]), (xt[held], yt[held])
+        log.info(HOLDOUT_LOG, len(xv), len(xt))
     if int(yt.max()) >= num_classes:
         raise ConfigError(f"model.num_classes={num_classes} but Fashion-MNIST has 10 classes")
     common = dict(mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD, channels=channels, device=device)
@@ -187,6 +196,10 @@ def _folder(
         limited(train_images, cfg.limit_train),
         limited(val_images, cfg.limit_val),
     )
+    if cfg.holdout:
+        keep, held = holdout_split(len(train_images), cfg.holdout)
+        train_images, val_images = subset(train_images, keep), subset(train_images, held)
+        log.info(HOLDOUT_LOG, len(val_images), len(train_images))
     if kind == "dali":
         from dstrain.data.dali import DaliLoader as FolderLoader
 

@@ -125,6 +125,12 @@ def limited(images: ImageList, n: int) -> ImageList:
     return ImageList(images.files[:n], images.labels[:n], images.classes) if n else images
 
 
+def subset(images: ImageList, indices) -> ImageList:
+    """The images at ``indices`` (a sorted index tensor or sequence), same classes."""
+    idx = [int(i) for i in indices]
+    return ImageList([images.files[i] for i in idx], images.labels[idx], images.classes)
+
+
 # ---------------------------------------------------------------- torchvision loader
 class ImageDataset(torch.utils.data.Dataset):
     """PIL decode + a torchvision transform; undecodable files raise CorruptImageError naming the file."""
