@@ -1,29 +1,43 @@
-"""Large-batch accuracy study on Fashion-MNIST: baseline vs naive large batch vs the recipe, plus ablations.
+"""Large-batch accuracy study on Fashion-MNIST at the records' step budget: batch 128 vs batch 4,096.
 
-    .venv/bin/python bench/accuracy_study.py --jobs 2         # the full grid (~41 min) -> docs/results/accuracy_study.*
-    .venv/bin/python bench/accuracy_study.py --rows baseline recipe_lars --seeds 0 --epochs 2   # a subset
+    .venv/bin/python bench/accuracy_study.py --epochs 90 --jobs 6             # the grid on a GPU node
+    .venv/bin/python bench/accuracy_study.py --epochs 30 --jobs 2             # the CPU stand-in
+    .venv/bin/python bench/accuracy_study.py --grid target --epochs 90 --seeds 0 --jobs 6   # epochs-to-target
+    .venv/bin/python bench/accuracy_study.py --holdout 6000 --rows fujitsu_span --extra optim.base_lr=4
+                                                                  # tuning: held-out training images
 
-Every row trains for the same number of epochs (``--epochs``, default 10) with the same model (``--width``),
-for each seed, through the real command line (``python -m dstrain``; ``--launcher`` prefixes it, e.g.
-``"deepspeed --num_gpus 8"`` on a GPU node, with ``--precision bf16`` for the BF16 JSONs and ``--micro 128``).
-``--jobs 2`` runs two at a time with one torch thread each (the default grid: about 50 min on 2 CPU cores).
+Batch 4,096 is 6.8% of Fashion-MNIST's 60,000 training images per step, as Fujitsu's 86,016 is of
+ImageNet; 90 epochs give 1,260 steps (Fujitsu: 1,341). Every row trains for the same epochs
+(``--epochs``) with the same model (``--width``) and augmentation (2-pixel random crop + flip), for
+each seed, through the real command line (``python -m dstrain``; ``--launcher`` prefixes it, e.g.
+``"deepspeed --num_gpus 8"``). ``--jobs N`` runs N at once, each with cores/N torch threads; on a
+GPU node they share the GPU (one 10-epoch batch-4,096 run used 20 s of an H100).
 
-Rows
-  baseline        batch 128, SGD momentum 0.9, linear rule (0.1 per 256 = 0.05), cosine, no warmup
-  naive_4096      batch 4,096, the same SGD with the linear rule only (peak LR 1.6), no warmup
-  recipe_lars     batch-size ramp 1,024 (epoch 1) -> 2,048 (epochs 2-3) -> 4,096 (epochs 4-10), LARS at a
-                  peak LR of 10 that does not follow the batch (growing the batch at a constant LR acts as
-                  an LR decay: Smith et al. 2018, Mikami's batch-size control), half-epoch linear warmup, poly
-                  (power 2) decay, label smoothing 0.1, Final Polishing (BN refit); scored after the refit
-  recipe_lamb     the same with LAMB (peak LR 0.032)
-  ablations       recipe_lars minus one technique: no_polish (the same runs, before the refit), no_warmup,
-                  no_label_smoothing, no_ramp (4,096 from the start), sgd (momentum SGD at the linear-rule
-                  LR of batch 4,096, 1.6, instead of LARS)
-LRs: a 10-epoch, one-seed sweep at this width (docs/results/accuracy_study.md, "How the recipe was tuned").
+Grid ``study`` (rows; K = the last 5/90 of the epochs, W = the first 40%):
+  baseline         batch 128, SGD momentum 0.9 (fp32.json), the default recipe's 0.4 per 256 images
+                   (0.2), cosine, no warmup, no label smoothing
+  naive_4096       batch 4,096, the same SGD at the linear rule's 6.4, no warmup
+  lars, lamb       the fashion_mnist_lars recipe: ramp 1,024 -> 2,048 (epoch 2) -> 4,096 (epoch 4) at a
+                   constant peak LR (10; LAMB 0.032), half-epoch warmup, poly 2, label smoothing 0.1
+  fujitsu          the fashion_mnist_fujitsu recipe (Fujitsu's MLPerf v0.6 hyperparameters): batch 4,096,
+                   LARS eta 0.0025, momentum 0.96, W-epoch warmup, poly 2.2, wd follows the LR, smoothing
+                   0.1, last K epochs without augmentation; without a BN span
+  *_span32         the same with model.bn_span=32 (BN over 32 images, as one GPU of a large run)
+  fujitsu_span32_no_last_k   the same LR schedule, every epoch augmented
+Every recipe row ends with the BN refit (Final Polishing) and is scored after it; derived rows read
+the same runs before the refit (``*_no_refit``), so the two polishing ablations share one LR schedule.
+Grid ``target``: the fujitsu_span32 recipe at batch 128 ... 8,192 (same LR: MLPerf's LARS table keeps
+one peak LR below 16K), one run each; epochs-to-target = first epoch whose top-1 reaches the target
+(default: the study's baseline final top-1 minus 0.3 pt, from ``--target-from``).
 
-Writes accuracy_study.json (every run's history), accuracy_study.csv (one line per run),
-accuracy_study.md (mean and spread per row) and two plots: top-1 per epoch for baseline, naive and
-recipe (accuracy_curves.png) and the ablation bars (accuracy_ablation.png).
+Runs are kept in ``--runs`` (default runs/accuracy_study/<grid>-<epochs>ep[_holdoutN]/<row>-<seed>);
+a run whose summary.json exists is read, not retrained, and an interrupted one resumes from its last
+checkpoint (every 5 epochs, ``resume=auto``), so a grid stopped (or split across machines) continues
+where it stopped; each run records the git SHA it started at, shown in the report.
+
+Writes <name>.json (every run's history), <name>.csv, <name>.md and plots (<name>_curves.png,
+<name>_ablation.png) under --out (default docs/results), name = accuracy_study_<epochs>ep or
+epochs_to_target_<epochs>ep (+ _holdout when tuning).
 """
 
 from __future__ import annotations
@@ -35,7 +49,6 @@ import os
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,10 +56,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-RAMP = "batch.ramp=[[1,2048],[3,4096]]"
-RECIPE = [
+SPAN = "model.bn_span=32"
+LARS_RECIPE = [  # fashion_mnist_lars, with the study's augmentation
     "batch.global_size=1024",
-    RAMP,
+    "batch.ramp=[[1,2048],[3,4096]]",
     "optim.lr_scaling=none",
     "optim.base_lr=10",
     "optim.warmup=linear",
@@ -62,65 +75,112 @@ SGD = [
     "optim.decay=cosine",
     "optim.label_smoothing=0",
 ]
-ROWS = {  # name -> (JSON stem, overrides); a later key=value wins
-    "baseline": ("fp32", ["batch.global_size=128"] + SGD),
-    "naive_4096": ("fp32", ["batch.global_size=4096"] + SGD),
-    "recipe_lars": ("lars", RECIPE),
-    "recipe_lamb": ("lamb", RECIPE + ["optim.base_lr=0.032"]),
-    "no_warmup": ("lars", RECIPE + ["optim.warmup_epochs=0"]),
-    "no_label_smoothing": ("lars", RECIPE + ["optim.label_smoothing=0"]),
-    "no_ramp": ("lars", RECIPE + ["batch.global_size=4096", "batch.ramp=[]"]),
-    "sgd": ("fp32", RECIPE + ["optim.base_lr=1.6"]),
-}
-DERIVED = {"no_polish": "recipe_lars"}  # rows read from another row's runs (top-1 before the refit)
-JSON_FILE = {
-    "fp32": "ds_configs/fp32.json",
-    "lars": "ds_configs/lars_{p}.json",
-    "lamb": "ds_configs/lamb_{p}.json",
+TARGET_BATCHES = (128, 512, 1024, 2048, 4096, 8192)
+
+
+def last_k(epochs: int) -> int:
+    """Fujitsu's last 5 of 90 epochs without augmentation, at this length (at least 1)."""
+    return max(1, round(5 * epochs / 90))
+
+
+def fujitsu(epochs: int, *extra: str) -> tuple[str, str, list[str]]:
+    """The fashion_mnist_fujitsu recipe at ``epochs``: warmup 40% of them, last K unaugmented."""
+    return (
+        "fashion_mnist_fujitsu",
+        "lars_fujitsu",
+        [
+            f"optim.warmup_epochs={0.4 * epochs:g}",
+            f"polish.last_epochs_without_augmentation={last_k(epochs)}",
+            "model.bn_span=0",
+            *extra,
+        ],
+    )
+
+
+def grid_rows(grid: str, epochs: int) -> dict[str, tuple[str, str, list[str]]]:
+    """row -> (recipe, JSON stem, overrides); a later key=value wins."""
+    if grid == "target":
+        return {
+            f"target_b{b}": fujitsu(
+                epochs, f"batch.global_size={b}", f"batch.micro_per_rank={min(b, 256)}", SPAN
+            )
+            for b in TARGET_BATCHES
+        }
+    return {
+        "baseline": ("fashion_mnist", "fp32", ["batch.global_size=128", *SGD]),
+        "naive_4096": ("fashion_mnist", "fp32", ["batch.global_size=4096", *SGD]),
+        "lars": ("fashion_mnist", "lars", LARS_RECIPE),
+        "lars_span32": ("fashion_mnist", "lars", [*LARS_RECIPE, SPAN]),
+        "lamb": ("fashion_mnist", "lamb", [*LARS_RECIPE, "optim.base_lr=0.032"]),
+        "lamb_span32": ("fashion_mnist", "lamb", [*LARS_RECIPE, "optim.base_lr=0.032", SPAN]),
+        "fujitsu": fujitsu(epochs),
+        "fujitsu_span32": fujitsu(epochs, SPAN),
+        "fujitsu_span32_no_last_k": fujitsu(
+            epochs, SPAN, "polish.last_epochs_without_augmentation=0"
+        ),
+    }
+
+
+# rows read from another row's runs: top-1 before the BN refit (same runs, same LR schedule)
+DERIVED = {
+    "fujitsu_span32_no_refit": "fujitsu_span32",
+    "fujitsu_span32_no_last_k_no_refit": "fujitsu_span32_no_last_k",
+    "lars_no_refit": "lars",
 }
 
 
 def json_for(stem: str, precision: str) -> str:
-    path = JSON_FILE[stem].format(p=precision)
-    if stem == "fp32" and precision != "fp32":
-        path = f"ds_configs/{precision}.json"
-    return path
+    return (
+        f"ds_configs/{precision}.json" if stem == "fp32" else f"ds_configs/{stem}_{precision}.json"
+    )
 
 
-def train(row: str, seed: int, args, run_dir: Path) -> dict:
-    stem, overrides = ROWS[row]
-    if (
-        row != "baseline"
-    ):  # batch 128 runs in one micro batch per rank; the large batches accumulate
-        overrides = [f"batch.micro_per_rank={args.micro}", *overrides]
+def command(row: str, seed: int, args, run_dir: Path) -> list[str]:
+    recipe, stem, overrides = grid_rows(args.grid, args.epochs)[row]
+    micro = [] if row == "baseline" else [f"batch.micro_per_rank={args.micro}"]
     cmd = (
         shlex.split(args.launcher) + ["dstrain/main.py"]
         if args.launcher
         else [sys.executable, "-m", "dstrain"]
     )
-    cmd += [
+    return cmd + [
         "--config",
-        "fashion_mnist",
+        recipe,
         "--deepspeed_config",
         json_for(stem, args.precision),
         f"epochs={args.epochs}",
         f"seed={seed}",
         f"model.width={args.width}",
         "model.channels_last=true",
-        "data.augment=false",
-        "checkpoint.every_epochs=0",
+        "data.augment=true",
+        f"data.holdout={args.holdout}",
+        "checkpoint.every_epochs=5",  # an interrupted grid continues from here (resume=auto)
         "checkpoint.keep_last=1",
+        "resume=auto",
         "log.every_steps=50",
         "log.tensorboard=false",
         f"run_dir={run_dir}",
+        *micro,
         *overrides,
         *args.extra,
     ]
-    from bench.common import run_trainer
 
-    env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
-    summary = run_trainer(cmd, run_dir, env=env, what=f"{row} seed {seed}")
-    del summary["stdout"]
+
+def train(row: str, seed: int, args, run_dir: Path) -> dict:
+    """The run's summary: read from run_dir when it finished before, else trained now."""
+    done = run_dir / "summary.json"
+    cmd = command(row, seed, args, run_dir)
+    if done.is_file() and not (run_dir / "failed.json").exists():
+        summary = json.loads(done.read_text())
+        summary["command"] = shlex.join(cmd)
+    else:
+        from bench.common import run_trainer
+
+        env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
+        summary = run_trainer(cmd, run_dir, env=env, what=f"{row} seed {seed}")
+        del summary["stdout"]
+    meta = run_dir / "meta.json"
+    summary["git_sha"] = json.loads(meta.read_text()).get("git_sha") if meta.is_file() else None
     return summary
 
 
@@ -134,11 +194,17 @@ def time_to(history: list[dict], target: float) -> float | None:
     return None
 
 
+def epochs_to(top1_per_epoch: list[float | None], target: float) -> int | None:
+    """The first epoch (1-based) whose top-1 reaches target; None if none does."""
+    for epoch, top1 in enumerate(top1_per_epoch, start=1):
+        if top1 is not None and top1 >= target:
+            return epoch
+    return None
+
+
 def run_record(row: str, seed: int, s: dict) -> dict:
     hist = s["history"]
-    final = (
-        s["polish"]["after"]["val_top1"] if "polish" in s else s["final_top1"]
-    )  # recipe rows: after the refit
+    final = s["polish"]["after"]["val_top1"] if "polish" in s else s["final_top1"]
     return {
         "row": row,
         "seed": seed,
@@ -153,6 +219,7 @@ def run_record(row: str, seed: int, s: dict) -> dict:
         "time_to_92": time_to(hist, 0.92),
         "top1_per_epoch": [h.get("val_top1") for h in hist],
         "command": s["command"],
+        "git_sha": s.get("git_sha"),
         **({"before_polish": s["polish"]["before"]["val_top1"]} if "polish" in s else {}),
     }
 
@@ -177,11 +244,13 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def table(records: list[dict], rows: list[str]) -> list[str]:
+def table(records: list[dict], rows: list[str], reference: str = "baseline") -> list[str]:
+    """Mean ± sd per row, and the distance to the reference row's mean final top-1."""
+    ref = [100 * r["final_top1"] for r in records if r["row"] == reference]
     lines = [
-        "| row | final top-1 % (mean ± sd) | best top-1 % | epochs | steps | wall s | GPU-time s | "
-        "s to 90% | s to 92% | seeds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| row | final top-1 % (mean ± sd) | vs baseline (pt) | best top-1 % | epochs | steps | "
+        "wall s | GPU-time s | s to 90% | s to 92% | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         rs = [r for r in records if r["row"] == row]
@@ -189,6 +258,7 @@ def table(records: list[dict], rows: list[str]) -> list[str]:
             continue
         f, fs = mean_sd([100 * r["final_top1"] for r in rs])
         b, bs = mean_sd([100 * r["best_top1"] for r in rs])
+        gap = f"{f - statistics.mean(ref):+.2f}" if ref else "-"
 
         def reach(key, rs=rs):
             got = [r[key] for r in rs if r[key] is not None]
@@ -199,71 +269,79 @@ def table(records: list[dict], rows: list[str]) -> list[str]:
             )
 
         lines.append(
-            f"| {row} | {f:.2f} ± {fs:.2f} | {b:.2f} ± {bs:.2f} | {rs[0]['epochs']} | {rs[0]['steps']} | "
-            f"{statistics.mean(r['wall_s'] for r in rs):.0f} | "
+            f"| {row} | {f:.2f} ± {fs:.2f} | {gap} | {b:.2f} ± {bs:.2f} | {rs[0]['epochs']} | "
+            f"{rs[0]['steps']} | {statistics.mean(r['wall_s'] for r in rs):.0f} | "
             f"{statistics.mean(r['gpu_time_s'] for r in rs):.0f} | {reach('time_to_90')} | "
             f"{reach('time_to_92')} | {len(rs)} |"
         )
     return lines
 
 
-def plots(records: list[dict], out: Path) -> None:
+def target_table(records: list[dict], target: float) -> list[str]:
+    """Epochs to reach ``target`` per batch size, and the ratio to the smallest batch's."""
+    lines = [
+        f"| global batch | epochs to {100 * target:.2f}% | final top-1 % | vs batch 128 |",
+        "|---|---|---|---|",
+    ]
+    reached = {}
+    for r in sorted(records, key=lambda r: int(r["row"].split("_b")[-1])):
+        reached[r["row"]] = epochs_to(r["top1_per_epoch"], target)
+    first = next(iter(reached.values()), None)
+    for r in sorted(records, key=lambda r: int(r["row"].split("_b")[-1])):
+        e = reached[r["row"]]
+        ratio = f"{e / first:.2f}x" if e and first else "-"
+        reach = e if e else f"not in {r['epochs']}"
+        lines.append(
+            f"| {int(r['row'].split('_b')[-1]):,} | {reach} | {100 * r['final_top1']:.2f} | {ratio} |"
+        )
+    return lines
+
+
+def plots(records: list[dict], out: Path, name: str, rows: list[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for row in ("baseline", "naive_4096", "recipe_lars"):
-        rs = [r for r in records if r["row"] == row]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for row in rows:
+        rs = [r for r in records if r["row"] == row and row not in DERIVED]
         if not rs:
             continue
         curves = [[t for t in r["top1_per_epoch"]] for r in rs]
         n = min(len(c) for c in curves)
         mean = [100 * statistics.mean(c[i] for c in curves) for i in range(n)]
-        ax.plot(range(1, n + 1), mean, marker="o", label=f"{row} ({len(rs)} seeds)")
+        ax.plot(range(1, n + 1), mean, label=f"{row} ({len(rs)} seeds)")
     ax.set_xlabel("epoch")
     ax.set_ylabel("test top-1 (%)")
+    ax.set_ylim(80, 95)
     ax.set_title("Fashion-MNIST: batch 128 vs 4,096")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "accuracy_curves.png", dpi=120)
+    fig.savefig(out / f"{name}_curves.png", dpi=120)
     plt.close(fig)
 
-    names = [
-        r
-        for r in [
-            "recipe_lars",
-            *DERIVED,
-            "no_warmup",
-            "no_label_smoothing",
-            "no_ramp",
-            "sgd",
-            "recipe_lamb",
-            "naive_4096",
-            "baseline",
-        ]
-        if any(x["row"] == r for x in records)
-    ]
-    stats = [mean_sd([100 * x["final_top1"] for x in records if x["row"] == r]) for r in names]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar(range(len(names)), [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3)
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    present = [r for r in rows if any(x["row"] == r for x in records)]
+    stats = [mean_sd([100 * x["final_top1"] for x in records if x["row"] == r]) for r in present]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    ax.bar(range(len(present)), [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3)
+    ax.set_xticks(range(len(present)), present, rotation=35, ha="right", fontsize=7)
     lo = min(m for m, _ in stats)
-    ax.set_ylim(max(0, lo - 5), 100)
+    ax.set_ylim(max(0, lo - 2), min(100, max(m for m, _ in stats) + 1))
     ax.set_ylabel("final test top-1 (%)")
-    ax.set_title("Ablation: the batch-4,096 recipe minus one technique")
+    ax.set_title("Rows and ablations (mean ± sd over seeds)")
     fig.tight_layout()
-    fig.savefig(out / "accuracy_ablation.png", dpi=120)
+    fig.savefig(out / f"{name}_ablation.png", dpi=120)
     plt.close(fig)
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    p.add_argument("--grid", choices=("study", "target"), default="study")
+    p.add_argument("--rows", nargs="+", help="a subset of the grid's rows (default: all)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=90)
     p.add_argument("--width", type=int, default=8, help="resnet_small first-stage channels")
     p.add_argument(
         "--micro",
@@ -279,91 +357,118 @@ def main() -> int:
         "--jobs",
         type=int,
         default=1,
-        help="runs at a time; with N > 1 each gets cores/N torch threads (OMP_NUM_THREADS)",
+        help="runs at a time (sharing the GPU on a GPU node); each gets cores/N torch threads",
     )
+    p.add_argument(
+        "--holdout",
+        type=int,
+        default=0,
+        help="tune: evaluate on this many held-out training images (data.holdout), not the test set",
+    )
+    p.add_argument("--target", type=float, help="grid target: top-1 to reach (fraction)")
+    p.add_argument(
+        "--target-from",
+        help="grid target: a study's .json; target = its baseline final top-1 minus 0.3 pt",
+    )
+    p.add_argument("--runs", help="where runs are kept (default runs/accuracy_study/<grid>-...)")
     p.add_argument("--out", default=str(REPO / "docs/results"))
-    p.add_argument("extra", nargs="*", help="more trainer overrides for every run (key=value)")
-    args = p.parse_args()
-    from dstrain.provenance import git_sha
+    p.add_argument("--name", help="result file stem (default from grid, epochs, holdout)")
+    p.add_argument("--extra", nargs="*", default=[], help="more trainer overrides for every run")
+    args = p.parse_args(argv)
+    rows = grid_rows(args.grid, args.epochs)
+    unknown = [r for r in args.rows or [] if r not in rows]
+    if unknown:
+        p.error(f"--rows {' '.join(unknown)}: not in grid {args.grid} ({', '.join(rows)})")
+    args.rows = args.rows or list(rows)
+    if args.jobs < 1:
+        p.error(f"--jobs {args.jobs}: must be >= 1")
+    suffix = f"{args.epochs}ep" + (f"_holdout{args.holdout}" if args.holdout else "")
+    stem = "accuracy_study" if args.grid == "study" else "epochs_to_target"
+    args.name = args.name or f"{stem}_{suffix}"
+    args.runs = Path(args.runs or REPO / "runs" / "accuracy_study" / f"{args.grid}-{suffix}")
+    if args.grid == "target" and args.target is None:
+        source = Path(args.target_from or Path(args.out) / f"accuracy_study_{suffix}.json")
+        if not source.is_file():
+            p.error(f"--grid target needs --target or a study result to take it from ({source})")
+        base = [
+            r["final_top1"]
+            for r in json.loads(source.read_text())["runs"]
+            if r["row"] == "baseline"
+        ]
+        if not base:
+            p.error(f"{source} has no baseline runs to take the target from")
+        args.target = statistics.mean(base) - 0.003
+    args.threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else 0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from bench.common import provenance
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.jobs < 1:
-        raise SystemExit(f"--jobs {args.jobs}: must be >= 1")
-    args.threads = (
-        max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else 0
-    )  # 0: the process default
-    records, t0 = [], time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="dstrain-accuracy-") as tmp:
+    t0 = time.perf_counter()
 
-        def one(row_seed):
-            row, seed = row_seed
-            s = train(row, seed, args, Path(tmp) / f"{row}-{seed}")
-            rec = run_record(row, seed, s)
-            print(
-                f"{row:20s} seed {seed}: final top-1 {100 * rec['final_top1']:.2f}%  "
-                f"({rec['wall_s']:.0f} s)",
-                flush=True,
-            )
-            return rec
+    def one(row_seed):
+        row, seed = row_seed
+        s = train(row, seed, args, args.runs / f"{row}-{seed}")
+        rec = run_record(row, seed, s)
+        print(
+            f"{row:28s} seed {seed}: final top-1 {100 * rec['final_top1']:.2f}%  "
+            f"({rec['wall_s']:.0f} s, git {str(rec['git_sha'])[:7]})",
+            flush=True,
+        )
+        return rec
 
-        with ThreadPoolExecutor(
-            args.jobs
-        ) as pool:  # each run is its own process; threads only wait for them
-            records = list(pool.map(one, [(row, seed) for row in args.rows for seed in args.seeds]))
+    with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process
+        records = list(pool.map(one, [(row, seed) for row in args.rows for seed in args.seeds]))
     records += derived(records)
-    rows = [*args.rows[:1], *[r for r in ROWS if r in args.rows and r != args.rows[0]]]
-    rows += [d for d in DERIVED if any(r["row"] == d for r in records)]
+    rows = [*args.rows, *[d for d in DERIVED if any(r["row"] == d for r in records)]]
     meta = {
-        "git_sha": git_sha(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **provenance("accuracy_study.py", argv),
+        "grid": args.grid,
         "epochs": args.epochs,
         "width": args.width,
         "precision": args.precision,
+        "holdout": args.holdout,
         "launcher": args.launcher or "python -m dstrain",
         "seeds": args.seeds,
         "jobs": args.jobs,
         "threads_per_run": args.threads or None,
         "grid_wall_s": time.perf_counter() - t0,
-        "command": "python bench/accuracy_study.py " + " ".join(sys.argv[1:]),
+        "run_git_shas": sorted({str(r["git_sha"]) for r in records}),
+        **({"target": args.target} if args.grid == "target" else {}),
     }
-    (out / "accuracy_study.json").write_text(json.dumps({**meta, "runs": records}, indent=2) + "\n")
-    with open(out / "accuracy_study.csv", "w", newline="") as fh:
-        cols = [
-            "row",
-            "seed",
-            "final_top1",
-            "best_top1",
-            "epochs",
-            "steps",
-            "wall_s",
-            "gpu_time_s",
-            "world_size",
-            "time_to_90",
-            "time_to_92",
-        ]
+    (out / f"{args.name}.json").write_text(json.dumps({**meta, "runs": records}, indent=2) + "\n")
+    cols = ["row", "seed", "final_top1", "before_polish", "best_top1", "epochs", "steps", "wall_s"]
+    cols += ["gpu_time_s", "world_size", "time_to_90", "time_to_92", "git_sha"]
+    with open(out / f"{args.name}.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         w.writerows(records)
+    evaluated = f"{args.holdout} held-out training images" if args.holdout else "the test set"
+    body = target_table(records, args.target) if args.grid == "target" else table(records, rows)
     md = [
-        f"# Accuracy study: Fashion-MNIST, {args.epochs} epochs, resnet_small width {args.width}",
+        f"# {'Epochs to target' if args.grid == 'target' else 'Accuracy study'}: Fashion-MNIST, "
+        f"{args.epochs} epochs, resnet_small width {args.width}",
         "",
-        f"`{meta['command']}` at git {meta['git_sha']}, {meta['date']}, {meta['grid_wall_s'] / 60:.0f} min "
-        f"for the grid ({args.jobs} run(s) at a time"
-        + (f", {args.threads} torch thread(s) each" if args.threads else "")
-        + f"); launcher: {meta['launcher']}; "
-        f"precision {args.precision}.",
+        f"`{meta['command']}` on {meta.get('host', '?')} ({meta['cpu_count']} cores"
+        + (f", {meta['cuda']}" if meta.get("cuda") else "")
+        + f"), {meta['date']}; runs at git {', '.join(s[:7] for s in meta['run_git_shas'])}; "
+        f"{meta['grid_wall_s'] / 60:.0f} min for what was trained now ({args.jobs} run(s) at a time); "
+        f"launcher {meta['launcher']}; precision {args.precision}; top-1 on {evaluated}.",
         "",
-        *table(records, rows),
+        *body,
         "",
-        "![top-1 per epoch](accuracy_curves.png)",
+        f"![top-1 per epoch]({args.name}_curves.png)",
         "",
-        "![ablation](accuracy_ablation.png)",
+        f"![rows]({args.name}_ablation.png)",
         "",
     ]
-    (out / "accuracy_study.md").write_text("\n".join(md))
-    plots(records, out)
-    print("\n".join(table(records, rows)))
+    (out / f"{args.name}.md").write_text("\n".join(md))
+    plots(records, out, args.name, rows)
+    print("\n".join(body))
     return 0
 
 

@@ -11,14 +11,16 @@ Evaluation is unchanged (running statistics). Parameters and buffers keep their 
 checkpoints load with or without a span. A batch that is not a multiple of N ends in a smaller
 last group (the polish refit's last batch), as ``torch.split`` would cut it.
 
-The statistics are computed in FP32 whatever the input dtype (FP16/BF16 activations), like the
-native kernels; the output keeps the input's dtype and memory format (channels_last included).
+The groups are normalised by one call of the native BN kernel (groups as extra channels), so the
+numerics are those of the ordinary layer: FP32 accumulation for FP16/BF16 activations, cuDNN on a
+GPU. The output keeps the input's dtype and memory format (channels_last included).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 class SpanBatchNorm2d(nn.BatchNorm2d):
@@ -41,20 +43,27 @@ class SpanBatchNorm2d(nn.BatchNorm2d):
         return torch.cat([head, self._groups(x[full:], 1)])
 
     def _groups(self, x: torch.Tensor, k: int) -> torch.Tensor:
-        """Normalise x (k x m images) as k consecutive groups of m; update the running statistics."""
+        """Normalise x (k x m images) as k consecutive groups of m; update the running statistics.
+
+        The groups become channels: (k*m, C, H, W) -> (m, k*C, H, W), one call of the native
+        kernel (cuDNN, oneDNN) normalises each (group, channel) over its m*H*W values, as k calls
+        would; its running statistics at momentum 1 are each group's mean and unbiased variance."""
         n, c, h, w = x.shape
-        xs = x.float().view(k, n // k, c, h, w)
-        var, mean = torch.var_mean(xs, dim=(1, 3, 4), keepdim=True, correction=0)  # (k,1,C,1,1)
-        scale = torch.rsqrt(var + self.eps)
-        if self.affine:
-            scale = scale * self.weight.float().view(1, 1, c, 1, 1)
-        y = (xs - mean) * scale
-        if self.affine:
-            y = y + self.bias.float().view(1, 1, c, 1, 1)
+        m = n // k
+        grouped = x.view(k, m, c, h, w).transpose(0, 1).reshape(m, k * c, h, w)
+        stats = [None, None]
         if self.track_running_stats:
-            count = (n // k) * h * w
-            self._update_running(mean.view(k, c), var.view(k, c) * count / max(count - 1, 1), k)
-        return y.view(n, c, h, w).to(x.dtype)
+            like = dict(dtype=self.running_mean.dtype, device=x.device)
+            stats = [torch.zeros(k * c, **like), torch.ones(k * c, **like)]
+        weight = self.weight.repeat(k) if self.affine else None
+        bias = self.bias.repeat(k) if self.affine else None
+        y = F.batch_norm(grouped, stats[0], stats[1], weight, bias, True, 1.0, self.eps)
+        y = y.view(m, k, c, h, w).transpose(0, 1).reshape(n, c, h, w)
+        if self.track_running_stats:
+            self._update_running(stats[0].float().view(k, c), stats[1].float().view(k, c), k)
+        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+            y = y.contiguous(memory_format=torch.channels_last)
+        return y
 
     @torch.no_grad()
     def _update_running(self, means: torch.Tensor, unbiased: torch.Tensor, k: int) -> None:

@@ -66,17 +66,20 @@ def test_study_table_mean_spread_and_reach_counts():
             "time_to_90": None,
         },
     ]
-    lines = study.table(records, ["baseline", "naive_4096"])
-    assert len(lines) == 3  # header, rule, one row: rows without runs are left out
+    records.append({**records[0], "row": "lars", "final_top1": 0.895})
+    lines = study.table(records, ["baseline", "naive_4096", "lars"])
+    assert len(lines) == 4  # header, rule, two rows: rows without runs are left out
     cells = [c.strip() for c in lines[2].split("|")[1:-1]]
-    assert cells[0] == "baseline" and cells[1] == "91.00 ± 1.41" and cells[2] == "91.50 ± 0.71"
-    assert cells[7] == "5 (1/2)" and cells[8] == "never (0/2)" and cells[9] == "2"
+    assert cells[0] == "baseline" and cells[1] == "91.00 ± 1.41" and cells[2] == "+0.00"
+    assert cells[3] == "91.50 ± 0.71"
+    assert cells[8] == "5 (1/2)" and cells[9] == "never (0/2)" and cells[10] == "2"
+    assert [c.strip() for c in lines[3].split("|")[1:-1]][2] == "-1.50"  # 89.5 vs 91.0
 
 
-def test_study_derived_no_polish_row_reads_the_recipe_runs_before_the_refit():
+def test_study_derived_no_refit_row_reads_the_recipe_runs_before_the_refit():
     study = load("accuracy_study")
     rec = {
-        "row": "recipe_lars",
+        "row": "fujitsu_span32",
         "seed": 0,
         "final_top1": 0.80,
         "best_top1": 0.80,
@@ -84,7 +87,95 @@ def test_study_derived_no_polish_row_reads_the_recipe_runs_before_the_refit():
         "top1_per_epoch": [0.5, 0.79, 0.78],
     }
     (d,) = study.derived([rec])
-    assert d["row"] == "no_polish" and d["final_top1"] == 0.78 and d["best_top1"] == 0.79
+    assert d["row"] == "fujitsu_span32_no_refit" and d["final_top1"] == 0.78
+    assert d["best_top1"] == 0.79
+
+
+def test_epochs_to_target_and_its_table():
+    study = load("accuracy_study")
+    assert study.epochs_to([0.5, None, 0.91, 0.90, 0.93], 0.905) == 3
+    assert study.epochs_to([0.5, 0.6], 0.9) is None
+    records = [
+        {
+            "row": "target_b4096",
+            "epochs": 5,
+            "final_top1": 0.92,
+            "top1_per_epoch": [0.8, 0.88, 0.9, 0.91, 0.92],
+        },
+        {
+            "row": "target_b128",
+            "epochs": 5,
+            "final_top1": 0.93,
+            "top1_per_epoch": [0.9, 0.92, 0.93, 0.93, 0.93],
+        },
+        {
+            "row": "target_b8192",
+            "epochs": 5,
+            "final_top1": 0.85,
+            "top1_per_epoch": [0.5, 0.7, 0.8, 0.84, 0.85],
+        },
+    ]
+    lines = study.target_table(records, 0.905)
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
+    assert cells == [
+        ["128", "2", "93.00", "1.00x"],
+        ["4,096", "4", "92.00", "2.00x"],
+        ["8,192", "not in 5", "85.00", "-"],
+    ]
+
+
+def test_study_rows_follow_the_epoch_budget(tmp_path):
+    """Fujitsu's 36 warmup and last 5 of 90 epochs scale with --epochs; every row runs the real CLI
+    with the same epochs, seed, width, augmentation and evaluation set."""
+    study = load("accuracy_study")
+    for epochs, warmup, k in ((90, "36", 5), (30, "12", 2), (10, "4", 1)):
+        recipe, stem, over = study.grid_rows("study", epochs)["fujitsu_span32"]
+        assert (recipe, stem) == ("fashion_mnist_fujitsu", "lars_fujitsu")
+        assert f"optim.warmup_epochs={warmup}" in over and "model.bn_span=32" in over
+        assert f"polish.last_epochs_without_augmentation={k}" in over
+    args = study.parse_args(["--epochs", "30", "--holdout", "6000", "--out", str(tmp_path)])
+    assert args.name == "accuracy_study_30ep_holdout6000" and args.rows[0] == "baseline"
+    for row in args.rows:
+        cmd = study.command(row, 1, args, tmp_path / row)
+        for item in (
+            "epochs=30",
+            "seed=1",
+            "data.holdout=6000",
+            "data.augment=true",
+            "resume=auto",
+        ):
+            assert item in cmd, (row, item)
+    no_k = study.command("fujitsu_span32_no_last_k", 0, args, tmp_path)
+    assert no_k.index("polish.last_epochs_without_augmentation=0") > no_k.index(
+        "polish.last_epochs_without_augmentation=2"
+    )  # the later override wins: same schedule, every epoch augmented
+    with pytest.raises(SystemExit):
+        study.parse_args(
+            ["--grid", "target", "--out", str(tmp_path)]
+        )  # no target, no study to read
+
+
+def test_a_finished_run_is_read_not_retrained(tmp_path):
+    study = load("accuracy_study")
+    args = study.parse_args(["--epochs", "2", "--out", str(tmp_path), "--runs", str(tmp_path)])
+    run = tmp_path / "baseline-0"
+    run.mkdir()
+    hist = [{"epoch_time_s": 1.0, "val_top1": 0.5}, {"epoch_time_s": 1.0, "val_top1": 0.6}]
+    summary = {
+        "history": hist,
+        "final_top1": 0.6,
+        "best_top1": 0.6,
+        "epochs": 2,
+        "steps": 8,
+        "wall_time_s": 2.0,
+        "gpu_time_s": 2.0,
+        "world_size": 1,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "meta.json").write_text(json.dumps({"git_sha": "abc1234"}))
+    rec = study.run_record("baseline", 0, study.train("baseline", 0, args, run))
+    assert rec["final_top1"] == 0.6 and rec["git_sha"] == "abc1234"
+    assert "epochs=2" in rec["command"]
 
 
 @pytest.mark.slow

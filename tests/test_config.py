@@ -34,12 +34,39 @@ def test_every_shipped_recipe_validates(recipe):
 
 
 @pytest.mark.parametrize(
-    "recipe, worlds", [("imagenet_resnet50", (32, 64)), ("imagenet_resnet50_lars", (128, 256))]
+    "recipe, worlds, overrides",
+    [
+        ("imagenet_resnet50", (32, 64), []),
+        ("imagenet_resnet50_lars", (128, 256), []),
+        ("imagenet_resnet50_fujitsu", (64, 256, 512), []),
+        ("imagenet_resnet50_fujitsu", (2048,), ["batch.micro_per_rank=42"]),  # the record's layout
+        ("imagenet_resnet50_mlperf_b3264", (8,), []),
+        ("imagenet_resnet50_mlperf_b8192", (64,), []),
+        ("imagenet_resnet50_mlperf_b32768", (256,), []),
+        ("imagenet_resnet50_mlperf_b49152", (384,), []),
+        ("imagenet_resnet50_mlperf_b65536", (512,), []),
+        ("imagenet_resnet50_mlperf_b67840", (2120,), []),
+    ],
 )
-def test_imagenet_recipes_validate_at_cluster_scale(recipe, worlds):
-    cfg = load_config(recipe)
+def test_imagenet_recipes_validate_at_cluster_scale(recipe, worlds, overrides):
+    cfg = load_config(recipe, overrides)
     for world in worlds:
         validate(cfg, world_size=world)
+
+
+def test_record_recipes_hold_the_published_budget():
+    """The MLPerf rows' epochs (MLCommons rcps_resnet.json) and Fujitsu's v0.6 hyperparameters."""
+    epochs = {3264: 35, 8192: 42, 32768: 56, 49152: 68, 65536: 85, 67840: 86}
+    for batch, n in epochs.items():
+        cfg = load_config(f"imagenet_resnet50_mlperf_b{batch}")
+        assert (cfg.epochs, cfg.batch.global_size, cfg.optim.poly_power) == (n, batch, 2.0)
+        peak = 10.0 if batch < 16384 else (25.0 if batch < 32768 else 31.2)
+        assert cfg.optim.base_lr == peak and cfg.optim.lr_scaling == "none"
+    f = load_config("imagenet_resnet50_fujitsu")
+    assert (f.epochs, f.batch.global_size, f.model.bn_span) == (90, 86016, 42)
+    assert (f.optim.base_lr, f.optim.warmup_epochs, f.optim.poly_power) == (13.0, 36, 2.2)
+    assert f.polish.last_epochs_without_augmentation == 5 and f.optim.wd_follows_lr
+    assert list(f.data.random_area) == [0.05, 0.9]
 
 
 @pytest.mark.parametrize(
