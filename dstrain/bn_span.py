@@ -50,7 +50,12 @@ class SpanBatchNorm2d(nn.BatchNorm2d):
         would; its running statistics at momentum 1 are each group's mean and unbiased variance."""
         n, c, h, w = x.shape
         m = n // k
-        grouped = x.view(k, m, c, h, w).transpose(0, 1).reshape(m, k * c, h, w)
+        nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        if nhwc:  # stay NHWC: (k, m, H, W, C) -> (m, H, W, k, C), one copy each way
+            grouped = x.permute(0, 2, 3, 1).reshape(k, m, h, w, c).permute(1, 2, 3, 0, 4)
+            grouped = grouped.reshape(m, h, w, k * c).permute(0, 3, 1, 2)
+        else:
+            grouped = x.view(k, m, c, h, w).transpose(0, 1).reshape(m, k * c, h, w)
         stats = [None, None]
         if self.track_running_stats:
             like = dict(dtype=self.running_mean.dtype, device=x.device)
@@ -58,11 +63,13 @@ class SpanBatchNorm2d(nn.BatchNorm2d):
         weight = self.weight.repeat(k) if self.affine else None
         bias = self.bias.repeat(k) if self.affine else None
         y = F.batch_norm(grouped, stats[0], stats[1], weight, bias, True, 1.0, self.eps)
-        y = y.view(m, k, c, h, w).transpose(0, 1).reshape(n, c, h, w)
+        if nhwc:
+            y = y.permute(0, 2, 3, 1).reshape(m, h, w, k, c).permute(3, 0, 1, 2, 4)
+            y = y.reshape(n, h, w, c).permute(0, 3, 1, 2)
+        else:
+            y = y.view(m, k, c, h, w).transpose(0, 1).reshape(n, c, h, w)
         if self.track_running_stats:
             self._update_running(stats[0].float().view(k, c), stats[1].float().view(k, c), k)
-        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-            y = y.contiguous(memory_format=torch.channels_last)
         return y
 
     @torch.no_grad()
