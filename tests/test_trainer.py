@@ -186,10 +186,11 @@ def test_compiled_training_composes_with_ramp_eval_checkpoints_and_resume(
     fake_fmnist, tmp_path, world_of_one, caplog
 ):
     """model.compile=true: no new graphs when the ramp changes accumulation or in a second epoch,
-    checkpoint keys as uncompiled, and a compiled run's checkpoint resumes uncompiled and back."""
+    checkpoint keys as uncompiled, and a compiled run's checkpoint resumes uncompiled and back;
+    with a BN span throughout (compiled, refit, resumed)."""
     from dstrain.models import compiled_graphs
 
-    common = ["batch.micro_per_rank=32", "polish.enabled=true"]
+    common = ["batch.micro_per_rank=32", "polish.enabled=true", "model.bn_span=16"]
     plain, _ = make_trainer(fake_fmnist, tmp_path, "epochs=1", *common)  # run 1: uncompiled
     plain.fit()
     keys = set(plain.engine.module.state_dict())
@@ -228,7 +229,8 @@ def test_compiled_training_composes_with_channels_last_precision_optimizers_and_
     fake_fmnist, tmp_path, world_of_one, ds, comm
 ):
     """model.compile=true with NHWC, bf16 / fp16 autocast (GradScaler), LAMB / LARS and, for one, our
-    compressed all-reduce: it trains, and a second epoch with evaluation builds no new graph."""
+    compressed all-reduce and a BN span: it trains, and a second epoch with evaluation builds no
+    new graph."""
     import json
 
     from dstrain.models import compiled_graphs
@@ -245,10 +247,17 @@ def test_compiled_training_composes_with_channels_last_precision_optimizers_and_
         "model.compile=true",
         "model.channels_last=true",
         "optim.base_lr=0.01" if ds.startswith("lamb") else "optim.base_lr=2.0",
+        *(["model.bn_span=8"] if comm else []),
         ds=str(path),
     )
     assert trainer.memory_format == torch.channels_last
     assert (trainer.grad_sync is not None) == bool(comm)
+    spans = {
+        getattr(m, "span", 0)
+        for m in trainer.engine.module.modules()
+        if "BatchNorm" in type(m).__name__
+    }
+    assert spans == ({8} if comm else {0})
     stage = trainer.plan[0]
     first = trainer.train_epoch(0, stage)
     trainer.evaluate()
