@@ -8,8 +8,8 @@ lists it): epochs, the LR and its schedule, optimizer hyperparameters that keep 
 (``lr``, ``momentum`` > 0, ``weight_decay``, ``trust_coefficient``, betas, ...), the batch size and
 ramp of epochs not yet started, the seed at an epoch boundary, gradient clipping,
 label smoothing, logging, evaluation, checkpoint and fault settings, Final Polishing, the data root,
-loader threads and prefetch, the micro batch (the global batch stays), ``model.channels_last`` and
-``model.compile``, and the gradient communication block.
+loader threads and prefetch, the micro batch (the global batch stays), ``model.channels_last``,
+``model.compile`` and ``model.bn_span``, and the gradient communication block.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ MUST_MATCH = {
     "precision": "DeepSpeed's engines keep different master weights and scaler state",
     "zero_optimization.stage": "ZeRO stages partition the optimizer state differently",
     "data.dataset": "the model was trained on this data",
+    "data.holdout": "it decides which training images train and which evaluate",
 }
 
 
@@ -59,6 +60,7 @@ def fingerprint(cfg: TrainConfig, spec: DeepSpeedSpec, world: int) -> dict:
         "batch.ramp": [list(step) for step in cfg.batch.ramp],
         "seed": cfg.seed,
         "data.dataset": cfg.data.dataset,
+        "data.holdout": cfg.data.holdout,
         "world_size": world,
     }
     return json.loads(json.dumps(fp, default=list))  # as meta.json will hold it (lists, not tuples)

@@ -44,6 +44,7 @@ REFUSED = [
         (["data.dataset=imagefolder"], "fp32", 1, None),
         "data.dataset 'fashion_mnist' there",
     ),
+    ("holdout", (["data.holdout=6000"], "fp32", 1, None), "data.holdout 0 there, 6000 here"),
 ]
 # the checkpoint after 2 epochs and part of the third
 DONE = {"epochs_done": 2, "mid_epoch": True}
@@ -87,8 +88,13 @@ ALLOWED = [
         None,
     ),
     (
-        "micro batch, layout, compile",
-        ["batch.micro_per_rank=64", "model.channels_last=true", "model.compile=true"],
+        "micro batch, layout, compile, BN span",
+        [
+            "batch.micro_per_rank=64",
+            "model.channels_last=true",
+            "model.compile=true",
+            "model.bn_span=32",
+        ],
         None,
     ),
     ("optimizer hyperparameters", [], set_param("lr", 0.2)),
