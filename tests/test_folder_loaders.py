@@ -82,20 +82,72 @@ def test_two_ranks_cover_every_file_exactly_once(jpeg_folder, loader):
 
 @pytest.mark.parametrize("loader", LOADERS)
 def test_val_is_deterministic_and_train_is_reproducible_per_epoch(jpeg_folder, loader):
-    """Val: same tensors on every pass. Train: a function of (seed, epoch, rank): a resumed run sees the same crops."""
+    """Val: same tensors on every pass. Train: a function of (seed, epoch): a resumed run sees the same crops."""
     cfg = cfg_for(jpeg_folder, loader)
-    if loader == "torchvision":
-        torch.manual_seed(
-            0
-        )  # torchvision's random transforms draw from the global RNG (num_workers=0 here)
     data = build_data(cfg, Shard(0, 1, 4, 1, eval_batch=4), 3, 3)
     first = [x for x, _ in data.val]
     assert all(torch.equal(a, b) for a, b in zip(first, [x for x, _ in data.val]))
-    if loader == "dali":
-        again = build_data(cfg, Shard(0, 1, 4, 1, eval_batch=4), 3, 3)
-        for d in (data, again):
-            d.train.start_epoch(3)
-        assert all(torch.equal(a, b) for (a, _), (b, _) in zip(data.train, again.train))
+    again = build_data(cfg, Shard(0, 1, 4, 1, eval_batch=4), 3, 3)
+    for d in (data, again):
+        d.train.start_epoch(3)
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(data.train, again.train))
+
+
+@pytest.fixture(scope="module")
+def noise_folder(tmp_path_factory):
+    """Random-noise PNGs (lossless): every crop window and every flip gives different pixels."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("noise")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 8), ("val", 2)):
+        (root / split / "a").mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(
+                root / split / "a" / f"{i:03d}.png"
+            )
+    return root
+
+
+def crops(root, seed, epoch, *, workers=0, rank=0, world=1, start=0, micro=2):
+    """{image index: its training tensor} for one epoch of the torchvision loader."""
+    data = build_data(
+        cfg_for(root, "torchvision", num_workers=workers, random_area=[0.1, 0.5]),
+        Shard(rank, world, micro, 1, seed=seed),
+        3,
+        1,
+    )
+    data.train.start_epoch(epoch, start=start)
+    keys = [k for batch in list(data.train.sampler) for k, _ in batch]
+    images = torch.cat([x for x, _ in data.train])
+    return dict(zip(keys, images))
+
+
+def test_torchvision_augmentation_is_a_function_of_seed_epoch_and_image(noise_folder):
+    """What docs/faults.md promises for a resumed run: the same crops for (seed, epoch, image),
+    in the main process or in workers, on one rank or two, from the start of an epoch or part-way;
+    another seed or epoch gives other crops (the images are noise, so any other window differs)."""
+    ref = crops(noise_folder, seed=3, epoch=1)
+    assert sorted(ref) == list(range(8))
+
+    def same(other):
+        return all(torch.equal(other[k], ref[k]) for k in other)
+
+    assert same(crops(noise_folder, seed=3, epoch=1, workers=2))
+    two_ranks = {
+        **crops(noise_folder, 3, 1, rank=0, world=2),
+        **crops(noise_folder, 3, 1, rank=1, world=2),
+    }
+    assert sorted(two_ranks) == list(range(8)) and same(two_ranks)
+    resumed = crops(noise_folder, seed=3, epoch=1, start=2)  # micro batches 2 and 3 of 4
+    assert len(resumed) == 4 and same(resumed)
+    torch.manual_seed(123)  # the caller's generator neither matters nor moves
+    state = torch.get_rng_state()
+    assert same(crops(noise_folder, seed=3, epoch=1))
+    assert torch.equal(torch.get_rng_state(), state)
+    for other in (crops(noise_folder, seed=4, epoch=1), crops(noise_folder, seed=3, epoch=2)):
+        assert all(not torch.equal(other[k], ref[k]) for k in ref)
 
 
 def test_dali_train_crops_are_random_and_val_is_the_center_crop(tmp_path):

@@ -133,7 +133,12 @@ def subset(images: ImageList, indices) -> ImageList:
 
 # ---------------------------------------------------------------- torchvision loader
 class ImageDataset(torch.utils.data.Dataset):
-    """PIL decode + a torchvision transform; undecodable files raise CorruptImageError naming the file."""
+    """PIL decode + a torchvision transform; undecodable files raise CorruptImageError naming the file.
+
+    A key ``(i, seed)`` runs the transform's random draws (torchvision's transforms use torch's
+    global generator) from ``seed`` in a forked generator state: the crop and flip of an image are a
+    function of that seed alone, whichever DataLoader worker or process runs it, and the caller's
+    generator is left as it was."""
 
     def __init__(self, images: ImageList, transform):
         self.images, self.transform = images, transform
@@ -141,7 +146,16 @@ class ImageDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, key):
+        i, seed = key if isinstance(key, tuple) else (key, None)
+        img, label = self._decode(i)
+        if seed is None:
+            return self.transform(img), label
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return self.transform(img), label
+
+    def _decode(self, i: int):
         from PIL import Image
 
         path = self.images.files[i]
@@ -156,7 +170,7 @@ class ImageDataset(torch.utils.data.Dataset):
             raise CorruptImageError(
                 corrupt_image_message(path, str(err) or type(err).__name__)
             ) from None
-        return self.transform(img), int(self.images.labels[i])
+        return img, int(self.images.labels[i])
 
 
 def torchvision_transforms(cfg: DataConfig, channels: int):
@@ -189,11 +203,16 @@ def torchvision_transforms(cfg: DataConfig, channels: int):
 
 
 class ShardBatchSampler(ShardedBatches, torch.utils.data.Sampler):
-    """Batches of indices from dstrain.data.sharding; owns the epoch (no reference back to the loader:
-    a cycle would leave the DataLoader's workers to the garbage collector, whose shutdown waits 5 s)."""
+    """Batches of ``(index, augmentation seed)`` keys from dstrain.data.sharding; owns the epoch (no
+    reference back to the loader: a cycle would leave the DataLoader's workers to the garbage
+    collector, whose shutdown waits 5 s). The seed of an image is a function of (seed, epoch, image
+    index): a resumed run, any number of workers and any world size draw the same crops."""
 
     def __iter__(self):
-        return iter([batch.tolist() for batch in self.batches()[self.start :]])
+        base = (self.shard.seed * 1_000_003 + self.epoch) * 2**24
+        return iter(
+            [[(i, base + i) for i in batch.tolist()] for batch in self.batches()[self.start :]]
+        )
 
 
 class TorchvisionLoader:
@@ -252,6 +271,8 @@ class TorchvisionLoader:
             batch_sampler=self.sampler,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
+            # its workers' base seed from a generator of its own, not the trainer's global one
+            generator=torch.Generator().manual_seed(0),
             **workers,
         )
 
