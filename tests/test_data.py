@@ -71,6 +71,17 @@ def test_fashion_mnist_loader_shapes_and_normalisation(fake_fmnist):
     assert sum(len(y) for _, y in val) == 301
     train3 = build_data(cfg, shard, channels=3, num_classes=10).train
     assert next(iter(train3))[0].shape == (32, 3, 28, 28)
+    # the values: (pixel / 255 - mean) / std, the test images in file order
+    from dstrain.data.fashion_mnist import FASHION_MNIST_MEAN, FASHION_MNIST_STD, load_fashion_mnist
+
+    raw = load_fashion_mnist(str(fake_fmnist), download=False)["val"][0]
+    expected = (raw.float() / 255 - FASHION_MNIST_MEAN) / FASHION_MNIST_STD
+    got = torch.cat([x for x, _ in val])
+    torch.testing.assert_close(got, expected.view_as(got))
+    assert abs(FASHION_MNIST_MEAN - 0.286) < 0.01 and abs(FASHION_MNIST_STD - 0.353) < 0.01
+    on_meta = build_data(cfg, shard, channels=1, num_classes=10, device="meta").train
+    x, y = next(iter(on_meta))
+    assert x.device.type == y.device.type == "meta"  # batches live on the device asked for
 
 
 def test_augmentation_is_a_function_of_seed_epoch_and_rank(fake_fmnist):
@@ -80,6 +91,29 @@ def test_augmentation_is_a_function_of_seed_epoch_and_rank(fake_fmnist):
     a.start_epoch(2)
     b.start_epoch(2)
     assert all(torch.equal(xa, xb) for (xa, _), (xb, _) in zip(a, b))
+    # and each of the three changes the crops: 64 copies of one textured image, so any difference
+    # between two loaders' batches is augmentation (image order cannot show)
+    image = (torch.arange(28 * 28) * 37 % 251).to(torch.uint8).view(1, 1, 28, 28)
+
+    def first_batch(seed, epoch, rank):
+        loader = TensorLoader(
+            image.repeat(128, 1, 1, 1),
+            torch.zeros(128, dtype=torch.long),
+            Shard(rank, 2, 32, 1, seed=seed),
+            "train",
+            True,
+            0.0,
+            1.0,
+            1,
+        )
+        loader.start_epoch(epoch)
+        return next(iter(loader))[0]
+
+    ref = first_batch(0, 2, 0)
+    assert torch.equal(ref, first_batch(0, 2, 0))
+    for other in (first_batch(1, 2, 0), first_batch(0, 3, 0), first_batch(0, 2, 1)):
+        differ = [not torch.equal(a, b) for a, b in zip(ref, other)]
+        assert sum(differ) > 16, sum(differ)  # most of the 32 crops change (1 in 50 may repeat)
 
 
 def test_a_resumed_epoch_yields_the_rest_of_the_uninterrupted_one(fake_fmnist):

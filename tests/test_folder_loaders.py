@@ -173,18 +173,30 @@ def test_dali_train_crops_are_random_and_val_is_the_center_crop(tmp_path):
 
 
 @pytest.mark.parametrize("loader", LOADERS)
-def test_start_epoch_without_augment_gives_the_val_transform_on_training_images(
-    jpeg_folder, loader
-):
-    data = build_data(cfg_for(jpeg_folder, loader), Shard(0, 1, 4, 1, eval_batch=4), 3, 3)
-    polish = data.polish(0, 4)
+def test_start_epoch_without_augment_gives_the_val_transform_on_training_images(tmp_path, loader):
+    """val/ holds copies of train/'s noise images: un-augmented training batches must be pixel for
+    pixel what the validation loader makes of the same files (resize + centre crop, no flip)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for split in ("train", "val"):
+        (tmp_path / split / "a").mkdir(parents=True)
+    for i in range(8):
+        img = Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
+        for split in ("train", "val"):
+            img.save(tmp_path / split / "a" / f"{i:03d}.png")
+    data = build_data(cfg_for(tmp_path, loader), Shard(0, 1, 4, 1, eval_batch=8), 3, 1)
+    val = torch.cat([x for x, _ in data.val])  # the 8 files in order
     data.train.start_epoch(0, augment=False)
-    for (x, _), (p, _) in zip(data.train, polish):
-        assert x.shape == p.shape == (4, 3, 16, 16)
-    plain = [x for x, _ in data.train]
-    assert all(
-        torch.equal(a, b) for a, b in zip(plain, [x for x, _ in data.train])
-    )  # no randomness left
+    plain = torch.cat([x for x, _ in data.train])
+    matched = [min(range(8), key=lambda j, x=x: float((val[j] - x).abs().max())) for x in plain]
+    assert sorted(matched) == list(range(8))  # every training image once...
+    for x, j in zip(plain, matched):
+        torch.testing.assert_close(x, val[j])  # ...exactly as the val transform makes it
+    data.train.start_epoch(0, augment=True)
+    augmented = torch.cat([x for x, _ in data.train])
+    assert not torch.allclose(augmented, plain)  # the switch back to random crops is real
 
 
 @pytest.mark.parametrize("loader", LOADERS)
@@ -337,6 +349,14 @@ def test_synthetic_batches_live_on_the_device_with_the_data_set_shape(dataset, s
     assert len(data.train) == 64 // 16 * 2 and data.n_val == 10 and data.kind == "synthetic"
     x, y = next(iter(data.train))
     assert x.shape == (8, 3, side, side) and int(y.max()) < 5
+    # on the device asked for ("meta": no CPU tensor can pass for it), in the engine's dtype and
+    # layout, made once: every batch is the same tensor, no copy per step
+    meta = build_data(cfg, Shard(0, 1, 8, 2), 3, 5, "meta", torch.bfloat16, True).train
+    batches = list(meta)
+    x, y = batches[0]
+    assert x.device.type == y.device.type == "meta" and x.dtype == torch.bfloat16
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    assert all(b[0] is x for b in batches)
 
 
 def test_check_tool_lists_undecodable_files(tmp_path, capsys):
