@@ -78,16 +78,17 @@ class Running:
         return "".join(self.lines)
 
 
-def final_params(run_dir: Path) -> dict:
-    """Parameters (not BN buffers, which ranks average only at epoch ends) of the newest checkpoint."""
+def final_state(run_dir: Path) -> dict:
+    """Every tensor of the newest checkpoint's model: parameters and BN buffers (running statistics,
+    counters)."""
     ckpt = run_dir / "checkpoints"
     tag = (ckpt / "latest").read_text().strip()
-    state = torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=False)["module"]
-    return {k: v for k, v in state.items() if "running_" not in k and "num_batches" not in k}
+    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=False)["module"]
 
 
 def max_diff(a: dict, b: dict) -> float:
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
 def records(run_dir: Path) -> dict[int, dict]:
@@ -134,7 +135,7 @@ def test_sigint_checkpoints_mid_epoch_and_resume_is_exact(fake_fmnist, tmp_path,
     resumed = run_cli(common(fake_fmnist, f"run_dir={stopped}", "resume=auto"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from {stopped / 'checkpoints' / tag}" in resumed.stdout
-    diff = max_diff(final_params(straight), final_params(stopped))
+    diff = max_diff(final_state(straight), final_state(stopped))
     assert diff == 0.0
     h1 = json.loads((straight / "summary.json").read_text())["history"]
     h2 = json.loads((stopped / "summary.json").read_text())["history"]
@@ -193,8 +194,17 @@ def test_sigterm_to_a_two_rank_job_checkpoints_and_resumes(fake_fmnist, tmp_path
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    diff = max_diff(final_params(straight), final_params(stopped))
-    assert diff < 1e-6
+    a, b = final_state(straight), final_state(stopped)
+    diff = max_diff(a, b)
+    stats = [k for k in a if "running_" in k]
+    for k in a:  # parameters and counters: bit for bit
+        if k not in stats:
+            assert torch.equal(a[k], b[k]), k
+    # BN running statistics: the ranks average them at the stop, before saving, where the
+    # uninterrupted run averages them only at the epoch's end; the updates are affine, so the two
+    # agree exactly in real arithmetic and to rounding in float (seen: 1.2e-7)
+    for k in stats:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-6, msg=k)
     evidence(
         "fault: signal",
         "resume=auto after the 2-rank SIGTERM stop",
