@@ -79,7 +79,9 @@ BOUNDARY_PROBE = textwrap.dedent("""
 
 @pytest.mark.parametrize("mode, exact", [("driven", True), ("deepspeed_counter", False)])
 def test_first_step_after_a_switch_averages_exactly_the_new_batch(mode, exact):
-    """Driving the boundary ourselves (as the trainer does) gives the exact step; DeepSpeed's counter does not."""
+    """Driving the boundary ourselves (as the trainer does) gives the exact step; DeepSpeed's counter does not.
+    This shows why the trainer drives it; the trainer's own loop is checked by
+    tests/test_trainer.py::test_the_trainers_first_step_after_a_ramp_switch_averages_exactly_the_new_batch."""
     proc = subprocess.run(
         [sys.executable, "-c", BOUNDARY_PROBE, mode, str(free_port())],
         cwd=REPO,

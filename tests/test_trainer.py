@@ -266,3 +266,54 @@ def test_compiled_training_composes_with_channels_last_precision_optimizers_and_
     metrics = trainer.evaluate()
     assert compiled_graphs() == graphs, "the second epoch recompiled"
     assert second["train_loss"] < first["train_loss"] and metrics["val_top1"] > 0.2
+
+
+def test_the_trainers_first_step_after_a_ramp_switch_averages_exactly_the_new_batch(
+    fake_fmnist, tmp_path, world_of_one
+):
+    """The trainer's own loop (tests/test_ramp.py drives DeepSpeed by hand): at the first optimizer
+    step after the switch from 32 to 64 images (2 micro batches of 32), the gradient the optimizer
+    receives is the mean gradient of exactly those 64 images, computed here independently on a
+    fresh copy of the weights, and not the last micro batch's alone."""
+    import torch.nn.functional as F
+
+    from dstrain.models import model_from_config
+
+    trainer, _ = make_trainer(
+        fake_fmnist,
+        tmp_path,
+        "epochs=2",
+        "batch.ramp=[[1,64]]",
+        "batch.micro_per_rank=32",
+        "optim.label_smoothing=0",
+    )
+    trainer.train_epoch(0, trainer.enter_stage(0))
+    fresh = model_from_config(trainer.cfg.model)
+    fresh.load_state_dict(trainer.engine.module.state_dict())
+    stage = trainer.enter_stage(1)
+    assert (stage.global_size, stage.accumulation) == (64, 2)
+    loader = trainer.data.train
+    loader.start_epoch(1, accumulation=2)
+    batches = iter(loader)
+    micro = [next(batches), next(batches)]  # what the first step of epoch 2 will read
+    params = list(trainer.engine.module.parameters())
+    seen, step = [], trainer.engine.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        seen.append([p.grad.detach().clone() for p in params])
+        return step(*args, **kwargs)
+
+    trainer.engine.optimizer.step = recording_step
+    trainer.train_epoch(1, stage)
+    assert len(seen) == 512 // 64  # one optimizer step per 64 images
+    fresh.train()
+    for x, y in micro:
+        (F.cross_entropy(fresh(x), y) / 2).backward()
+    for p, got in zip(fresh.parameters(), seen[0]):
+        torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-6)
+    last_only = model_from_config(trainer.cfg.model)
+    last_only.load_state_dict(fresh.state_dict())
+    last_only.train()
+    F.cross_entropy(last_only(micro[1][0]), micro[1][1]).backward()
+    apart = max(float((a.grad - b).abs().max()) for a, b in zip(last_only.parameters(), seen[0]))
+    assert apart > 1e-3  # the check can tell one micro batch from two
