@@ -385,12 +385,18 @@ class DaliLoader(ShardedBatches):
         return x.permute(0, 3, 1, 2) if self.channels_last else x  # NHWC = channels_last NCHW
 
     def _decode_error(self, err: RuntimeError, in_flight: list[torch.Tensor]) -> Exception:
-        suspects = [self.images.files[i] for batch in in_flight for i in batch.tolist()]
-        bad = [path for path in suspects if decode_error(path) is not None]  # name the culprit
-        reason = str(err).strip().splitlines()[-1] if str(err).strip() else "DALI decode failed"
+        """The error to show: the undecodable file among the batches in flight and why it does not
+        decode (PIL's reason, with DALI's own decode line when it gave one: its last line is often
+        only "Current pipeline object is no longer valid")."""
+        suspects = list(dict.fromkeys(self.images.files[i] for b in in_flight for i in b.tolist()))
+        bad = [(path, why) for path in suspects if (why := decode_error(path)) is not None]
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        dali = next((line for line in lines if "decod" in line.lower()), None)
         if bad:
+            path, why = bad[0]
             extra = f" (and {len(bad) - 1} more nearby)" if len(bad) > 1 else ""
-            return CorruptImageError(corrupt_image_message(bad[0], f"DALI: {reason}") + extra)
+            reason = why + (f"; DALI: {dali}" if dali else "")
+            return CorruptImageError(corrupt_image_message(path, reason) + extra)
         return RuntimeError(f"DALI pipeline failed on a batch holding {suspects[:3]}...: {err}")
 
 
