@@ -250,6 +250,9 @@ def test_loader_bench_measures_dali_against_the_plain_pipeline_ceiling(tmp_path)
         assert len(row["dali"]["epoch_s"]) == 2
 
 
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="a GPU is here: the fp16 engine runs"
+)
 def test_throughput_bench_refuses_the_native_fp16_engine_without_a_gpu(tmp_path):
     proc = bench(
         "throughput.py",

@@ -16,25 +16,26 @@ from tests.conftest import TINY, deepspeed_launcher, run_cli
 SIZES = (1, 7, 1001, 4099, 33)  # odd sizes; bucket_mb below makes several buckets
 
 
-def _params(rank: int, sizes=SIZES, seed: int = 0) -> list[torch.nn.Parameter]:
+def _params(rank: int, sizes=SIZES, seed: int = 0, device="cpu") -> list[torch.nn.Parameter]:
     g = torch.Generator().manual_seed(seed * 1000 + rank)
     params = []
     for n in sizes:
-        p = torch.nn.Parameter(torch.zeros(n))
-        p.grad = torch.randn(n, generator=g) * (rank + 1)
+        p = torch.nn.Parameter(torch.zeros(n, device=device))
+        p.grad = (torch.randn(n, generator=g) * (rank + 1)).to(device)
         params.append(p)
     return params
 
 
-def _torus_worker(rank: int, world: int, port: int, grids, out) -> None:
+def _torus_worker(rank: int, world: int, port: int, grids, out, backend: str = "gloo") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    reference = [p.grad.clone() for p in _params(rank)]
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    device = "cuda" if backend == "nccl" else "cpu"
+    reference = [p.grad.clone() for p in _params(rank, device=device)]
     for t in reference:
         dist.all_reduce(t)
         t.div_(world)
     for grid in grids:
-        params = _params(rank)
+        params = _params(rank, device=device)
         sync = comm.GradientSync(
             comm.CommConfig(mode="torus2d", grid=list(grid), bucket_mb=0.01), params
         )
