@@ -173,7 +173,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="launch.sh", description=__doc__.split("\n\n")[0], add_help=True
     )
     p.add_argument(
-        "--dry-run", action="store_true", help="print the hostfile and the command, run nothing"
+        "--dry-run",
+        action="store_true",
+        default=os.environ.get("DSTRAIN_DRY_RUN") == "1",
+        help="print the hostfile and the command, run nothing (also DSTRAIN_DRY_RUN=1, e.g. to "
+        "check a job script)",
     )
     p.add_argument("--launcher", choices=("auto", "pdsh", "openmpi"), default="auto")
     p.add_argument(

@@ -1,7 +1,11 @@
 """launch.sh / dstrain/launch.py: hostfiles from fake scheduler environments and dry-run command lines."""
 
+import hashlib
+import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +149,87 @@ def test_dry_run_prefers_pdsh_and_fails_clearly_without_a_multi_node_launcher(tm
 @pytest.mark.parametrize("script", ["launch.sh", "run.sh", "hostfiles/abci_job.sh", ".ci/run"])
 def test_shell_scripts_parse(script):
     assert subprocess.run(["bash", "-n", str(REPO / script)], capture_output=True).returncode == 0
+
+
+def test_the_abci_job_script_runs_under_a_faked_pbs_job(tmp_path):
+    """hostfiles/abci_job.sh for real (not only `bash -n`, which passed while its unquoted
+    `data.root=/groups/<group>/imagenet` was a shell redirection): 4 nodes x 8 MPI processes in the
+    PBS node file, environment modules faked, launch.sh in dry-run mode: the script reaches
+    launch.sh, which writes 4 nodes of 8 slots and the openmpi command over the InfiniBand
+    interface."""
+    nodes = tmp_path / "nodefile"
+    nodes.write_text("".join(f"a{n:04d}\n" for n in range(4) for _ in range(8)))
+    modules = tmp_path / "modules.sh"
+    modules.write_text('module() { echo "module $*" >&2; }\n')
+    env = {
+        "PATH": os.pathsep.join([str(fake_tool(tmp_path, "mpirun")), "/usr/bin", "/bin"]),
+        "HOME": str(tmp_path),
+        "PBS_NODEFILE": str(nodes),
+        "PBS_O_WORKDIR": str(REPO),
+        "DSTRAIN_IFACE": "ib0",
+        "IMAGENET_ROOT": "/groups/gx00/imagenet",
+        "DSTRAIN_DRY_RUN": "1",
+        "DSTRAIN_MODULES_SH": str(modules),
+        "DSTRAIN_VENV": os.environ.get("DSTRAIN_VENV", str(Path(sys.executable).parent.parent)),
+        "TMPDIR": str(tmp_path),
+    }
+    proc = subprocess.run(
+        ["bash", str(REPO / "hostfiles/abci_job.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "module load hpcx" in proc.stderr
+    out = proc.stdout
+    assert "launch.sh: 4 nodes" in out
+    assert all(f"a{n:04d} slots=8" in out for n in range(4))
+    command = out.strip().splitlines()[-1]
+    for part in (
+        "--hostfile",
+        "--launcher openmpi",
+        "--mca btl_tcp_if_include ib0",
+        "--master_addr a0000",
+        "dstrain/main.py --deepspeed_config ds_configs/lars_bf16.json --config imagenet_resnet50_lars",
+        "data.root=/groups/gx00/imagenet run_dir=runs/rn50-lars-32k resume=auto",
+    ):
+        assert part in command, (part, command)
+
+
+def run_sh(*args, timeout=300):
+    venv = Path(sys.executable).parent.parent
+    return subprocess.run(
+        [str(REPO / "run.sh"), *args],
+        cwd=REPO,
+        env={**os.environ, "DSTRAIN_VENV": str(venv)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_run_sh_trains_for_real_and_refuses_an_unknown_command(fake_fmnist, tmp_path):
+    """./run.sh as the README shows it (the venv it made is reused: no install here)."""
+    venv = Path(sys.executable).parent.parent
+    stamp = venv / ".dstrain-requirements"
+    want = hashlib.sha256((REPO / "requirements.txt").read_bytes()).hexdigest()
+    if not stamp.is_file() or stamp.read_text().strip() != want:
+        pytest.skip(f"{venv} was not made by ./run.sh from this requirements.txt")
+    run_dir = tmp_path / "run"
+    proc = run_sh(
+        "train",
+        "--config",
+        "fashion_mnist",
+        "epochs=1",
+        "model.width=8",
+        "batch.global_size=64",
+        "log.tensorboard=false",
+        f"data.root={fake_fmnist}",
+        f"run_dir={run_dir}",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[run.sh] virtual environment" in proc.stdout and "is up to date" in proc.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 1
+    bad = run_sh("trian")
+    assert bad.returncode == 2 and "./run.sh train" in bad.stdout
