@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -308,8 +309,18 @@ def test_scaling_bench_one_vs_two_ranks_under_launch_sh(tmp_path, fake_fmnist):
     r = json.loads(out.read_text())
     assert {run["world_size"] for run in r["runs"]} == {1, 2}
     assert set(r["images_per_s"]) == {"1x1", "2x1", "1x2"}
-    assert r["speedup"] == pytest.approx(r["images_per_s"]["2x1"] / r["images_per_s"]["1x1"])
-    assert r["scaling_efficiency"] == pytest.approx(r["speedup"] / 2)
+    # from the raw measurements of each run (images trained / training seconds the trainer
+    # reported), not from the bench's own aggregate fields
+    for run in r["runs"]:
+        assert 0 < run["train_s"] < run["command_wall_s"]
+        assert run["images_per_s"] == pytest.approx(run["images"] / run["train_s"], rel=0.02)
+    rates = {1: [], 2: []}
+    for run in r["runs"]:
+        if run["threads_per_rank"] == 1:
+            rates[run["world_size"]].append(run["images"] / run["train_s"])
+    median = {w: statistics.median(v) for w, v in rates.items()}
+    assert r["speedup"] == pytest.approx(median[2] / median[1], rel=0.02)
+    assert 0.5 < r["speedup"] < 2.5  # two ranks on this machine: neither a collapse nor a miracle
     assert all(
         run["images"] == 512 // 256 * 256 for run in r["runs"]
     )  # whole global batches of the 512 images

@@ -63,8 +63,9 @@ def test_fit_follows_the_batch_plan_in_process(fake_fmnist, tmp_path, world_of_o
     assert [h["global_batch"] for h in state.history] == [32, 64]
     assert trainer.engine.gradient_accumulation_steps() == 2
     assert state.history[-1]["train_loss"] < state.history[0]["train_loss"]
-    last_lr = trainer.schedule.at(2.0, 64)[0]  # the last step lands on the end of the schedule
-    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(last_lr)
+    # TINY: peak 0.2 (lr_scaling none), cosine to end_lr_factor 0: the last step's LR is 0
+    assert [h["peak_lr"] for h in state.history] == [0.2, 0.2]
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
     assert (trainer.checkpoint_root / "latest").read_text().strip() == "epoch0002"
     summary = trainer.summary(world=1, precision=plan.spec.precision)
     assert summary["steps"] == 24 and summary["global_batch"] == 64 and summary["final_top1"] > 0.1
