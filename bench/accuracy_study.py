@@ -11,7 +11,8 @@ ImageNet; 90 epochs give 1,260 steps (Fujitsu: 1,341). Every row trains for the 
 (``--epochs``) with the same model (``--width``) and augmentation (2-pixel random crop + flip), for
 each seed, through the real command line (``python -m dstrain``; ``--launcher`` prefixes it, e.g.
 ``"deepspeed --num_gpus 8"``). ``--jobs N`` runs N at once, each with cores/N torch threads; on a
-GPU node they share the GPU (one 10-epoch batch-4,096 run used 20 s of an H100).
+GPU node they share the first GPU (one 10-epoch batch-4,096 run used 20 s of an H100), or, with
+``--gpus 0 1 ...``, are dealt round robin over those GPUs.
 
 Grid ``study`` (rows; K = the last 5/90 of the epochs, W = the first 40%):
   baseline         batch 128, SGD momentum 0.9 (fp32.json), the default recipe's 0.4 per 256 images
@@ -166,8 +167,9 @@ def command(row: str, seed: int, args, run_dir: Path) -> list[str]:
     ]
 
 
-def train(row: str, seed: int, args, run_dir: Path) -> dict:
-    """The run's summary: read from run_dir when it finished before, else trained now."""
+def train(row: str, seed: int, args, run_dir: Path, gpu: str | None = None) -> dict:
+    """The run's summary: read from run_dir when it finished before, else trained now (on ``gpu``,
+    as CUDA_VISIBLE_DEVICES, when given)."""
     done = run_dir / "summary.json"
     cmd = command(row, seed, args, run_dir)
     if done.is_file() and not (run_dir / "failed.json").exists():
@@ -176,7 +178,9 @@ def train(row: str, seed: int, args, run_dir: Path) -> dict:
     else:
         from bench.common import run_trainer
 
-        env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
+        env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
         summary = run_trainer(cmd, run_dir, env=env, what=f"{row} seed {seed}")
         del summary["stdout"]
     meta = run_dir / "meta.json"
@@ -360,6 +364,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="runs at a time (sharing the GPU on a GPU node); each gets cores/N torch threads",
     )
     p.add_argument(
+        "--gpus",
+        nargs="+",
+        default=[],
+        help="spread the runs over these GPUs, round robin (CUDA_VISIBLE_DEVICES); default: all "
+        "runs see every GPU and use the first",
+    )
+    p.add_argument(
         "--holdout",
         type=int,
         default=0,
@@ -410,9 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
-    def one(row_seed):
-        row, seed = row_seed
-        s = train(row, seed, args, args.runs / f"{row}-{seed}")
+    def one(job):
+        index, (row, seed) = job
+        gpu = args.gpus[index % len(args.gpus)] if args.gpus else None
+        s = train(row, seed, args, args.runs / f"{row}-{seed}", gpu)
         rec = run_record(row, seed, s)
         print(
             f"{row:28s} seed {seed}: final top-1 {100 * rec['final_top1']:.2f}%  "
@@ -422,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         return rec
 
     with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process
-        records = list(pool.map(one, [(row, seed) for row in args.rows for seed in args.seeds]))
+        jobs = [(row, seed) for row in args.rows for seed in args.seeds]
+        records = list(pool.map(one, enumerate(jobs)))
     records += derived(records)
     rows = [*args.rows, *[d for d in DERIVED if any(r["row"] == d for r in records)]]
     meta = {
