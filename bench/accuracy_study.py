@@ -301,6 +301,47 @@ def target_table(records: list[dict], target: float) -> list[str]:
     return lines
 
 
+MLPERF_RATIO = 86 / 35  # epochs to 75.9%: batch 67,840 vs 3,264 (MLCommons rcps_resnet.json)
+
+
+def goal_lines(records: list[dict], grid: str, target: float | None) -> list[str]:
+    """The issue's goals, with the measured distance (whatever it is)."""
+    if grid == "target":
+        reached = {
+            int(r["row"].split("_b")[-1]): epochs_to(r["top1_per_epoch"], target) for r in records
+        }
+        small = reached.get(min(reached)) if reached else None
+        if not small:
+            return [
+                "Goal (epochs-to-target grow by less than MLPerf's 2.5x): the smallest batch "
+                "never reached the target, nothing to compare."
+            ]
+        never = [b for b, e in reached.items() if e is None]
+        worst = max(e / small for e in reached.values() if e)
+        verdict = "met" if worst < MLPERF_RATIO and not never else "missed"
+        missing = f"; never reached by batch {', '.join(f'{b:,}' for b in never)}" if never else ""
+        return [
+            f"Goal: epochs to {100 * target:.2f}% grow by less than MLPerf's {MLPERF_RATIO:.2f}x "
+            f"from the smallest batch to the largest: worst ratio here {worst:.2f}x{missing} "
+            f"-> {verdict}."
+        ]
+    base = [100 * r["final_top1"] for r in records if r["row"] == "baseline"]
+    large = {
+        row: statistics.mean(100 * r["final_top1"] for r in records if r["row"] == row)
+        for row in {r["row"] for r in records}
+        if row not in ("baseline", "naive_4096")
+    }
+    if not base or not large:
+        return ["Goal (batch 4,096 within 0.3 pt of batch 128): not measurable from these rows."]
+    best = max(large, key=large.get)
+    gap = large[best] - statistics.mean(base)
+    verdict = "met" if gap >= -0.3 else "missed"
+    return [
+        f"Goal: batch 4,096 within 0.3 pt of batch 128 at the same epochs. Best large-batch row "
+        f"{best}: {large[best]:.2f}% vs {statistics.mean(base):.2f}%, {gap:+.2f} pt -> {verdict}."
+    ]
+
+
 def plots(records: list[dict], out: Path, name: str, rows: list[str]) -> None:
     import matplotlib
 
@@ -473,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         f"launcher {meta['launcher']}; precision {args.precision}; top-1 on {evaluated}.",
         "",
         *body,
+        "",
+        *goal_lines(records, args.grid, args.target),
         "",
         f"![top-1 per epoch]({args.name}_curves.png)",
         "",

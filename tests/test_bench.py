@@ -329,3 +329,22 @@ def test_scaling_bench_one_vs_two_ranks_under_launch_sh(tmp_path, fake_fmnist):
 def test_scaling_bench_rejects_impossible_rank_arithmetic(tmp_path):
     proc = bench("scaling.py", "--ranks", "3", "--out", str(tmp_path / "x.json"), timeout=120)
     assert proc.returncode != 0 and "--ranks 3 --batch 256" in proc.stderr
+
+
+def test_the_report_states_each_goal_with_its_distance():
+    study = load("accuracy_study")
+    recs = [
+        {"row": "baseline", "final_top1": 0.92},
+        {"row": "baseline", "final_top1": 0.93},
+        {"row": "naive_4096", "final_top1": 0.95},  # not a recipe: never the best large-batch row
+        {"row": "lars", "final_top1": 0.921},
+        {"row": "fujitsu_span32", "final_top1": 0.90},
+    ]
+    (line,) = study.goal_lines(recs, "study", None)
+    assert "lars: 92.10% vs 92.50%, -0.40 pt -> missed" in line
+    curves = {128: [0.5, 0.9, 0.95], 4096: [0.3, 0.6, 0.9], 8192: [0.2, 0.5, 0.7]}
+    recs = [{"row": f"target_b{b}", "top1_per_epoch": c} for b, c in curves.items()]
+    (line,) = study.goal_lines(recs, "target", 0.9)
+    assert "worst ratio here 1.50x; never reached by batch 8,192 -> missed" in line
+    (line,) = study.goal_lines(recs[:2], "target", 0.9)
+    assert "worst ratio here 1.50x -> met" in line
