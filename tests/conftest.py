@@ -117,6 +117,20 @@ def make_jpeg_folder(root: Path, per_class: int = 8, val_per_class: int = 3, siz
     return root
 
 
+def make_noise_folder(root: Path, counts: dict, shape=(40, 48), seed: int = 0) -> Path:
+    """Random-noise PNGs (lossless) in root/<split>/a/NNN.png, counts = {split: n}: every crop window
+    and every flip of them gives different pixels."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split, n in counts.items():
+        (root / split / "a").mkdir(parents=True)
+        for i in range(n):
+            pixels = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / split / "a" / f"{i:03d}.png")
+    return root
+
+
 def decode_colour(
     x, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)
 ) -> list[tuple[int, int]]:

@@ -17,7 +17,7 @@ from dstrain.config import DataConfig
 from dstrain.data import Shard, build_data, index_lists
 from dstrain.data.dali import crop_draws, crop_window
 from dstrain.data.folder import IMAGENET_MEAN, IMAGENET_STD
-from tests.conftest import decode_colour
+from tests.conftest import decode_colour, make_noise_folder
 
 pytest.importorskip("nvidia.dali")
 
@@ -102,15 +102,7 @@ def test_two_ranks_read_the_global_batches_of_one_rank(jpeg_folder):
 
 @pytest.fixture(scope="module")
 def textured(tmp_path_factory):
-    """Random-noise PNGs (lossless): every crop window gives different pixels."""
-    root = tmp_path_factory.mktemp("textured")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 12), ("val", 2)):
-        (root / split / "a").mkdir(parents=True)
-        for i in range(n):
-            pixels = rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / split / "a" / f"{i:03d}.png")
-    return root
+    return make_noise_folder(tmp_path_factory.mktemp("textured"), {"train": 12, "val": 2}, (48, 64))
 
 
 def test_a_resumed_epoch_draws_exactly_the_uninterrupted_crops(textured):

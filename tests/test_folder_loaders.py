@@ -15,7 +15,7 @@ from dstrain.config import DataConfig
 from dstrain.data import CorruptImageError, Shard, build_data, resolve_loader
 from dstrain.data.folder import scan_folder
 from dstrain.errors import ConfigError
-from tests.conftest import decode_colour, make_jpeg_folder
+from tests.conftest import decode_colour, make_jpeg_folder, make_noise_folder
 
 LOADERS = ["dali", "torchvision"]
 N_TRAIN, N_VAL = 24, 9  # 3 classes x 8 train / 3 val files
@@ -95,19 +95,7 @@ def test_val_is_deterministic_and_train_is_reproducible_per_epoch(jpeg_folder, l
 
 @pytest.fixture(scope="module")
 def noise_folder(tmp_path_factory):
-    """Random-noise PNGs (lossless): every crop window and every flip gives different pixels."""
-    import numpy as np
-    from PIL import Image
-
-    root = tmp_path_factory.mktemp("noise")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 8), ("val", 2)):
-        (root / split / "a").mkdir(parents=True)
-        for i in range(n):
-            Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(
-                root / split / "a" / f"{i:03d}.png"
-            )
-    return root
+    return make_noise_folder(tmp_path_factory.mktemp("noise"), {"train": 8, "val": 2})
 
 
 def crops(root, seed, epoch, *, workers=0, rank=0, world=1, start=0, micro=2):
