@@ -4,6 +4,7 @@
 #   ./run.sh test  [pytest args ...]                                     lint (ruff), then the test suite
 #   ./run.sh test-oldest [pytest args ...]                               the `oldest` tests on torch 2.11
 #   ./run.sh evidence                                                    fault tests -> docs/results/faults.md
+#   ./run.sh results [KEY ...]                                           rerun every CPU result + the index
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv).
 set -euo pipefail
@@ -78,6 +79,10 @@ case "$cmd" in
             "tests/test_ds_config.py::test_bad_json_values_and_nested_keys_give_one_line_naming_file_and_key" \
             "tests/test_e2e.py::test_corrupt_image_stops_the_run_with_one_line" \
             --evidence docs/results/faults.md "$@" ;;
+    results)
+        # every CPU result README and docs/results quote (bench/evidence.py: the registry), then the index
+        setup_venv; setup_fashion_mnist
+        exec "$VENV/bin/python" bench/evidence.py run "$@" ;;
     *)
-        sed -n '2,8p' "$0"; exit 2 ;;
+        sed -n '2,9p' "$0"; exit 2 ;;
 esac

@@ -24,23 +24,30 @@ def write_idx(path: Path, array: np.ndarray) -> None:
         fh.write(header + array.astype(np.uint8).tobytes())
 
 
-def make_fake_fashion_mnist(
-    root: Path, n_train: int = 512, n_val: int = 301, seed: int = 0
-) -> Path:
-    """10 classes of oriented gratings (class k at angle k*18 degrees, random phase) plus noise.
+def gratings(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` 28x28 images in 10 classes of oriented gratings (class k at angle k*18 degrees, random
+    phase) plus noise, as uint8-range floats, and their labels.
 
     Like Fashion-MNIST, the class is in the local structure, so a small convnet
     with global pooling learns it within a few dozen steps.
     """
-    rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:28, 0:28]
+    labels = rng.integers(0, 10, size=n)
+    theta = labels[:, None, None] * np.pi / 10
+    phase = rng.uniform(0, 2 * np.pi, size=(n, 1, 1))
+    wave = np.sin(2 * np.pi / 6 * (xx * np.cos(theta) + yy * np.sin(theta)) + phase)
+    images = np.clip(128 + 90 * wave + rng.normal(0, 25, size=(n, 28, 28)), 0, 255)
+    return images, labels
+
+
+def make_fake_fashion_mnist(
+    root: Path, n_train: int = 512, n_val: int = 301, seed: int = 0
+) -> Path:
+    """Fashion-MNIST's idx files holding :func:`gratings`: 512 training and 301 test images."""
+    rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", n_train), ("t10k", n_val)):
-        labels = rng.integers(0, 10, size=n)
-        theta = labels[:, None, None] * np.pi / 10
-        phase = rng.uniform(0, 2 * np.pi, size=(n, 1, 1))
-        wave = np.sin(2 * np.pi / 6 * (xx * np.cos(theta) + yy * np.sin(theta)) + phase)
-        images = np.clip(128 + 90 * wave + rng.normal(0, 25, size=(n, 28, 28)), 0, 255)
+        images, labels = gratings(n, rng)
         write_idx(root / f"{split}-images-idx3-ubyte.gz", images)
         write_idx(root / f"{split}-labels-idx1-ubyte.gz", labels)
     return root

@@ -1,0 +1,114 @@
+"""The results index and README's numbers against the result files (bench/evidence.py).
+
+The first test is the check itself on this tree; the others show it can fail: a quoted number
+edited, a number typed with no file behind it, a result file that changed under its index row, and
+the staleness column on a throwaway git history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+
+import pytest
+
+from bench import evidence
+
+needs_git = pytest.mark.skipif(
+    shutil.which("git") is None
+    or subprocess.run(
+        ["git", "-C", str(evidence.REPO), "rev-parse"], capture_output=True
+    ).returncode,
+    reason="the staleness column needs the repository's git history",
+)
+
+
+@needs_git
+def test_index_and_readme_numbers_match_the_result_files():
+    problems = evidence.check()
+    assert not problems, (
+        "\n".join(problems) + "\n(python bench/evidence.py index rewrites the table)"
+    )
+
+
+def _texts():
+    return {
+        "README.md": evidence.README.read_text(),
+        "docs/results/README.md": evidence.INDEX.read_text(),
+    }
+
+
+@needs_git
+def test_an_edited_quote_fails_naming_the_result():
+    d = evidence.RESULTS[0].load()  # the default recipe: README's first screen quotes it
+    quoted = f"{100 * d['final_top1']:.1f}%"
+    texts = _texts()
+    assert quoted in texts["README.md"]
+    texts["README.md"] = texts["README.md"].replace(quoted, f"{100 * d['final_top1'] + 1:.1f}%", 1)
+    problems = evidence.check(texts)
+    assert any("default_recipe" in p and "not found" in p for p in problems), problems
+
+
+@needs_git
+def test_a_typed_number_with_no_file_behind_it_fails():
+    texts = _texts()
+    texts["README.md"] += "\nThe recipe also reaches 93.75% with a trick, 1.40x faster.\n"
+    problems = evidence.check(texts)
+    assert sum("quoted from no result file" in p for p in problems) == 2, problems
+    assert any("93.75%" in p for p in problems) and any("1.40x" in p for p in problems)
+
+
+@needs_git
+def test_a_changed_result_file_makes_the_index_differ():
+    first = evidence.RESULTS[0]
+    d = first.load()
+    d["final_top1"] -= 0.05  # the file as if the recipe had been rerun and lost 5 points
+    changed = dataclasses.replace(first)
+    object.__setattr__(changed, "load", lambda: d)  # this row reads the changed file
+    table = evidence.index_table([changed])
+    assert f"{100 * d['final_top1']:.1f}% top-1" in table
+    problems = evidence.check(results=[changed, *evidence.RESULTS[1:]])
+    assert any("table differs" in p for p in problems), problems
+    assert any("default_recipe" in p and "not found" in p for p in problems), problems
+
+
+def _git(repo, *args):
+    out = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_staleness_names_what_changed_since_the_result(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    for k, v in {"user.name": "t", "user.email": "t@t"}.items():
+        _git(repo, "config", k, v)
+    (repo / "code.py").write_text("a = 1\n")
+    (repo / "other.py").write_text("b = 1\n")
+    (repo / "notes.md").write_text("x\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    sha = _git(repo, "rev-parse", "HEAD")
+
+    def stale(shas, code=("code.py", "notes.md")):
+        return evidence.staleness(shas, code, repo=repo)
+
+    assert stale([sha]) == "current"
+    (repo / "other.py").write_text("b = 2\n")  # not measured
+    (repo / "notes.md").write_text("y\n")  # docs measure nothing
+    _git(repo, "commit", "-qam", "two")
+    assert stale([sha]) == "current"
+    (repo / "code.py").write_text("a = 2\n")  # uncommitted edits count
+    assert stale([sha]) == "stale: code.py changed since"
+    _git(repo, "commit", "-qam", "three")
+    assert stale([sha]) == "stale: code.py changed since"
+    (repo / "code.py").write_text("a = 1\n")  # a change made and reverted does not
+    _git(repo, "commit", "-qam", "four")
+    assert stale([sha]) == "current"
+    assert stale([sha + "-dirty"]) == f"ran on an uncommitted tree at {sha[:7]}"
+    assert stale(["0" * 40]) == "commit 0000000 not in this history"
+    assert stale([]) == "no commit recorded"
