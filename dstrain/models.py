@@ -135,9 +135,15 @@ def input_dtype(precision: str) -> torch.dtype:
 def compile_engine(engine, mode: str) -> None:
     """``torch.compile`` the engine's module in place (``nn.Module.compile``, through DeepSpeed's
     ``engine.compile``): the state dict keeps its keys, so checkpoints load compiled or not.
-    Compilation itself happens at the first forward of each mode (train, eval)."""
+    Compilation itself happens at the first forward of each mode (train, eval).
+
+    Shapes are static (``dynamic=False``): a training run sees a handful of batch shapes (the micro
+    batch, an epoch's last partial batch, the eval batches), each compiled once. Dynamo's default
+    would turn the batch dimension symbolic at the second shape, and the BN span's grouping
+    reshape (``dstrain/bn_span.py``) under a symbolic batch sent inductor's shape solver into a
+    loop of tens of minutes (tests/test_trainer.py's compiled tests hung CI this way)."""
     log.info("torch.compile: inductor, mode %s; the first train and eval steps compile", mode)
-    engine.compile(backend="inductor", compile_kwargs={"mode": mode})
+    engine.compile(backend="inductor", compile_kwargs={"mode": mode, "dynamic": False})
 
 
 def compiled_graphs() -> int:

@@ -53,6 +53,16 @@ def make_fake_fashion_mnist(
     return root
 
 
+@pytest.fixture(autouse=True)
+def fresh_compiler_state():
+    """Each test compiles as a fresh process would: dynamo's caches and its per-function record
+    of which dimensions changed between calls (which makes later compiles symbolic) are reset."""
+    yield
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
+
+
 @pytest.fixture(scope="session")
 def fake_fmnist(tmp_path_factory) -> Path:
     return make_fake_fashion_mnist(tmp_path_factory.mktemp("fmnist"))

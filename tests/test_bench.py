@@ -292,6 +292,7 @@ def test_optimizer_bench_takes_a_timm_lars_without_foreach(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # its own subprocess limit is 900 s
 def test_scaling_bench_one_vs_two_ranks_under_launch_sh(tmp_path, fake_fmnist):
     out = tmp_path / "scaling.json"
     proc = bench(
