@@ -177,6 +177,34 @@ def test_compiled_span_layer_matches_eager():
     torch.testing.assert_close(compiled.running_var, ref.running_var)
 
 
+@pytest.mark.timeout(300)
+def test_compile_engine_takes_new_batch_shapes_of_a_span_model_in_seconds():
+    """The trainer's compile (models.compile_engine) on a span model fed four batch sizes (a short
+    last group among them): each matches eager. With dynamo's default dynamic shapes the second
+    size made the batch symbolic and the span's grouping reshape looped in inductor's shape
+    solver for tens of minutes (CI hung on it); static shapes compile each size once."""
+    from dstrain.models import compile_engine
+
+    class Engine:  # DeepSpeed's engine.compile, reduced to what compile_engine calls
+        def __init__(self, module):
+            self.module = module
+
+        def compile(self, backend, compile_kwargs):
+            self.module.compile(backend=backend, **compile_kwargs)
+
+    torch.manual_seed(0)
+    model = SmallResNet(width=8).to(memory_format=torch.channels_last)
+    apply_bn_span(model, 8)
+    engine = Engine(model)
+    compile_engine(engine, "default")
+    for n in (64, 32, 24, 17):  # without dynamic=False: the second size never finished
+        x = torch.randn(n, 1, 28, 28).to(memory_format=torch.channels_last)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = engine.module(x)
+        y.float().sum().backward()
+        assert y.shape == (n, 10) and torch.isfinite(y).all(), f"batch {n}"
+
+
 @pytest.mark.parametrize(
     "overrides, world, message",
     [
