@@ -320,13 +320,15 @@ def test_sigterm_during_a_hung_step_exits_75_after_the_grace(fake_fmnist, tmp_pa
     run.proc.send_signal(signal.SIGTERM)
     assert run.finish(timeout=60) == 75, run.output[-3000:]
     seconds = time.monotonic() - t0
-    assert 3 <= seconds < 10
+    # waits out the 3 s grace, then exits: room for a loaded machine's process teardown, yet below
+    # the default 20 s grace (an ignored override fails), the 300 s stall timeout and the 600 s hang
+    assert 3 <= seconds < 15
     lines = user_lines(run.output)
     said = (
         "dstrain: stopped: SIGTERM received N s ago and the step in flight (phase forward/backward) "
         "did not finish within fault.signal_grace_s=3: exiting without a new checkpoint at step 17"
     )
-    assert 3 <= seconds_in(said, lines) < 6
+    assert 3 <= seconds_in(said, lines) < 15
     ckpt = run_dir / "checkpoints"
     assert f"the last complete checkpoint is {ckpt / 'epoch0001'} (resume=auto" in lines
     assert "Thread 0x" in run.output
@@ -355,13 +357,14 @@ def test_a_second_signal_during_a_hung_step_exits_at_once(fake_fmnist, tmp_path,
     run.proc.send_signal(signal.SIGTERM)
     assert run.finish(timeout=60) == 75, run.output[-3000:]
     seconds = time.monotonic() - t0
-    assert seconds < 3
+    # "at once": well inside the 60 s grace the first signal started (a loaded machine gets the margin)
+    assert seconds < 30
     lines = user_lines(run.output)
     said = (
         "dstrain: stopped: second signal (SIGTERM, N s after SIGTERM) in phase forward/backward: "
         "exiting at once without a new checkpoint at step 17"
     )
-    assert 3 <= seconds_in(said, lines) < 5
+    assert 3 <= seconds_in(said, lines) < 15  # the 3 s between the signals, on a loaded machine
     assert json.loads((run_dir / "ranks" / "rank00000.json").read_text())["state"] == "preempted"
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch0001"
     evidence(
