@@ -349,3 +349,54 @@ def test_the_report_states_each_goal_with_its_distance():
     assert "worst ratio here 1.50x; never reached by batch 8,192 -> missed" in line
     (line,) = study.goal_lines(recs[:2], "target", 0.9)
     assert "worst ratio here 1.50x -> met" in line
+
+
+TOY_SUITE = """
+import pytest
+
+def test_a():
+    pass
+
+def test_b():
+    pass
+
+@pytest.mark.skipif(True, reason="needs a CUDA GPU")
+def test_c():
+    pass
+
+def test_d():
+    assert 1 == 2, "one is not two"
+
+def test_e(no_such_fixture):
+    pass
+"""
+
+
+def test_suite_summary_counts_each_outcome_and_keeps_pytests_exit(tmp_path):
+    """A toy suite of known outcomes through bench/suite.py: its counts, the skip's reason, each failure's
+    first line, the device and SHA, and pytest's exit status (1: a test failed) as the script's own."""
+    (tmp_path / "test_toy.py").write_text(TOY_SUITE)
+    out = tmp_path / "suite.json"
+    toy = str(tmp_path / "test_toy.py")
+    proc = bench("suite.py", "--out", str(out), "--", "-q", "-p", "no:cacheprovider", toy)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert r["counts"] == {"passed": 2, "failed": 1, "error": 1, "skipped": 1, "total": 5}
+    assert r["skipped"] == {"needs a CUDA GPU": ["test_toy.py::test_c"]}
+    failures = {f["test"]: (f["outcome"], f["message"]) for f in r["failed"]}
+    assert failures["test_toy.py::test_d"] == ("failed", "AssertionError: one is not two")
+    assert failures["test_toy.py::test_e"][0] == "error"
+    assert failures["test_toy.py::test_e"][1].startswith("failed on setup")
+    assert r["exit_status"] == 1 and r["cuda"] is None and len(r["git_sha"]) >= 40
+    assert f"2 passed, 1 skipped, 2 failed in 0 min {round(r['wall_s'])} s" in proc.stdout
+
+    # the same XML summarised after the fact gives the same counts, with the command that wrote it
+    xml = tmp_path / "run.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", f"--junitxml={xml}", toy], cwd=tmp_path)
+    again = tmp_path / "again.json"
+    proc = bench("suite.py", "--out", str(again), "--junit", str(xml), "--ran", "pytest toy")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(again.read_text())["counts"] == r["counts"]
+    assert json.loads(again.read_text())["ran"] == "pytest toy"
+    refused = bench("suite.py", "--junit", str(xml))
+    assert refused.returncode == 2 and "--junit needs --ran" in refused.stderr

@@ -1,0 +1,122 @@
+"""The test suite's outcome as a result file: counts, each skip with its reason, failures, device, SHA.
+
+    python bench/suite.py                          # run the suite here (python -m pytest) and write
+                                                   #   bench/results/suite_<device>.json
+    python bench/suite.py --out F.json -- -m oldest   # pytest arguments go after --
+    python bench/suite.py --junit run.xml --ran "./run.sh test -q --junitxml=run.xml"
+                                                   # summarise a finished run (its junit XML) instead
+
+On a GPU node the suite runs as it does on CPU: the GPU-only tests (tests/test_gpu.py) run where
+CUDA is, and CPU-only expectations follow the hardware. A lent GPU machine has no network, so
+``./run.sh test`` cannot install there; the packages travel as wheels (docs/gpu.md) and this script
+runs pytest with the interpreter that has them. The file names the device, so a GPU summary and the
+CPU one sit side by side. Exit status: pytest's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.common import provenance  # noqa: E402
+
+OUTCOMES = ("passed", "failed", "error", "skipped")
+
+
+def device_slug() -> str:
+    """``nvidia_h100_80gb_hbm3`` on a GPU, ``cpu_2_cores`` without one: the result file's suffix."""
+    import torch
+
+    if torch.cuda.is_available():
+        name = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+    else:
+        name = f"cpu {os.cpu_count()} cores"
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def summarise(junit: Path) -> dict:
+    """Counts, skip reasons, failures and the slowest tests of a pytest junit XML file."""
+    root = ET.parse(junit).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    counts = dict.fromkeys(OUTCOMES, 0)
+    skipped: dict[str, list[str]] = {}
+    failed, durations = [], []
+    for case in (c for s in suites for c in s.iter("testcase")):
+        test = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        durations.append((test, float(case.get("time") or 0)))
+        tags = {child.tag: child for child in case}
+        outcome = next((t for t in ("failure", "error", "skipped") if t in tags), "passed")
+        outcome = {"failure": "failed"}.get(outcome, outcome)
+        counts[outcome] += 1
+        if outcome == "skipped":
+            reason = tags["skipped"].get("message") or "no reason given"
+            skipped.setdefault(reason, []).append(test)
+        elif outcome != "passed":
+            message = tags["failure" if outcome == "failed" else "error"].get("message") or ""
+            first_line = (message.splitlines() or [""])[0]
+            failed.append({"test": test, "outcome": outcome, "message": first_line})
+    durations.sort(key=lambda item: -item[1])
+    return {
+        "counts": {**counts, "total": sum(counts.values())},
+        "wall_s": round(sum(float(s.get("time") or 0) for s in suites), 1),
+        "skipped": skipped,
+        "failed": failed,
+        "slowest": [[test, round(seconds, 1)] for test, seconds in durations[:15]],
+    }
+
+
+def headline(d: dict) -> str:
+    """``750 passed, 6 skipped, 0 failed in 19 min 31 s``: how README quotes a suite result."""
+    c = d["counts"]
+    minutes, seconds = divmod(round(d["wall_s"]), 60)
+    return (
+        f"{c['passed']} passed, {c['skipped']} skipped, {c['failed'] + c['error']} failed "
+        f"in {minutes} min {seconds} s"
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="result file (default bench/results/suite_<device>.json)")
+    p.add_argument("--junit", type=Path, help="summarise this junit XML instead of running pytest")
+    p.add_argument("--ran", help="with --junit: the command that wrote it (recorded in the result)")
+    p.add_argument("pytest_args", nargs="*", help="after --: arguments for pytest")
+    args = p.parse_args()
+    if args.junit and not args.ran:
+        p.error("--junit needs --ran: the command that produced the XML, for the record")
+    if args.junit and not args.junit.is_file():
+        p.error(f"--junit {args.junit}: no such file")
+    out = Path(args.out or REPO / f"bench/results/suite_{device_slug()}.json")
+    record = provenance("suite.py")
+    if args.junit:
+        status, ran, junit = None, args.ran, args.junit
+    else:
+        junit = Path(tempfile.mkdtemp(prefix="dstrain-suite-")) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", f"--junitxml={junit}", *args.pytest_args]
+        ran = "python -m pytest " + " ".join(args.pytest_args)
+        print(f"[suite] {ran.strip()} (junit XML: {junit})", flush=True)
+        status = subprocess.run(cmd, cwd=REPO).returncode
+        if not junit.is_file():
+            print(f"[suite] pytest wrote no junit XML (exit {status}); nothing recorded")
+            return status or 1
+    record.update(ran=ran.strip(), exit_status=status, **summarise(junit))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(out)
+    print(f"[suite] {headline(record)} on {record['cuda'] or 'CPU'} -> {out}")
+    return status or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
