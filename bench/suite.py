@@ -4,13 +4,16 @@
                                                    #   bench/results/suite_<device>.json
     python bench/suite.py --out F.json -- -m oldest   # pytest arguments go after --
     python bench/suite.py --junit run.xml --ran "./run.sh test -q --junitxml=run.xml"
-                                                   # summarise a finished run (its junit XML) instead
+                                                   # summarise a finished run (its junit XML) instead;
+                                                   # several files: one suite run in parts
 
 On a GPU node the suite runs as it does on CPU: the GPU-only tests (tests/test_gpu.py) run where
 CUDA is, and CPU-only expectations follow the hardware. A lent GPU machine has no network, so
 ``./run.sh test`` cannot install there; the packages travel as wheels (docs/gpu.md) and this script
-runs pytest with the interpreter that has them. The file names the device, so a GPU summary and the
-CPU one sit side by side. Exit status: pytest's.
+runs pytest with the interpreter that has them; where one call is too short for the whole suite, run
+it in parts (``python -m pytest --junitxml=/tmp/pN.xml FILES``) and summarise them all on the same
+machine with ``--junit``. The file names the device, so a GPU summary and the CPU one sit side by
+side. Exit status: pytest's.
 """
 
 from __future__ import annotations
@@ -44,10 +47,12 @@ def device_slug() -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
-def summarise(junit: Path) -> dict:
-    """Counts, skip reasons, failures and the slowest tests of a pytest junit XML file."""
-    root = ET.parse(junit).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+def summarise(junits: list[Path]) -> dict:
+    """Counts, skip reasons, failures and the slowest tests of pytest junit XML files (one run's parts)."""
+    suites = []
+    for junit in junits:
+        root = ET.parse(junit).getroot()
+        suites += [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     counts = dict.fromkeys(OUTCOMES, 0)
     skipped: dict[str, list[str]] = {}
     failed, durations = [], []
@@ -88,20 +93,27 @@ def headline(d: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="result file (default bench/results/suite_<device>.json)")
-    p.add_argument("--junit", type=Path, help="summarise this junit XML instead of running pytest")
+    p.add_argument(
+        "--junit",
+        type=Path,
+        nargs="+",
+        help="summarise these junit XML files instead of running pytest",
+    )
     p.add_argument("--ran", help="with --junit: the command that wrote it (recorded in the result)")
     p.add_argument("pytest_args", nargs="*", help="after --: arguments for pytest")
     args = p.parse_args()
     if args.junit and not args.ran:
         p.error("--junit needs --ran: the command that produced the XML, for the record")
-    if args.junit and not args.junit.is_file():
-        p.error(f"--junit {args.junit}: no such file")
+    for junit in args.junit or []:
+        if not junit.is_file():
+            p.error(f"--junit {junit}: no such file")
     out = Path(args.out or REPO / f"bench/results/suite_{device_slug()}.json")
     record = provenance("suite.py")
     if args.junit:
-        status, ran, junit = None, args.ran, args.junit
+        status, ran, junits = None, args.ran, args.junit
     else:
         junit = Path(tempfile.mkdtemp(prefix="dstrain-suite-")) / "junit.xml"
+        junits = [junit]
         cmd = [sys.executable, "-m", "pytest", f"--junitxml={junit}", *args.pytest_args]
         ran = "python -m pytest " + " ".join(args.pytest_args)
         print(f"[suite] {ran.strip()} (junit XML: {junit})", flush=True)
@@ -109,7 +121,7 @@ def main() -> int:
         if not junit.is_file():
             print(f"[suite] pytest wrote no junit XML (exit {status}); nothing recorded")
             return status or 1
-    record.update(ran=ran.strip(), exit_status=status, **summarise(junit))
+    record.update(ran=ran.strip(), exit_status=status, **summarise(junits))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")

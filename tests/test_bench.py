@@ -398,5 +398,9 @@ def test_suite_summary_counts_each_outcome_and_keeps_pytests_exit(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(again.read_text())["counts"] == r["counts"]
     assert json.loads(again.read_text())["ran"] == "pytest toy"
+    # a suite run in two parts (here: the same part twice) is summed
+    args = ["--out", str(again), "--junit", str(xml), str(xml), "--ran", "two parts"]
+    assert bench("suite.py", *args).returncode == 0
+    assert json.loads(again.read_text())["counts"] == {k: 2 * n for k, n in r["counts"].items()}
     refused = bench("suite.py", "--junit", str(xml))
     assert refused.returncode == 2 and "--junit needs --ran" in refused.stderr
