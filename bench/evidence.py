@@ -3,8 +3,9 @@
     python bench/evidence.py index            # write the table in docs/results/README.md from the result files
     python bench/evidence.py check            # exit 1 when that table or a number README quotes differs
                                               # from its result file (tests/test_evidence.py runs this check)
-    python bench/evidence.py run [KEY ...]    # rerun every CPU result's command (all but the long studies),
-    ./run.sh results                          #   one after the other, then write the index
+    python bench/evidence.py run [KEY ...]    # rerun every CPU result's command (all but the long studies
+    ./run.sh results                          #   and the test suite), one after the other, then the index
+    ./run.sh results suite_cpu suite_cpu_oldest   # the test suite's outcome (CI's two steps), its own step
 
 A result is *current* when none of the code it measures (``Result.code``) differs between the commit
 it ran at and the working tree; otherwise the index names what changed (``git diff --name-only SHA``,
@@ -37,6 +38,12 @@ README = REPO / "README.md"
 BEGIN, END = "<!-- evidence:index begin -->", "<!-- evidence:index end -->"
 
 TRAINER = ("dstrain", "ds_configs")  # the code a training run measures: the package and its JSONs
+# what a run of the test suite depends on: the code, the tests, the scripts they run, the pins
+SUITE = (*TRAINER, "tests", "bench/*.py", "launch.sh", "run.sh", "hostfiles", "pyproject.toml")
+
+if str(REPO) not in sys.path:  # run as a script: bench/ is on the path, the repository is not
+    sys.path.insert(0, str(REPO))
+from bench.suite import headline as suite_headline  # noqa: E402
 
 
 def pct(x: float, digits: int = 1) -> str:
@@ -56,7 +63,11 @@ class Result:
     code: tuple[str, ...]  # what it measures: a change here makes the result stale
     headline: Callable[[dict], str]
     quotes: Callable[[dict], dict[str, list[str]]] = field(default=lambda d: {})
-    rerun: bool = True  # part of `run` (False: the long accuracy studies, their own step)
+    # part of `run`; False: the long accuracy studies and the test suite, each its own step
+    rerun: bool = True
+
+    def exists(self) -> bool:
+        return (REPO / self.file).is_file()
 
     def load(self) -> dict:
         path = REPO / self.file
@@ -383,6 +394,29 @@ RESULTS = [
         _faults,
     ),
     Result(
+        "suite_cpu",
+        "the test suite on this CPU (CI's first step)",
+        "./run.sh test -q --junitxml=/tmp/dstrain-suite.xml; python bench/suite.py "
+        "--junit /tmp/dstrain-suite.xml --ran './run.sh test -q'",
+        "bench/results/suite_cpu_2_cores.json",
+        (*SUITE, "requirements.txt"),
+        suite_headline,
+        lambda d: {"README.md": [suite_headline(d)]},
+        rerun=False,
+    ),
+    Result(
+        "suite_cpu_oldest",
+        "the `oldest` tests on the oldest torch declared (CI's second step)",
+        "./run.sh test-oldest -q --junitxml=/tmp/dstrain-oldest.xml; .venv-oldest/bin/python "
+        "bench/suite.py --junit /tmp/dstrain-oldest.xml --ran './run.sh test-oldest -q' "
+        "--out bench/results/suite_cpu_2_cores_oldest.json",
+        "bench/results/suite_cpu_2_cores_oldest.json",
+        (*SUITE, "requirements-oldest.txt"),
+        lambda d: f"torch {d['torch']}: {suite_headline(d)}",
+        lambda d: {"README.md": [f"torch {d['torch'].split('+')[0]}: {suite_headline(d)}"]},
+        rerun=False,
+    ),
+    Result(
         "study_30ep",
         "large-batch study at the records' step budget (CPU: 30 epochs)",
         R + "accuracy_study.py --epochs 30 --rows baseline naive_4096 lars lars_span32 --seeds 0",
@@ -481,6 +515,11 @@ def index_table(results: list[Result]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in results:
+        if not r.exists():  # registered, never run here: said, not hidden
+            lines.append(
+                f"| {r.what} | `{r.command}` | {r.file} | - | no result file yet | not run |"
+            )
+            continue
         d = r.load()
         shas = r.shas(d)
         link = (
@@ -532,7 +571,7 @@ def check(texts: dict[str, str] | None = None, results: list[Result] | None = No
             f"{index}: the table differs from the result files; run python bench/evidence.py index"
         )
     quotes: dict[str, list[str]] = {}
-    for r in results:
+    for r in filter(Result.exists, results):  # without a file, its quotes are unchecked numbers
         for doc, wanted in r.quotes(r.load()).items():
             problems += [
                 f"{doc}: expected {q!r} from {r.file} ({r.key}), not found"

@@ -73,6 +73,22 @@ def test_a_changed_result_file_makes_the_index_differ():
     assert any("default_recipe" in p and "not found" in p for p in problems), problems
 
 
+@needs_git
+def test_a_result_never_run_is_listed_as_such_and_its_number_is_unchecked(tmp_path):
+    first = evidence.RESULTS[0]
+    d = first.load()
+    missing = dataclasses.replace(first, file=str(tmp_path / "never_written.json"))
+    table = evidence.index_table([missing])
+    assert "no result file yet | not run |" in table and "top-1" not in table
+    texts = _texts()
+    texts["docs/results/README.md"] = evidence.render_index(
+        texts["docs/results/README.md"], [missing, *evidence.RESULTS[1:]]
+    )
+    problems = evidence.check(texts, results=[missing, *evidence.RESULTS[1:]])
+    # README's first screen still quotes the recipe's top-1: with no file behind it, it is flagged
+    assert f"{100 * d['final_top1']:.1f}% is quoted from no result file" in "\n".join(problems)
+
+
 def _git(repo, *args):
     out = subprocess.run(
         ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
@@ -110,5 +126,15 @@ def test_staleness_names_what_changed_since_the_result(tmp_path):
     _git(repo, "commit", "-qam", "four")
     assert stale([sha]) == "current"
     assert stale([sha + "-dirty"]) == f"ran on an uncommitted tree at {sha[:7]}"
+    # a glob names scripts, not the result files beside them (evidence.SUITE: "bench/*.py")
+    (repo / "bench" / "results").mkdir(parents=True)
+    (repo / "bench" / "results" / "r.json").write_text("{}\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "five")
+    assert stale([sha], code=("bench/*.py",)) == "current"
+    (repo / "bench" / "suite.py").write_text("c = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "six")
+    assert stale([sha], code=("bench/*.py",)) == "stale: bench/suite.py changed since"
     assert stale(["0" * 40]) == "commit 0000000 not in this history"
     assert stale([]) == "no commit recorded"
