@@ -348,7 +348,7 @@ RESULTS = [
     ),
     Result(
         "throughput_cpu",
-        "the GPU throughput bench on CPU (resnet18, 64 px, bf16)",
+        "the GPU throughput bench on CPU (resnet18, 64 px, fp32; synthetic and DALI data)",
         R
         + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 1280 --bare-steps 40 "
         "--bare-warmup 5 --epochs 3 --dali-images 1280 --dali-threads 2",
@@ -359,7 +359,7 @@ RESULTS = [
     ),
     Result(
         "throughput_cpu_compile",
-        "the same, fp32, channels_last and torch.compile on/off",
+        "the same, synthetic data only, channels_last and torch.compile on/off (a second run)",
         R
         + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 640 --bare-steps 20 "
         "--bare-warmup 5 --epochs 3 --loaders synthetic --channels-last on off --compile off on "
