@@ -397,6 +397,18 @@ RESULTS = [
         _faults,
     ),
     Result(
+        "commit_ab_default",
+        "the default recipe at c8827d4 (its first result) and now, alternating on one machine",
+        R + "commit_ab.py --base c8827d4 --rounds 2 epochs=2",
+        "bench/results/commit_ab_c8827d4.json",
+        (*TRAINER, "bench/commit_ab.py"),
+        lambda d: (
+            f"training time now {ratio(d['head_over_base'])} that at c8827d4 "
+            f"({d['median_wall_time_s']['head']:.1f} vs {d['median_wall_time_s']['base']:.1f} s)"
+        ),
+        lambda d: {"README.md": [f"within {ratio(d['head_over_base'])} of each other"]},
+    ),
+    Result(
         "suite_cpu",
         "the test suite on this CPU (CI's first step)",
         "./run.sh test -q --junitxml=/tmp/dstrain-suite.xml; python bench/suite.py "

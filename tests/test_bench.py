@@ -404,3 +404,26 @@ def test_suite_summary_counts_each_outcome_and_keeps_pytests_exit(tmp_path):
     assert json.loads(again.read_text())["counts"] == {k: 2 * n for k, n in r["counts"].items()}
     refused = bench("suite.py", "--junit", str(xml))
     assert refused.returncode == 2 and "--junit needs --ran" in refused.stderr
+
+
+@pytest.mark.slow
+def test_commit_ab_trains_both_sides_and_identical_code_gives_identical_runs(tmp_path, fake_fmnist):
+    """HEAD against this tree (whose training code is HEAD's): the same top-1 on both sides, each side
+    timed by its own run, and the temporary worktree gone afterwards."""
+    from conftest import TINY
+
+    out = tmp_path / "ab.json"
+    args = ["--base", "HEAD", "--rounds", "1", "--out", str(out), *TINY[2:]]
+    proc = bench("commit_ab.py", *args, f"data.root={fake_fmnist}", "epochs=1", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert [run["side"] for run in r["runs"]] == ["base", "head"]
+    (base, head) = r["runs"]
+    assert base["final_top1"] == head["final_top1"] and 0 < base["final_top1"] <= 1
+    assert r["head_over_base"] == pytest.approx(head["wall_time_s"] / base["wall_time_s"])
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "list"], capture_output=True, text=True
+    )
+    assert "dstrain-ab-" not in listed.stdout
+    refused = bench("commit_ab.py", "--base", "no-such-revision")
+    assert refused.returncode == 2 and "--base no-such-revision: not a commit" in refused.stderr
