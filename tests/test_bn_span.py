@@ -195,7 +195,10 @@ def test_compile_engine_takes_new_batch_shapes_of_a_span_model_in_seconds():
             self.module.compile(backend=backend, **compile_kwargs)
 
     torch.manual_seed(0)
-    model = SmallResNet(width=8).to(memory_format=torch.channels_last)
+    # width 16: at width 8 the strided 1x1 shortcut (8 input channels) corrupts memory in oneDNN's
+    # NHWC backward at batch 17 on an AVX-512 CPU, compiled or eager, with or without the span
+    # (the hazard dstrain.models.cpu_channels_last_hazards knows below 8 channels, seen wider here)
+    model = SmallResNet(width=16).to(memory_format=torch.channels_last)
     apply_bn_span(model, 8)
     engine = Engine(model)
     compile_engine(engine, "default")
