@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -71,6 +72,37 @@ def make_folder(
     (root / "val").mkdir(exist_ok=True)
     for cls in sorted((root / "train").iterdir()):
         (root / "val" / cls.name).mkdir(exist_ok=True)
+    return root
+
+
+def _folder_chunk(root: Path, start: int, stop: int, classes: int) -> None:
+    make_folder(root, stop, classes, start=start)
+
+
+def make_folder_parallel(
+    root: Path, n: int, classes: int, start: int = 0, workers: int | None = None
+) -> Path:
+    """:func:`make_folder` for files start..n-1, one chunk per core (a 6,400-file folder: ~13 min in
+    one process); val/ gets each class's first training image, so a DALI or torchvision run can
+    evaluate on it."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    count = n - start
+    workers = max(1, min(workers or os.cpu_count() or 1, count // 50 or 1))
+    bounds = [start + count * k // workers for k in range(workers + 1)]
+    if count > 0:
+        with ProcessPoolExecutor(workers) as pool:
+            list(
+                pool.map(
+                    _folder_chunk, [root] * workers, bounds[:-1], bounds[1:], [classes] * workers
+                )
+            )
+    (root / "val").mkdir(parents=True, exist_ok=True)
+    for cls in sorted((root / "train").iterdir()):
+        (root / "val" / cls.name).mkdir(exist_ok=True)
+        first = sorted(cls.iterdir())[0]
+        if not (root / "val" / cls.name / first.name).exists():
+            shutil.copy(first, root / "val" / cls.name / first.name)
     return root
 
 
@@ -409,7 +441,7 @@ def main() -> int:
         have = len(list((root / "train").rglob("*.JPEG"))) if (root / "train").is_dir() else 0
         if have < needed:
             t0 = time.perf_counter()
-            make_folder(root, needed, args.classes, start=have)
+            make_folder_parallel(root, needed, args.classes, start=have)
             print(
                 f"generated {needed - have} JPEGs in {time.perf_counter() - t0:.0f} s under {root}",
                 flush=True,

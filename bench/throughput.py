@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import sys
 import tempfile
 import time
@@ -95,29 +94,6 @@ def bare_loop(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return batch * steps / seconds
-
-
-def _folder_chunk(root: Path, start: int, stop: int, classes: int) -> None:
-    sys.path.insert(0, str(REPO / "bench"))
-    from loader import make_folder
-
-    make_folder(root, stop, classes, start=start)
-
-
-def make_image_folder(root: Path, n: int, classes: int) -> Path:
-    """ImageNet-like JPEGs (bench/loader.py's generator, one chunk per core); val gets each class's first image."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    workers = max(1, min(os.cpu_count() or 1, n // 100 or 1))
-    bounds = [n * k // workers for k in range(workers + 1)]
-    with ProcessPoolExecutor(workers) as pool:
-        list(
-            pool.map(_folder_chunk, [root] * workers, bounds[:-1], bounds[1:], [classes] * workers)
-        )
-    for cls in sorted((root / "train").iterdir()):
-        first = sorted(cls.iterdir())[0]
-        shutil.copy(first, root / "val" / cls.name / first.name)
-    return root
 
 
 def dstrain_run(
@@ -229,6 +205,12 @@ def markdown(result: dict) -> str:
         )
     lines += ["", *(f"Not run: {n}" for n in result.get("not_run", []))]
     lines += [
+        f"Failed: {f['row']}: {f['error'].strip().splitlines()[-1]}"
+        for f in result.get("failed", [])
+    ]
+    if not result.get("complete", True):
+        lines += ["", "Incomplete: `--resume` measures the rows missing from this table."]
+    lines += [
         "",
         "References: " + "; ".join(f"{k}: {v:,} img/s" for k, v in REFERENCES.items()) + ".",
         "",
@@ -281,6 +263,18 @@ def main() -> int:
         "--bare-warmup", type=int, default=15, help="untimed bare steps (compilation included)"
     )
     p.add_argument(
+        "--budget-s",
+        type=float,
+        default=0,
+        help="start no row that would end past this many seconds (estimate: the slowest row so "
+        "far); the rows left are listed as not run (0: no limit)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows already in --out (same model, batch, size) and measure the rest",
+    )
+    p.add_argument(
         "--out",
         default="",
         help="result JSON (default bench/results/throughput_<device>.json; "
@@ -310,85 +304,9 @@ def main() -> int:
     if "dali" in loaders and env["dali"] is None:  # environment() found no nvidia.dali
         not_run.append("the DALI rows: nvidia.dali is not installed (pip install -e .[dali])")
         loaders.remove("dali")
-    rows, t_start = [], time.perf_counter()
     twins = sorted({PRECISIONS[p][2] for p in precisions})
-    for precision in twins:
-        for cl in layouts:
-            for compiled in compiles:
-                ips = bare_loop(
-                    args.model,
-                    precision,
-                    cl,
-                    args.batch,
-                    args.image_size,
-                    args.bare_warmup,
-                    args.bare_steps,
-                    device,
-                    args.compile_mode if compiled else None,
-                )
-                rows.append(
-                    {
-                        "loop": "bare PyTorch",
-                        "data": "synthetic",
-                        "precision": precision,
-                        "channels_last": cl,
-                        "compile": compiled,
-                        "images_per_s": ips,
-                    }
-                )
-                print(
-                    f"bare     synthetic {precision} channels_last={cl} compile={compiled}: "
-                    f"{ips:.0f} img/s",
-                    flush=True,
-                )
-    with tempfile.TemporaryDirectory(prefix="dstrain-throughput-") as tmp:
-        folder = None
-        if "dali" in loaders:
-            t0 = time.perf_counter()
-            folder = make_image_folder(Path(tmp) / "images", args.dali_images, classes=100)
-            print(
-                f"generated {args.dali_images} JPEGs in {time.perf_counter() - t0:.0f} s",
-                flush=True,
-            )
-        for loader in loaders:
-            for precision in precisions:
-                for cl in layouts:
-                    for compiled in compiles:
-                        r = dstrain_run(loader, precision, cl, compiled, args, folder, Path(tmp))
-                        twin = (PRECISIONS[precision][2], cl, compiled)
-                        bare = next(
-                            b["images_per_s"]
-                            for b in rows
-                            if b["loop"] == "bare PyTorch"
-                            and (b["precision"], b["channels_last"], b["compile"]) == twin
-                        )
-                        rows.append(
-                            {
-                                "loop": "dstrain",
-                                "data": loader,
-                                "precision": precision,
-                                "channels_last": cl,
-                                "compile": compiled,
-                                "vs_bare": r["images_per_s"] / bare,
-                                **r,
-                            }
-                        )
-                        print(
-                            f"dstrain  {loader:9s} {precision} channels_last={cl} compile={compiled}: "
-                            f"{r['images_per_s']:.0f} img/s ({r['images_per_s'] / bare:.2f}x the bare twin)",
-                            flush=True,
-                        )
-    for r in rows:  # DALI-fed training against the same training on synthetic data (issue 17)
-        twin = [
-            t["images_per_s"]
-            for t in rows
-            if t["loop"] == "dstrain"
-            and t["data"] == "synthetic"
-            and r["data"] == "dali"
-            and all(t[k] == r[k] for k in ("precision", "channels_last", "compile"))
-        ]
-        if twin:
-            r["vs_synthetic"] = r["images_per_s"] / twin[0]
+    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
+    out = Path(args.out or REPO / f"bench/results/throughput_{slug}.json")
     result = {
         "what": "training images/s per GPU, dstrain vs a bare PyTorch AMP loop, one device, one run",
         "command": "python bench/throughput.py " + " ".join(sys.argv[1:]),
@@ -398,17 +316,131 @@ def main() -> int:
         "compile_mode": args.compile_mode,
         "environment": env,
         "references": REFERENCES,
-        "total_s": time.perf_counter() - t_start,
+        "total_s": 0.0,
+        "complete": False,
         "not_run": not_run,
-        "rows": rows,
+        "failed": [],
+        "rows": [],
     }
-    slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
-    out = Path(args.out or REPO / f"bench/results/throughput_{slug}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
+    if args.resume and out.is_file():
+        result = resume_from(out, result)
+    jobs = [
+        ("bare PyTorch", "synthetic", p, cl, c) for p in twins for cl in layouts for c in compiles
+    ]
+    jobs += [
+        ("dstrain", loader, p, cl, c)
+        for loader in loaders
+        for p in precisions
+        for cl in layouts
+        for c in compiles
+    ]
+    t_start, slowest = time.perf_counter(), 0.0
+    with tempfile.TemporaryDirectory(prefix="dstrain-throughput-") as tmp:
+        folder = None
+        for job in jobs:
+            if any(row_key(r) == job for r in result["rows"]):
+                continue  # --resume: measured by an earlier call
+            elapsed = time.perf_counter() - t_start
+            if args.budget_s and slowest and elapsed + slowest > args.budget_s:
+                result["not_run"].append(
+                    f"{' '.join(map(str, job))}: did not fit --budget-s {args.budget_s:g} "
+                    f"({elapsed:.0f} s used, the slowest row took {slowest:.0f} s); "
+                    "rerun with --resume to measure it"
+                )
+                continue
+            if job[1] == "dali" and folder is None:
+                from bench.loader import make_folder_parallel
+
+                t0 = time.perf_counter()
+                folder = make_folder_parallel(Path(tmp) / "images", args.dali_images, classes=100)
+                print(f"generated {args.dali_images} JPEGs in {time.perf_counter() - t0:.0f} s")
+            t0 = time.perf_counter()
+            try:
+                row = measure_row(job, args, device, folder, Path(tmp), result["rows"])
+            except (SystemExit, RuntimeError) as err:  # a failed run: recorded, the grid goes on
+                result["failed"].append({"row": " ".join(map(str, job)), "error": str(err)[-3000:]})
+                print(f"FAILED   {' '.join(map(str, job))}: {str(err)[-500:]}", flush=True)
+            else:
+                result["rows"].append(row)
+            slowest = max(slowest, time.perf_counter() - t0)
+            result["total_s"] = result.get("total_s", 0.0) + time.perf_counter() - t0
+            write(out, result)  # every row ends in the file
+    for r in result["rows"]:  # DALI-fed training against the same training on synthetic data
+        twin = [
+            t["images_per_s"]
+            for t in result["rows"]
+            if t["loop"] == "dstrain"
+            and t["data"] == "synthetic"
+            and r["data"] == "dali"
+            and all(t[k] == r[k] for k in ("precision", "channels_last", "compile"))
+        ]
+        if twin:
+            r["vs_synthetic"] = r["images_per_s"] / twin[0]
+    result["complete"] = all(any(row_key(r) == j for r in result["rows"]) for j in jobs)
+    write(out, result)
     print(markdown(result))
-    return 0
+    return 1 if result["failed"] else 0
+
+
+def row_key(row: dict) -> tuple:
+    return (row["loop"], row["data"], row["precision"], row["channels_last"], row["compile"])
+
+
+def resume_from(out: Path, fresh: dict) -> dict:
+    """The rows an earlier call measured, when it measured the same model, batch and image size."""
+    old = json.loads(out.read_text())
+    same = all(old.get(k) == fresh[k] for k in ("model", "batch", "image_size", "compile_mode"))
+    if not same:
+        raise SystemExit(f"--resume: {out} measured other settings; choose another --out")
+    print(f"--resume: {len(old['rows'])} rows already in {out}", flush=True)
+    return {**fresh, "rows": old["rows"], "total_s": old.get("total_s", 0.0)}
+
+
+def measure_row(job: tuple, args, device, folder, tmp: Path, rows: list[dict]) -> dict:
+    loop, data, precision, cl, compiled = job
+    if loop == "bare PyTorch":
+        ips = bare_loop(
+            args.model,
+            precision,
+            cl,
+            args.batch,
+            args.image_size,
+            args.bare_warmup,
+            args.bare_steps,
+            device,
+            args.compile_mode if compiled else None,
+        )
+        print(
+            f"bare     synthetic {precision} channels_last={cl} compile={compiled}: {ips:.0f} img/s"
+        )
+        return dict(zip(("loop", "data", "precision", "channels_last", "compile"), job)) | {
+            "images_per_s": ips
+        }
+    r = dstrain_run(data, precision, cl, compiled, args, folder, tmp)
+    twin = ("bare PyTorch", "synthetic", PRECISIONS[precision][2], cl, compiled)
+    bare = next((b["images_per_s"] for b in rows if row_key(b) == twin), None)
+    ratio = r["images_per_s"] / bare if bare else None
+    print(
+        f"dstrain  {data:9s} {precision} channels_last={cl} compile={compiled}: "
+        f"{r['images_per_s']:.0f} img/s"
+        + (f" ({ratio:.2f}x the bare twin)" if ratio else " (its bare twin failed)"),
+        flush=True,
+    )
+    return dict(zip(("loop", "data", "precision", "channels_last", "compile"), job)) | {
+        "vs_bare": ratio,
+        **r,
+    }
+
+
+def write(out: Path, result: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for path, text in (
+        (out, json.dumps(result, indent=2) + "\n"),
+        (out.with_suffix(".md"), markdown(result)),
+    ):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,17 @@ class Components:
     memory_format: torch.memory_format  # NCHW or channels_last
 
 
+def check_precision(
+    precision: str, device: torch.device, model: torch.nn.Module, source: str
+) -> None:
+    """Refuse a precision this device cannot train ``model`` in (before anything is built on it)."""
+    if precision == "bf16" and device.type == "cpu" and has_batchnorm(model):
+        raise ConfigError(
+            f"{source}: bf16.enabled casts BatchNorm weights to bf16, which fails on CPU. "
+            "Use ds_configs/bf16.json (torch_autocast: bf16 compute, fp32 weights and BN)."
+        )
+
+
 def build_components(
     cfg: TrainConfig,
     precision: str,
@@ -53,11 +64,7 @@ def build_components(
     """Seed, build ``cfg.model`` and ``cfg.data`` for this rank, with ``stage``'s micro batch and accumulation."""
     seed_everything(cfg.seed)
     model = model_from_config(cfg.model)
-    if precision == "bf16" and device.type == "cpu" and has_batchnorm(model):
-        raise ConfigError(
-            f"{source}: bf16.enabled casts BatchNorm weights to bf16, which fails on CPU. "
-            "Use ds_configs/bf16.json (torch_autocast: bf16 compute, fp32 weights and BN)."
-        )
+    check_precision(precision, device, model, source)
     shard = Shard(
         rank=dist.rank(),
         world=dist.world_size(),

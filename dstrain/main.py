@@ -47,6 +47,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--help-config", action="store_true", help="list every trainer config key with its unit"
     )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check the recipe, JSON, overrides, batch arithmetic, data root and run directory, "
+        "print the resolved plan, write nothing; exit 0 (would start) or 2 (would not)",
+    )
+    p.add_argument(
+        "--world",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --check: the job's number of ranks (default: $WORLD_SIZE, else 1)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="with --check: the device the job trains on (default: this machine's)",
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="trainer config overrides")
     return p.parse_intermixed_args(argv)  # options and key=value overrides in any order
 
@@ -66,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         cfg = load_config(args.config, args.overrides)
+        if args.check:
+            return check(cfg, args)
         from dstrain.train import (
             run,  # torch and DeepSpeed: not needed for --help-config or a config error
         )
@@ -73,6 +94,17 @@ def main(argv: list[str] | None = None) -> int:
         run(cfg, args.deepspeed_config or cfg.deepspeed_config)
     except (ConfigError, RunStopped) as err:
         return report(err, err.exit_code, "stopped" if isinstance(err, Preempted) else "error")
+    return 0
+
+
+def check(cfg, args: argparse.Namespace) -> int:
+    """``--check``: the run's start-up checks and its plan, nothing written (dstrain/preflight.py)."""
+    from dstrain import preflight
+
+    target = preflight.Target.resolve(args.world, args.device)
+    lines = preflight.check(cfg, args.deepspeed_config or cfg.deepspeed_config, target)
+    print("dstrain --check: the run would start; nothing was written")
+    print("\n".join("  " + line for line in lines))
     return 0
 
 

@@ -65,12 +65,17 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     return summary
 
 
-def prepare(cfg: TrainConfig, ds_path: str) -> Plan:
-    """Phase 1, nothing started yet: validate the config, read the JSON once, plan the batch sizes."""
+def prepare(
+    cfg: TrainConfig, ds_path: str, world: int | None = None, cuda: bool | None = None
+) -> Plan:
+    """Phase 1, nothing started yet: validate the config, read the JSON once, plan the batch sizes.
+
+    ``world`` (default: this job's) and ``cuda`` (default: whether this machine has a GPU) let
+    ``python -m dstrain --check`` plan a job for other ranks and devices than the machine it runs on."""
     dist.setup_env_for_single_process()
-    world = dist.world_size()
+    world = world or dist.world_size()
     validate(cfg, world)
-    spec = ds_config.load(ds_path)
+    spec = ds_config.load(ds_path, cuda_available=cuda)
     stages = batch_plan(
         cfg.batch.global_size, cfg.batch.micro_per_rank, cfg.batch.ramp, world, cfg.epochs
     )

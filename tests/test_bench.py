@@ -232,6 +232,55 @@ def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
     assert f"| {dali['vs_synthetic']:.2f}x |" in table
 
 
+TINY_TP = [
+    "--model",
+    "resnet18",
+    "--batch",
+    "4",
+    "--image-size",
+    "32",
+    "--loaders",
+    "synthetic",
+    "--channels-last",
+    "on",
+    "--compile",
+    "off",
+    "--bare-steps",
+    "2",
+    "--bare-warmup",
+    "1",
+    "--epochs",
+    "2",
+]
+
+
+@pytest.mark.slow
+def test_throughput_bench_writes_each_row_records_failures_and_resumes(tmp_path):
+    """A budget that fits one row: the file holds it and names the rest; --resume measures the rest
+    and keeps the first; a dstrain row that fails (2 images, batch 4) is recorded, not fatal."""
+    out = tmp_path / "tp.json"
+    proc = bench(
+        "throughput.py", *TINY_TP, "--images", "16", "--budget-s", "0.01", "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = json.loads(out.read_text())
+    assert [r["loop"] for r in first["rows"]] == ["bare PyTorch"] and not first["complete"]
+    assert any("did not fit --budget-s" in n for n in first["not_run"])
+    assert "Incomplete" in out.with_suffix(".md").read_text()
+    proc = bench("throughput.py", *TINY_TP, "--images", "16", "--resume", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = json.loads(out.read_text())
+    assert done["complete"] and [r["loop"] for r in done["rows"]] == ["bare PyTorch", "dstrain"]
+    assert done["rows"][0] == first["rows"][0]  # kept, not re-measured
+    failing = tmp_path / "failing.json"
+    proc = bench("throughput.py", *TINY_TP, "--images", "2", "--out", str(failing))
+    assert proc.returncode == 1
+    result = json.loads(failing.read_text())
+    assert [r["loop"] for r in result["rows"]] == ["bare PyTorch"] and not result["complete"]
+    assert "less than one global batch" in result["failed"][0]["error"]
+    assert "Failed: dstrain synthetic fp32 True False" in failing.with_suffix(".md").read_text()
+
+
 @pytest.mark.slow
 def test_loader_bench_measures_dali_against_the_plain_pipeline_ceiling(tmp_path):
     out = tmp_path / "loader.json"

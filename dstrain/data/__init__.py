@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +33,10 @@ from dstrain.config import DataConfig
 from dstrain.data.fashion_mnist import (
     FASHION_MNIST_MEAN,
     FASHION_MNIST_STD,
+    IDX_FILES,
     TensorLoader,
+    find_idx,
+    idx_length,
     load_fashion_mnist,
 )
 from dstrain.data.folder import CorruptImageError, ImageList, limited, scan_folder, subset
@@ -44,6 +48,8 @@ __all__ = [
     "Data",
     "Shard",
     "build_data",
+    "check_enough_images",
+    "count_images",
     "resolve_loader",
     "epoch_order",
     "index_lists",
@@ -97,6 +103,63 @@ def resolve_loader(cfg: DataConfig) -> str:
     return cfg.loader
 
 
+@dataclass(frozen=True)
+class ImageCounts:
+    """What a run would read, found without decoding anything (``python -m dstrain --check``)."""
+
+    kind: str  # the loader: tensor | dali | torchvision | synthetic
+    n_train: int
+    n_val: int
+    source: str  # where the images come from, for the plan
+    note: str = ""  # something the run would do first (a download)
+
+
+def count_images(cfg: DataConfig, num_classes: int) -> ImageCounts:
+    """The loader ``cfg`` resolves to and its image counts (limits and holdout applied), reading only
+    directory listings and idx headers; a missing or unusable data root raises ConfigError."""
+    kind = resolve_loader(cfg)
+    if kind == "synthetic":
+        side = FASHION_MNIST_SIDE if cfg.dataset == "fashion_mnist" else cfg.image_size
+        return ImageCounts(
+            kind,
+            cfg.synthetic_train_size,
+            cfg.synthetic_val_size,
+            f"random {side}x{side} batches, no files",
+        )
+    if kind == "tensor":
+        from dstrain.config import FASHION_MNIST_DEFAULT_ROOT
+
+        base = Path(cfg.root or FASHION_MNIST_DEFAULT_ROOT)
+        paths = {split: find_idx(base, stems[0]) for split, stems in IDX_FILES.items()}
+        if None in paths.values():
+            if not cfg.download:
+                raise ConfigError(
+                    f"data.root={str(base)!r}: no Fashion-MNIST idx files "
+                    f"({IDX_FILES['train'][0]}[.gz], ...) and data.download=false. Install them "
+                    "with `apt-get install dataset-fashion-mnist` or set data.root=DIR."
+                )
+            note = f"no idx files in {base}: the run would first try a torchvision download"
+            return ImageCounts(kind, 60000, 10000, str(base), note)
+        n_train, n_val = idx_length(paths["train"]), idx_length(paths["val"])
+        source = str(paths["train"].parent)
+    else:
+        train_images, val_images = scan_folder(cfg.root)
+        if len(train_images.classes) > num_classes:
+            raise ConfigError(
+                f"model.num_classes={num_classes} but {cfg.root}/train has "
+                f"{len(train_images.classes)} class folders; set model.num_classes="
+                f"{len(train_images.classes)}"
+            )
+        n_train, n_val = len(train_images), len(val_images)
+        source = f"{cfg.root} ({len(train_images.classes)} classes)"
+    n_train = min(n_train, cfg.limit_train or n_train)
+    n_val = min(n_val, cfg.limit_val or n_val)
+    if cfg.holdout:
+        keep, held = holdout_split(n_train, cfg.holdout)  # its rule and message
+        n_train, n_val = len(keep), len(held)
+    return ImageCounts(kind, n_train, n_val, source)
+
+
 def build_data(
     cfg: DataConfig,
     shard: Shard,
@@ -141,12 +204,17 @@ def build_data(
         data = _fashion_mnist(cfg, shard, channels, num_classes, device)
     else:
         data = _folder(cfg, kind, shard, channels, num_classes, device, dtype, channels_last)
-    if data.n_train < shard.global_batch:
-        raise ConfigError(
-            f"data: {data.n_train} training images is less than one global batch "
-            f"(batch.global_size={shard.global_batch}); lower batch.global_size or use more data"
-        )
+    check_enough_images(data.n_train, shard.global_batch)
     return data
+
+
+def check_enough_images(n_train: int, global_batch: int, key: str = "batch.global_size") -> None:
+    """At least one global batch of training images (``key``: the setting that asks for it)."""
+    if n_train < global_batch:
+        raise ConfigError(
+            f"data: {n_train} training images is less than one global batch "
+            f"({key}={global_batch}); lower {key} or use more data"
+        )
 
 
 def _fashion_mnist(cfg: DataConfig, shard: Shard, channels: int, num_classes: int, device) -> Data:

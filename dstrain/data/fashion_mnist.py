@@ -50,6 +50,23 @@ def read_idx(path: Path) -> np.ndarray:
         ) from None
 
 
+def idx_length(path: Path) -> int:
+    """The first dimension (images or labels) an idx file declares, read from its header only."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as fh:
+            head = fh.read(8)
+        zero, dtype_code, ndim, length = struct.unpack(">HBBI", head)
+        if zero != 0 or dtype_code != 0x08 or ndim < 1:
+            raise ValueError("not an unsigned-byte idx file")
+        return length
+    except (OSError, ValueError, struct.error, EOFError) as err:
+        raise ConfigError(
+            f"{path}: unreadable idx file ({err}). Reinstall dataset-fashion-mnist "
+            "or point data.root at intact files."
+        ) from None
+
+
 def find_idx(root: Path, stem: str) -> Path | None:
     for folder in (root, root / "FashionMNIST" / "raw"):
         for name in (stem, stem + ".gz"):
