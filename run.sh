@@ -5,6 +5,7 @@
 #   ./run.sh test-oldest [pytest args ...]                               the `oldest` tests on torch 2.11
 #   ./run.sh evidence                                                    fault tests -> docs/results/faults.md
 #   ./run.sh results [KEY ...]                                           rerun every CPU result + the index
+#   ./run.sh gpu [PART ...] [--budget PART=S] [--status]                 the GPU acceptance run, offline
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv).
 set -euo pipefail
@@ -79,10 +80,25 @@ case "$cmd" in
             "tests/test_ds_config.py::test_bad_json_values_and_nested_keys_give_one_line_naming_file_and_key" \
             "tests/test_e2e.py::test_corrupt_image_stops_the_run_with_one_line" \
             --evidence docs/results/faults.md "$@" ;;
+    gpu)
+        # Offline (a compute node has no network): the venv if there is one, else this interpreter;
+        # wheels put in .whl/ are installed without network into .whl/site (bench/gpu_run.py, docs/gpu.md)
+        PY="$VENV/bin/python"; [[ -x "$PY" ]] || PY=$PYTHON
+        if compgen -G ".whl/*.whl" > /dev/null; then
+            stamp=$(ls .whl/*.whl | sha256sum | cut -d' ' -f1)
+            if [[ "$(cat .whl/site/.dstrain-wheels 2>/dev/null)" != "$stamp" ]]; then
+                say "installing .whl/*.whl into .whl/site (pip --no-index --no-deps)"
+                "$PY" -m pip install --quiet --no-index --no-deps --target .whl/site .whl/*.whl
+                echo "$stamp" > .whl/site/.dstrain-wheels
+            fi
+            export PYTHONPATH="$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"
+        fi
+        setup_fashion_mnist
+        exec "$PY" bench/gpu_run.py "$@" ;;
     results)
         # every CPU result README and docs/results quote (bench/evidence.py: the registry), then the index
         setup_venv; setup_fashion_mnist
         exec "$VENV/bin/python" bench/evidence.py run "$@" ;;
     *)
-        sed -n '2,9p' "$0"; exit 2 ;;
+        sed -n '2,10p' "$0"; exit 2 ;;
 esac

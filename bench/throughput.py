@@ -253,6 +253,11 @@ def main() -> int:
         "--dali-images", type=int, default=6400, help="JPEGs generated for the DALI runs"
     )
     p.add_argument(
+        "--dali-root",
+        default="",
+        help="the DALI rows' JPEG folder (completed to --dali-images; default: a temporary one)",
+    )
+    p.add_argument(
         "--dali-threads", type=int, default=8, help="DALI CPU threads (data.num_workers)"
     )
     p.add_argument(
@@ -304,7 +309,6 @@ def main() -> int:
     if "dali" in loaders and env["dali"] is None:  # environment() found no nvidia.dali
         not_run.append("the DALI rows: nvidia.dali is not installed (pip install -e .[dali])")
         loaders.remove("dali")
-    twins = sorted({PRECISIONS[p][2] for p in precisions})
     slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
     out = Path(args.out or REPO / f"bench/results/throughput_{slug}.json")
     result = {
@@ -324,16 +328,13 @@ def main() -> int:
     }
     if args.resume and out.is_file():
         result = resume_from(out, result)
-    jobs = [
-        ("bare PyTorch", "synthetic", p, cl, c) for p in twins for cl in layouts for c in compiles
-    ]
-    jobs += [
-        ("dstrain", loader, p, cl, c)
-        for loader in loaders
-        for p in precisions
-        for cl in layouts
-        for c in compiles
-    ]
+    jobs = []  # in priority order: each dstrain row right after its bare twin
+    for precision in precisions:
+        for cl in layouts:
+            for compiled in compiles:
+                twin = ("bare PyTorch", "synthetic", PRECISIONS[precision][2], cl, compiled)
+                jobs += [twin] if twin not in jobs else []
+                jobs += [("dstrain", loader, precision, cl, compiled) for loader in loaders]
     t_start, slowest = time.perf_counter(), 0.0
     with tempfile.TemporaryDirectory(prefix="dstrain-throughput-") as tmp:
         folder = None
@@ -352,7 +353,9 @@ def main() -> int:
                 from bench.loader import make_folder_parallel
 
                 t0 = time.perf_counter()
-                folder = make_folder_parallel(Path(tmp) / "images", args.dali_images, classes=100)
+                folder = Path(args.dali_root or Path(tmp) / "images")
+                have = len(list(folder.glob("train/*/*.JPEG")))
+                make_folder_parallel(folder, max(have, args.dali_images), classes=100, start=have)
                 print(f"generated {args.dali_images} JPEGs in {time.perf_counter() - t0:.0f} s")
             t0 = time.perf_counter()
             try:

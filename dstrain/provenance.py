@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -11,7 +12,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def git_sha() -> str:
-    """HEAD's SHA, with ``-dirty`` when tracked code differs from it; ``unknown`` outside a checkout."""
+    """HEAD's SHA, with ``-dirty`` when tracked code differs from it; outside a checkout (a tree copied
+    to a compute node without .git) ``$DSTRAIN_GIT_SHA`` as given, else ``unknown``."""
+    if not (REPO_ROOT / ".git").exists():
+        return os.environ.get("DSTRAIN_GIT_SHA", "unknown")
     git = ["git", "-C", str(REPO_ROOT)]
     try:
         sha = subprocess.run(
