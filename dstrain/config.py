@@ -274,6 +274,11 @@ class TrainConfig:
     name: str = setting("run", "recipe name, used in the default run directory (text)")
     epochs: int = setting(10, "training epochs (epochs)")
     seed: int = setting(0, "seed for weights, data order and augmentation (integer)")
+    deterministic: bool = setting(
+        False,
+        "GPU: deterministic cuDNN kernels, no autotuning: bit-identical reruns and resumes, "
+        "slower (true/false)",
+    )
     deepspeed_config: str = setting(
         "ds_configs/fp32.json", "DeepSpeed JSON (path); --deepspeed_config overrides it"
     )

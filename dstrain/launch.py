@@ -8,8 +8,10 @@ Node lists, first found wins:
   Slurm            $SLURM_JOB_NODELIST: ``node[01-04,07],gpu5``; slots = $SLURM_NTASKS_PER_NODE or GPUs
   UGE (ABCI 2.0)   $PE_HOSTFILE (``host slots queue processors`` lines) or $SGE_JOB_HOSTLIST (one host per line)
 ``--gpus-per-node`` (or $GPUS_PER_NODE) overrides the slot counts. One node, or no
-scheduler: ``deepspeed --num_gpus N`` on this machine, N = visible GPUs, or
-$DSTRAIN_CPU_RANKS CPU ranks (default 1) without a GPU. Several nodes: a hostfile,
+scheduler: ``deepspeed --num_gpus N`` on this machine, N = visible GPUs, or 1 CPU rank
+without a GPU; $DSTRAIN_CPU_RANKS=N asks for N CPU ranks whatever GPUs there are (GPUs
+hidden from the ranks: CUDA_VISIBLE_DEVICES='' and DS_ACCELERATOR=cpu, so gloo on CPU;
+how tests run more ranks than a node has GPUs). Several nodes: a hostfile,
 the first node as rendezvous (``--master_addr``), and a multi-node launcher: pdsh
 when installed, else OpenMPI's mpirun. ``--iface`` names the network interface
 for rendezvous and NCCL's bootstrap (NCCL_SOCKET_IFNAME, exported by DeepSpeed's
@@ -142,12 +144,16 @@ def build(
     found = scheduler_nodes(env)
     trainer = ["dstrain/main.py", *args.trainer_args]
     if found is None or len(found[1]) == 1:
-        n = (
-            gpus
-            or (found[1][0][1] if found and found[1][0][1] else 0)
-            or local_gpus()
-            or int(env.get("DSTRAIN_CPU_RANKS", "1"))
-        )
+        cpu_ranks = env.get("DSTRAIN_CPU_RANKS", "").strip()
+        if cpu_ranks:  # asked for: CPU ranks even on a GPU node
+            if not cpu_ranks.isdigit() or int(cpu_ranks) < 1:
+                raise LaunchError(
+                    f"$DSTRAIN_CPU_RANKS={cpu_ranks!r}: expected a number of ranks >= 1"
+                )
+            extra_env.update(CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu")
+            trainer_cmd = [deepspeed, "--num_gpus", cpu_ranks, "--master_port", port, *trainer]
+            return trainer_cmd, None, extra_env
+        n = gpus or (found[1][0][1] if found and found[1][0][1] else 0) or local_gpus() or 1
         return [deepspeed, "--num_gpus", str(n), "--master_port", port, *trainer], None, extra_env
     _, nodes = found
     text = hostfile_text(nodes, gpus)

@@ -103,8 +103,7 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
     device = dist.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        # fixed input shapes: let cuDNN pick the fastest kernels once
-        torch.backends.cudnn.benchmark = True
+        set_cudnn(cfg.deterministic)
     parts = build_components(cfg, spec.precision, plan.stages[0], device, source=spec.path)
     largest = max(s.global_size for s in plan.stages)
     if parts.data.n_train < largest:
@@ -299,3 +298,10 @@ def lost_peer(trainer: Trainer, records: fault.RankRecords, err: Exception) -> P
     )
     records.finish("lost_peer", EXIT_PEER_LOST, msg, step)
     return PeerLost(msg)
+
+
+def set_cudnn(deterministic: bool) -> None:
+    """Fixed input shapes: cuDNN autotunes once and keeps the fastest kernels, unless ``deterministic``
+    asks for the same kernels every run (bit-identical reruns and resumes, some speed lost)."""
+    torch.backends.cudnn.benchmark = not deterministic
+    torch.backends.cudnn.deterministic = deterministic

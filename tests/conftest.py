@@ -68,6 +68,31 @@ def fake_fmnist(tmp_path_factory) -> Path:
     return make_fake_fashion_mnist(tmp_path_factory.mktemp("fmnist"))
 
 
+# ---------------------------------------------------------------- devices: the same suite on CPU and GPU nodes
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}  # ranks that see no GPU, gloo
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def rank_env(ranks: int, gpus: int | None = None) -> dict:
+    """The environment for a test's ``ranks`` local ranks: one GPU each where the node has enough,
+    else CPU ranks (GPUs hidden). DeepSpeed 0.19 would put rank 1 of 2 on a 1-GPU node on a missing
+    cuda:1."""
+    gpus = gpu_count() if gpus is None else gpus
+    return {} if ranks <= gpus else dict(CPU_ONLY)
+
+
+def launcher_ranks(launcher: list[str] | None) -> int:
+    """How many local ranks a ``deepspeed --num_gpus N`` launcher starts (1 without a launcher)."""
+    if launcher and "--num_gpus" in launcher:
+        return int(launcher[launcher.index("--num_gpus") + 1])
+    return 1
+
+
 def run_cli(
     args: list[str],
     launcher: list[str] | None = None,
@@ -76,8 +101,14 @@ def run_cli(
     module: str = "dstrain",
     script: str = "dstrain/main.py",
 ) -> subprocess.CompletedProcess:
-    """Run a command as a user would: `python -m dstrain ...` or `<launcher> dstrain/main.py ...`."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    """Run a command as a user would: `python -m dstrain ...` or `<launcher> dstrain/main.py ...`;
+    a launcher's ranks on GPUs where there are enough, else on CPU (:func:`rank_env`)."""
+    full_env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        **rank_env(launcher_ranks(launcher)),
+        **(env or {}),
+    }
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         full_env.pop(var, None)
     cmd = (launcher + [script]) if launcher else [sys.executable, "-m", module]
@@ -105,6 +136,7 @@ TINY = [
     "batch.eval_per_rank=64",
     "log.every_steps=4",
     "model.channels_last=false",
+    "deterministic=true",  # on a GPU: cuDNN without autotuning, so the bit-comparing tests hold
 ]
 
 

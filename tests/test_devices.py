@@ -1,0 +1,100 @@
+"""The same suite on CPU and GPU nodes: ranks per GPU, CPU ranks where a node has fewer GPUs than a
+test's ranks, deterministic cuDNN where a test compares bits; tested here with the device count faked.
+
+On a GPU node the suite itself is the test (``./run.sh gpu tests``); here each decision is made
+with the devices a 1-GPU, a 2-GPU and a CPU node would show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pytest
+import torch
+
+from dstrain import dist, launch
+from dstrain.errors import ConfigError
+from dstrain.train import set_cudnn
+from tests import conftest
+from tests.conftest import CPU_ONLY, launcher_ranks, rank_env, run_cli
+
+
+@pytest.mark.parametrize(
+    "ranks, gpus, expected",
+    [(1, 0, CPU_ONLY), (1, 1, {}), (2, 1, CPU_ONLY), (2, 2, {}), (4, 2, CPU_ONLY), (2, 8, {})],
+)
+def test_a_test_gets_one_gpu_per_rank_or_cpu_ranks(ranks, gpus, expected):
+    assert rank_env(ranks, gpus) == expected
+
+
+def test_the_launchers_rank_count_is_read_from_its_command():
+    assert launcher_ranks(["deepspeed", "--num_gpus", "2", "--master_port", "1"]) == 2
+    assert launcher_ranks(None) == 1
+
+
+@pytest.mark.parametrize("gpus, hidden", [(1, True), (2, False)])
+def test_run_cli_hides_the_gpus_when_a_node_has_fewer_than_the_ranks(monkeypatch, gpus, hidden):
+    monkeypatch.setattr(conftest, "gpu_count", lambda: gpus)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    show = "import os; print(repr(os.environ.get('CUDA_VISIBLE_DEVICES')))"
+    proc = run_cli([], launcher=[sys.executable, "-c", show, "--num_gpus", "2"], timeout=60)
+    assert proc.stdout.strip() == ("''" if hidden else "None")
+
+
+def fake_gpus(monkeypatch, count: int) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_a_rank_without_a_gpu_of_its_own_is_refused_naming_the_fix(monkeypatch):
+    """DeepSpeed 0.19.8 would give rank 1 of 2 on a 1-GPU node cuda:1 and fail deep inside."""
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert dist.device() == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match=r"local rank 1 has no GPU: this node shows 1 GPU") as err:
+        dist.device()
+    assert "DSTRAIN_CPU_RANKS=N" in str(err.value)
+    fake_gpus(monkeypatch, 0)
+    assert dist.device() == torch.device("cpu")
+
+
+def launch_args(**kw) -> argparse.Namespace:
+    base = dict(gpus_per_node=None, iface="", trainer_args=["--config", "x"], launcher="auto")
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_launch_starts_one_rank_per_gpu_or_the_cpu_ranks_asked_for(monkeypatch):
+    monkeypatch.setattr(launch, "local_gpus", lambda: 1)
+    cmd, hostfile, env = launch.build(launch_args(), {}, "deepspeed")
+    assert cmd[:3] == ["deepspeed", "--num_gpus", "1"] and hostfile is None and env == {}
+    # asked for 2 CPU ranks on a 1-GPU node: 2 ranks that see no GPU (the GPU count used to win)
+    cmd, _, env = launch.build(launch_args(), {"DSTRAIN_CPU_RANKS": "2"}, "deepspeed")
+    assert cmd[:3] == ["deepspeed", "--num_gpus", "2"]
+    assert env == {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
+    monkeypatch.setattr(launch, "local_gpus", lambda: 0)
+    cmd, _, env = launch.build(launch_args(), {}, "deepspeed")
+    assert cmd[:3] == ["deepspeed", "--num_gpus", "1"]
+    with pytest.raises(launch.LaunchError, match=r"DSTRAIN_CPU_RANKS='two'"):
+        launch.build(launch_args(), {"DSTRAIN_CPU_RANKS": "two"}, "deepspeed")
+
+
+def test_deterministic_turns_cudnn_autotuning_off():
+    before = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    try:
+        set_cudnn(True)
+        assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+        set_cudnn(False)
+        assert torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before
+
+
+def test_launch_sh_shows_the_cpu_ranks_environment():
+    from tests.test_launch import dry_run
+
+    proc = dry_run({"DSTRAIN_CPU_RANKS": "2"})
+    assert proc.returncode == 0, proc.stderr
+    assert "launch.sh: CUDA_VISIBLE_DEVICES='' DS_ACCELERATOR=cpu " in proc.stdout
+    assert "deepspeed --num_gpus 2 " in proc.stdout
