@@ -457,8 +457,11 @@ def test_suite_summary_counts_each_outcome_and_keeps_pytests_exit(tmp_path):
     args = ["--out", str(again), "--junit", str(xml), str(xml), "--ran", "two parts"]
     assert bench("suite.py", *args).returncode == 0
     assert json.loads(again.read_text())["counts"] == {k: 2 * n for k, n in r["counts"].items()}
-    refused = bench("suite.py", "--junit", str(xml))
-    assert refused.returncode == 2 and "--junit needs --ran" in refused.stderr
+    # without --ran (docs/gpu.md's command once failed on it): the XML files are named as what ran
+    assert bench("suite.py", "--out", str(again), "--junit", str(xml)).returncode == 0
+    assert json.loads(again.read_text())["ran"] == f"pytest runs that wrote {xml}"
+    refused = bench("suite.py", "--junit", str(tmp_path / "missing.xml"))
+    assert refused.returncode == 2 and "missing.xml: no such file" in refused.stderr
 
 
 @pytest.mark.slow

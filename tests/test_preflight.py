@@ -143,15 +143,17 @@ def test_check_through_the_real_command_line(fake_fmnist, tmp_path):
 
 
 def documented_commands() -> list[tuple[str, str]]:
-    """(page, command) for each ``python -m dstrain`` line in a bash block of docs/ or README.md,
-    ``\\`` continuations joined, comments dropped."""
+    """(page, command) for each ``python -m dstrain`` and ``deepspeed --num_gpus N dstrain/main.py``
+    line in a bash block of docs/ or README.md, ``\\`` continuations joined, comments dropped."""
     found = []
     for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         for block in re.findall(r"```(?:bash|sh|console)\n(.*?)```", page.read_text(), re.S):
             joined = re.sub(r"\\\n\s*", " ", block)
             for line in joined.splitlines():
                 line = line.split(" #", 1)[0].strip()
-                if re.match(r"^(\S*python3?|\.venv/bin/python) -m dstrain( |$)", line):
+                if re.match(r"^\S*python3? -m dstrain( |$)", line) or re.match(
+                    r"^\S*deepspeed --num_gpus \d+ dstrain/main\.py ", line
+                ):
                     found.append((str(page.relative_to(REPO)), line))
     return found
 
@@ -168,10 +170,15 @@ def test_every_documented_command_would_start(page, command, tmp_path, capfd):
     """Each command as written, with only the run directory moved to scratch and the data root, when
     the command names none, pointed at the embedded Fashion-MNIST or left to the synthetic loader."""
     argv = shlex.split(command)
-    argv = argv[argv.index("dstrain") + 1 :]
+    if "dstrain/main.py" in argv:  # deepspeed --num_gpus N dstrain/main.py ...: N ranks
+        world = argv[argv.index("--num_gpus") + 1]
+        argv = [*argv[argv.index("dstrain/main.py") + 1 :], "--world", world]
+    else:
+        argv = argv[argv.index("dstrain") + 1 :]
     if not any(a.startswith("run_dir=") for a in argv):
         argv.append(f"run_dir={tmp_path / 'run'}")
-    device = "cuda" if page == "docs/gpu.md" else "cpu"
-    code, out, err = check(capfd, [*argv, "--device", device])
+    if "--device" not in argv:  # the GPU page's commands are for a GPU
+        argv += ["--device", "cuda" if page == "docs/gpu.md" else "cpu"]
+    code, out, err = check(capfd, argv)
     assert code == 0, f"{page}: `{command}` would not start:\n{err[-1500:]}"
     assert not Path(tmp_path / "run").exists()
