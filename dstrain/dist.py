@@ -1,6 +1,6 @@
 """Ground floor: process-group helpers; ranks come from the environment (DeepSpeed launcher, torchrun, mpirun).
 
-Imports nothing of dstrain but its errors, late. Every helper is a no-op in a world of one.
+Imports nothing of dstrain. Every helper is a no-op in a world of one.
 """
 
 from __future__ import annotations
@@ -183,21 +183,22 @@ def shutdown() -> None:
 
 
 def device() -> torch.device:
-    """This rank's device: its local GPU, or the CPU. A local rank with no GPU of its own is refused
-    (DeepSpeed 0.19 does not check: two ranks on a 1-GPU node would put rank 1 on a missing cuda:1)."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    count = torch.cuda.device_count()
-    if local_rank() >= count:
-        from dstrain.errors import ConfigError
+    """This rank's device: its local GPU, or the CPU (check :func:`rank_without_gpu` first)."""
+    return torch.device("cuda", local_rank()) if torch.cuda.is_available() else torch.device("cpu")
 
-        raise ConfigError(
-            f"local rank {local_rank()} has no GPU: this node shows {count} GPU(s) "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}). Start at "
-            f"most {count} rank(s) per node, or CPU ranks: DSTRAIN_CPU_RANKS=N ./launch.sh ... "
-            "(or CUDA_VISIBLE_DEVICES='' DS_ACCELERATOR=cpu deepspeed --num_gpus N ...)"
-        )
-    return torch.device("cuda", local_rank())
+
+def rank_without_gpu() -> str | None:
+    """Why this rank cannot have a GPU of its own, or None. DeepSpeed 0.19 does not check: two ranks
+    on a 1-GPU node would put rank 1 on a missing cuda:1 and fail deep inside."""
+    if not torch.cuda.is_available() or local_rank() < torch.cuda.device_count():
+        return None
+    count = torch.cuda.device_count()
+    return (
+        f"local rank {local_rank()} has no GPU: this node shows {count} GPU(s) "
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}). Start at "
+        f"most {count} rank(s) per node, or CPU ranks: DSTRAIN_CPU_RANKS=N ./launch.sh ... "
+        "(or CUDA_VISIBLE_DEVICES='' DS_ACCELERATOR=cpu deepspeed --num_gpus N ...)"
+    )
 
 
 def host_all_reduce_async(values: list[float], op: str = "max"):

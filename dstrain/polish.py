@@ -334,6 +334,8 @@ def polish_run_dir(args: argparse.Namespace) -> dict:
 
     if world > 1 and not tdist.is_initialized():
         tdist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if why := dist.rank_without_gpu():
+        raise ConfigError(why)
     device = dist.device()
     precision = ds_config.precision(json.loads((run_dir / "ds_config.json").read_text()))
     last = batch_plan(

@@ -24,6 +24,7 @@ from dstrain.components import check_precision
 from dstrain.config import TrainConfig
 from dstrain.data import ImageCounts, check_enough_images, count_images
 from dstrain.errors import ConfigError
+from dstrain.launch import RUN_DIR_FILE_ENV
 from dstrain.models import model_from_config
 from dstrain.ramp import batch_at
 from dstrain.schedule import LRSchedule
@@ -66,7 +67,12 @@ def check(cfg: TrainConfig, ds_path: str, target: Target) -> list[str]:
 
 def check_run_dir(cfg: TrainConfig, plan: Plan) -> str:
     """The run directory the run would use, checked as the run checks it; how it would be used."""
-    path = rundir.choose(cfg)  # refuses a file, a used directory without resume=auto, a foreign one
+    pointer = os.environ.pop(RUN_DIR_FILE_ENV, None)  # launch.sh's pointer file: not written here
+    try:  # choose() refuses a file, a used directory without resume=auto, a foreign one
+        path = rundir.choose(cfg)
+    finally:
+        if pointer is not None:
+            os.environ[RUN_DIR_FILE_ENV] = pointer
     root = path / rundir.CHECKPOINTS
     tag = checkpoint.newest_complete(root) if cfg.resume == "auto" and root.is_dir() else None
     if tag:

@@ -100,6 +100,8 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
         compat.check(run_dir, cfg, spec, plan.world, checkpoint.trainer_state(root, tag))
     elif cfg.resume == "auto":
         log.info("resume=auto: no complete checkpoint in %s, starting fresh", root)
+    if why := dist.rank_without_gpu():
+        raise ConfigError(why)
     device = dist.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -47,17 +47,29 @@ def fake_gpus(monkeypatch, count: int) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
 
 
-def test_a_rank_without_a_gpu_of_its_own_is_refused_naming_the_fix(monkeypatch):
-    """DeepSpeed 0.19.8 would give rank 1 of 2 on a 1-GPU node cuda:1 and fail deep inside."""
+def test_a_rank_without_a_gpu_of_its_own_is_refused_naming_the_fix(monkeypatch, tmp_path):
+    """DeepSpeed 0.19.8 would give rank 1 of 2 on a 1-GPU node cuda:1 and fail deep inside; the
+    trainer stops first with the fix (exit 2, one line)."""
     fake_gpus(monkeypatch, 1)
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert dist.device() == torch.device("cuda", 0)
+    assert dist.rank_without_gpu() is None and dist.device() == torch.device("cuda", 0)
     monkeypatch.setenv("LOCAL_RANK", "1")
-    with pytest.raises(ConfigError, match=r"local rank 1 has no GPU: this node shows 1 GPU") as err:
-        dist.device()
-    assert "DSTRAIN_CPU_RANKS=N" in str(err.value)
+    why = dist.rank_without_gpu()
+    assert (
+        why.startswith("local rank 1 has no GPU: this node shows 1 GPU")
+        and "DSTRAIN_CPU_RANKS=N" in why
+    )
+    from dstrain.config import load_config
+    from dstrain.train import run
+
+    monkeypatch.setattr(dist, "init_process_group", lambda timeout_s: None)
+    monkeypatch.setenv("RANK", "1")  # rank 1 of a 2-rank job on this (1-GPU) node
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = load_config("fashion_mnist", [f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match="local rank 1 has no GPU"):
+        run(cfg, "ds_configs/fp32.json")
     fake_gpus(monkeypatch, 0)
-    assert dist.device() == torch.device("cpu")
+    assert dist.rank_without_gpu() is None and dist.device() == torch.device("cpu")
 
 
 def launch_args(**kw) -> argparse.Namespace:

@@ -28,7 +28,10 @@ def check(capfd, args: list[str]) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def test_check_prints_the_plan_and_writes_nothing(fake_fmnist, tmp_path, capfd):
+def test_check_prints_the_plan_and_writes_nothing(fake_fmnist, tmp_path, capfd, monkeypatch):
+    from dstrain.launch import RUN_DIR_FILE_ENV
+
+    monkeypatch.setenv(RUN_DIR_FILE_ENV, str(tmp_path / "pointer"))  # as under launch.sh
     run_dir = tmp_path / "run"
     before = tree_digest(tmp_path)
     args = [JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}"]
