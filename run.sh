@@ -53,6 +53,19 @@ setup_fashion_mnist() {
     fi
 }
 
+setup_multihost_tools() {  # sshd and pdsh for tests/test_multihost.py (skipped, with why, without them)
+    if command -v pdsh > /dev/null && [[ -x /usr/sbin/sshd ]]; then return; fi
+    if command -v apt-get > /dev/null && [[ $(id -u) -eq 0 ]]; then
+        say "installing openssh-server and pdsh (the multi-host launch tests)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server pdsh > /dev/null 2>&1 ||
+            { apt-get update -qq > /dev/null 2>&1 &&
+              DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server pdsh > /dev/null 2>&1; } ||
+            say "could not install openssh-server/pdsh: the multi-host tests will be skipped"
+    else
+        say "no sshd/pdsh (and no root apt-get): the multi-host tests will be skipped"
+    fi
+}
+
 cmd=${1:-}
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
@@ -63,7 +76,7 @@ case "$cmd" in
         if [[ $# -eq 0 ]]; then set -- --config fashion_mnist; fi
         exec "$VENV/bin/python" -m dstrain "$@" ;;
     test)
-        setup_venv; setup_fashion_mnist
+        setup_venv; setup_fashion_mnist; setup_multihost_tools
         say "ruff: lint and format check (pyproject.toml [tool.ruff]; fix with: $VENV/bin/ruff format . && $VENV/bin/ruff check --fix .)"
         "$VENV/bin/ruff" check dstrain tests bench
         "$VENV/bin/ruff" format --check dstrain tests bench

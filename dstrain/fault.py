@@ -320,6 +320,9 @@ class RankRecords:
             "pid": os.getpid(),
             "time": time.time(),
             **fields,
+            # what reached this rank of the job's environment: on several nodes, what the launcher
+            # exported (docs/multinode.md), the first thing to look at when a node cannot join
+            "env": {k: v for k, v in os.environ.items() if k.startswith(RECORDED_ENV)},
         }
         try:
             atomic_write_text(self.path, json.dumps(record) + "\n")
@@ -328,6 +331,16 @@ class RankRecords:
 
     def peers(self) -> list[dict]:
         return read_records(self.dir.parent, self.world)
+
+
+RECORDED_ENV = (
+    "DSTRAIN_",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+)
 
 
 def read_records(run_dir: Path, world: int | None = None) -> list[dict]:
@@ -407,7 +420,15 @@ def describe_lost(records: list[dict], me: int, what: str, timeout_s: float) -> 
         )
         who += f" and {len(blamed) - 4} more" if len(blamed) > 4 else ""
     else:
-        who = "no peer recorded a failure"
+        cut = [r for r in records if r["rank"] != me and r["state"] == "lost_peer"]
+        who = (
+            "; ".join(f"rank {r['rank']} (on {r.get('host', '?')})" for r in cut[:4])
+            + (f" and {len(cut) - 4} more" if len(cut) > 4 else "")
+            + " lost contact too and none crashed: the network between the ranks failed, or a "
+            "node stalled"
+            if cut
+            else "no peer recorded a failure"
+        )
     return (
         f"lost contact with another rank: {who}. The collective failed with: {what} "
         f"(fault.collective_timeout_s={timeout_s:g})"

@@ -16,7 +16,10 @@ the first node as rendezvous (``--master_addr``), and a multi-node launcher: pds
 when installed, else OpenMPI's mpirun. ``--iface`` names the network interface
 for rendezvous and NCCL's bootstrap (NCCL_SOCKET_IFNAME, exported by DeepSpeed's
 launchers; for OpenMPI also ``--mca btl_tcp_if_include``, which DeepSpeed
-otherwise sets to eth0).
+otherwise sets to eth0) and gloo's (GLOO_SOCKET_IFNAME). On several nodes the variables remote
+ranks need (DSTRAIN_*, GLOO_*, NCCL_*, TORCH_*, OMP_NUM_THREADS, DS_ACCELERATOR) go to
+DeepSpeed's env file (``DS_ENV_FILE``, written next to the hostfile): DeepSpeed's runner exports
+only a few prefixes on its own.
 """
 
 from __future__ import annotations
@@ -140,7 +143,9 @@ def build(
     """(command, hostfile text or None, extra environment)."""
     gpus = args.gpus_per_node or int(env.get("GPUS_PER_NODE", "0") or 0) or None
     port = env.get("MASTER_PORT", "29500")
-    extra_env = {"NCCL_SOCKET_IFNAME": args.iface} if args.iface else {}
+    extra_env = (
+        {"NCCL_SOCKET_IFNAME": args.iface, "GLOO_SOCKET_IFNAME": args.iface} if args.iface else {}
+    )
     found = scheduler_nodes(env)
     trainer = ["dstrain/main.py", *args.trainer_args]
     if found is None or len(found[1]) == 1:
@@ -171,7 +176,23 @@ def build(
     ]
     if launcher == "openmpi" and args.iface:
         cmd += ["--launcher_args", f"--mca btl_tcp_if_include {args.iface}"]
+    # DeepSpeed exports to remote ranks only variables named PYTHON*, UCX*, MV2*, MLFLOW* (NCCL* on
+    # CUDA) and those in its env file: the rest (DSTRAIN_*, GLOO_SOCKET_IFNAME, OMP_NUM_THREADS, ...)
+    # would be missing there; launch.sh writes them to an env file next to the hostfile
+    extra_env["DS_ENV_FILE"] = str(Path(args.hostfile).absolute()) + ".env"
     return cmd + trainer, text, extra_env
+
+
+EXPORTED = ("DSTRAIN_", "GLOO_", "NCCL_", "TORCH_", "OMP_NUM_THREADS", "DS_ACCELERATOR")
+
+
+def env_file_text(env: dict) -> str:
+    """KEY=value lines for DeepSpeed's env file (``DS_ENV_FILE``): what remote ranks must see."""
+    keep = {k: v for k, v in env.items() if k.startswith(EXPORTED) and k != "DS_ENV_FILE"}
+    for key, value in keep.items():
+        if "\n" in value:
+            raise LaunchError(f"${key} holds a newline; DeepSpeed's env file cannot carry it")
+    return "".join(f"{k}={v}\n" for k, v in sorted(keep.items()))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -223,10 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(deepspeed).exists():
         print(f"launch.sh: error: {deepspeed} missing; run ./run.sh setup first", file=sys.stderr)
         return 2
+    env = {**os.environ, **extra_env}
     if hostfile is not None:
         Path(args.hostfile).write_text(hostfile)
+        Path(env["DS_ENV_FILE"]).write_text(env_file_text(env))
     os.chdir(REPO)
-    return supervise(cmd, {**os.environ, **extra_env})
+    return supervise(cmd, env)
 
 
 # ---------------------------------------------------------------- supervision
@@ -247,6 +270,9 @@ def supervise(cmd: list[str], env: dict) -> int:
 
     fd, pointer = tempfile.mkstemp(prefix="dstrain-run-dir.")
     os.close(fd)
+    if env.get("DS_ENV_FILE") and Path(env["DS_ENV_FILE"]).is_file():  # to rank 0 on another node
+        with open(env["DS_ENV_FILE"], "a") as fh:
+            fh.write(f"{RUN_DIR_FILE_ENV}={pointer}\n")
     proc = subprocess.Popen(cmd, env={**env, RUN_DIR_FILE_ENV: pointer}, start_new_session=True)
     forwarded = []
 
@@ -340,6 +366,15 @@ def report(run_dir: Path | None, launcher_code: int) -> int:
             f"  rank {r['rank']} (pid {r.get('pid', '?')} on {r.get('host', '?')}): {verdict[:300]}{mark}",
             flush=True,
         )
+    if not blamed and states == {"lost_peer"}:
+        hosts = sorted({str(r.get("host", "?")) for r in records})
+        print(
+            "launch.sh: every rank stopped because it lost contact with the others and none "
+            f"crashed: the network between {', '.join(hosts)} failed (or a node stalled); "
+            f"resume=auto run_dir={run_dir} continues from the last complete checkpoint",
+            flush=True,
+        )
+        return EXIT_PEER_LOST
     if not blamed:
         return launcher_code or 1
     # a rank that vanished without a record: the job lost a rank (4); else the first failed rank's own status

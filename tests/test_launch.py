@@ -62,6 +62,23 @@ def test_empty_or_unreadable_node_lists_are_clear_errors(tmp_path):
         hostfile_text([("n1", 0), ("n2", 0)], None)
 
 
+def system_bin_without_launchers() -> Path:
+    """/usr/bin and /bin as links in one folder, less pdsh and mpirun: the tests choose which
+    multi-node launcher is "installed" (the multi-host tests install the real pdsh)."""
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / f"dstrain-test-bin-{os.getuid()}"
+    if not (folder / ".done").exists():
+        folder.mkdir(exist_ok=True)
+        for system in ("/bin", "/usr/bin"):
+            for tool in Path(system).iterdir():
+                link = folder / tool.name
+                if tool.name not in ("pdsh", "mpirun") and not link.exists():
+                    link.symlink_to(tool)
+        (folder / ".done").touch()
+    return folder
+
+
 def dry_run(env: dict, *args: str, path_dirs=()) -> subprocess.CompletedProcess:
     base = {
         k: v
@@ -75,7 +92,7 @@ def dry_run(env: dict, *args: str, path_dirs=()) -> subprocess.CompletedProcess:
             "GPUS_PER_NODE",
         )
     }
-    base["PATH"] = os.pathsep.join([*map(str, path_dirs), "/usr/bin", "/bin"])
+    base["PATH"] = os.pathsep.join([*map(str, path_dirs), str(system_bin_without_launchers())])
     return subprocess.run(
         [str(REPO / "launch.sh"), "--dry-run", *args, "--config", "fashion_mnist", "epochs=2"],
         env={**base, "CUDA_VISIBLE_DEVICES": "", **env},
@@ -126,11 +143,33 @@ def test_dry_run_in_a_job_prints_hostfile_and_multi_node_command(tmp_path, sched
     assert proc.returncode == 0, proc.stderr
     assert "hnode001 slots=8\nhnode002 slots=8\n" in proc.stdout
     assert (
-        f"NCCL_SOCKET_IFNAME=ib0 {REPO}/.venv/bin/deepspeed --hostfile {tmp_path / 'hf'} --master_addr hnode001 "
+        f"NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0 DS_ENV_FILE={tmp_path / 'hf'}.env "
+        f"{REPO}/.venv/bin/deepspeed --hostfile {tmp_path / 'hf'} --master_addr hnode001 "
         "--master_port 29600 --launcher openmpi --launcher_args '--mca btl_tcp_if_include ib0' "
         "dstrain/main.py --config fashion_mnist epochs=2"
     ) in proc.stdout
     assert not (tmp_path / "hf").exists()  # a dry run writes nothing
+    assert not (tmp_path / "hf.env").exists()
+
+
+def test_the_env_file_carries_what_remote_ranks_need():
+    """DeepSpeed's runner exports PYTHON*, UCX*, MV2*, MLFLOW* (and NCCL* on CUDA) by itself."""
+    from dstrain.launch import LaunchError, env_file_text
+
+    env = {
+        "DSTRAIN_CPU_RANKS": "1",
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "NCCL_IB_HCA": "mlx5",
+        "OMP_NUM_THREADS": "4",
+        "HOME": "/root",
+        "DS_ENV_FILE": "/tmp/x.env",
+        "PATH": "/usr/bin",
+    }
+    assert env_file_text(env) == (
+        "DSTRAIN_CPU_RANKS=1\nGLOO_SOCKET_IFNAME=eth0\nNCCL_IB_HCA=mlx5\nOMP_NUM_THREADS=4\n"
+    )
+    with pytest.raises(LaunchError, match="DSTRAIN_X holds a newline"):
+        env_file_text({"DSTRAIN_X": "a\nb"})
 
 
 def test_dry_run_prefers_pdsh_and_fails_clearly_without_a_multi_node_launcher(tmp_path):

@@ -1,0 +1,220 @@
+"""The cluster launch for real: ranks on two "hosts" (network namespaces with their own address,
+hostname and sshd; tests/multihost.py) started through DeepSpeed's multi-node runner over pdsh and
+ssh, as on a cluster, and what a lost node looks like.
+
+Every run here is compared with the same training on local ranks: the hosts change where the ranks
+run and how they reach each other, not what they compute (gloo's all-reduce is the same algorithm
+over a veth as over loopback), so the weights must be the same bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import multihost
+from tests.conftest import REPO, TINY, deepspeed_launcher, error_lines, run_cli
+
+WHY_NOT = multihost.unavailable()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
+DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with multihost.Cluster(2, tmp_path / "cluster") as c:
+        yield c
+
+
+def trainer_args(fake_fmnist, run_dir, *extra: str) -> list[str]:
+    return [
+        "--deepspeed_config",
+        "ds_configs/fp32.json",
+        *TINY,
+        f"data.root={fake_fmnist}",
+        f"run_dir={run_dir}",
+        *extra,
+    ]
+
+
+def module_state(run_dir: Path) -> dict:
+    ckpt = run_dir / "checkpoints"
+    tag = (ckpt / "latest").read_text().strip()
+    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    sa, sb = module_state(a), module_state(b)
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def rank_records(run_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
+
+
+def local_run(fake_fmnist, run_dir: Path, ranks: int, *extra: str) -> dict:
+    proc = run_cli(trainer_args(fake_fmnist, run_dir, *extra), launcher=deepspeed_launcher(ranks))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def run(cmd: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_deepspeed_hostfile_on_two_hosts_trains_as_two_local_ranks(cluster, fake_fmnist, tmp_path):
+    """`deepspeed --hostfile` (2 hosts, slots=1) over pdsh: a rank on each host, the environment a
+    remote rank needs given through DeepSpeed's env file, the same weights as 2 local ranks."""
+    env_file = tmp_path / "ds_env"  # what a user puts in ~/.deepspeed_env or $DS_ENV_FILE
+    env_file.write_text("GLOO_SOCKET_IFNAME=eth0\nDSTRAIN_PROBE=arrived\n")
+    h0 = cluster.hosts[0]
+    run_dir = tmp_path / "hosts"
+    cmd = [
+        DEEPSPEED,
+        "--hostfile",
+        str(cluster.hostfile(slots=1)),
+        "--master_addr",
+        h0.addr,
+        "--master_port",
+        str(cluster.free_port()),
+        "--launcher",
+        "pdsh",
+        "dstrain/main.py",
+        *trainer_args(fake_fmnist, run_dir),
+    ]
+    proc = run(cmd, cluster.env(DS_ENV_FILE=str(env_file), PYTHONUNBUFFERED="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = rank_records(run_dir)
+    assert [(r["rank"], r["host"], r["state"]) for r in records] == [
+        (0, "dsnode0", "done"),
+        (1, "dsnode1", "done"),
+    ]
+    for r in records:  # what had to reach the remote ranks did
+        assert r["env"]["GLOO_SOCKET_IFNAME"] == "eth0" and r["env"]["DSTRAIN_PROBE"] == "arrived"
+        assert r["env"]["MASTER_ADDR"] == h0.addr
+    local = tmp_path / "local"
+    summary = local_run(fake_fmnist, local, 2)
+    hosts = json.loads((run_dir / "summary.json").read_text())
+    assert hosts["final_top1"] == summary["final_top1"] and hosts["world_size"] == 2
+    assert same_weights(run_dir, local)
+
+
+def pbs_job(cluster, tmp_path: Path, slots: int, **extra: str) -> dict:
+    """A faked PBS job whose node file lists the harness's hosts (``slots`` lines each)."""
+    nodefile = tmp_path / "pbs_nodefile"
+    nodefile.write_text("".join(f"{h.addr}\n" * slots for h in cluster.hosts))
+    env = cluster.env(
+        PBS_NODEFILE=str(nodefile),
+        PBS_JOBID="4242.pbs1",
+        TMPDIR=str(tmp_path),
+        MASTER_PORT=str(cluster.free_port()),
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "DSTRAIN_CPU_RANKS"):
+        env.pop(var, None)
+    return env
+
+
+def test_launch_sh_in_a_pbs_job_on_two_hosts(cluster, fake_fmnist, tmp_path):
+    """launch.sh reads the node file, writes the hostfile and the env file (--iface eth0 becomes
+    GLOO_SOCKET_IFNAME on every rank), starts pdsh; the same weights as 2 local ranks."""
+    run_dir = tmp_path / "pbs"
+    env = pbs_job(cluster, tmp_path, slots=1, DSTRAIN_PROBE="from-the-job")
+    cmd = [str(REPO / "launch.sh"), "--iface", "eth0", *trainer_args(fake_fmnist, run_dir)]
+    proc = run(cmd, env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "launch.sh: 2 nodes" in proc.stdout and "--launcher pdsh" in proc.stdout
+    records = rank_records(run_dir)
+    assert [r["host"] for r in records] == ["dsnode0", "dsnode1"]
+    for r in records:
+        assert r["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
+        assert r["env"]["DSTRAIN_PROBE"] == "from-the-job"
+        assert r["env"]["DSTRAIN_RUN_DIR_FILE"]  # launch.sh's pointer: how it finds the run
+    local = tmp_path / "local"
+    local_run(fake_fmnist, local, 2)
+    assert same_weights(run_dir, local)
+
+
+def test_a_2x2_torus_over_four_ranks_on_two_hosts(cluster, fake_fmnist, tmp_path):
+    """Rows of the 2D-Torus within a host, columns across hosts: the same weights as 4 local ranks."""
+    run_dir = tmp_path / "torus"
+    env = pbs_job(cluster, tmp_path, slots=2)
+    extra = ["--deepspeed_config", "ds_configs/comm_torus2d.json"]
+    cmd = [str(REPO / "launch.sh"), "--iface", "eth0", *trainer_args(fake_fmnist, run_dir), *extra]
+    proc = run(cmd, env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "gradient sync: torus2d 2x2" in proc.stdout, proc.stdout[-3000:]
+    assert [r["host"] for r in rank_records(run_dir)] == ["dsnode0"] * 2 + ["dsnode1"] * 2
+    local = tmp_path / "local"
+    local_run(fake_fmnist, local, 4, *extra)
+    assert same_weights(run_dir, local)
+
+
+@pytest.mark.parametrize("fault", ["host killed", "link cut"])
+def test_a_lost_host_ends_the_job_naming_the_rank_and_host(fault, cluster, fake_fmnist, tmp_path):
+    """Mid-epoch, host 1 loses every process (or its cable): the rank on host 0 exits 4 within
+    fault.collective_timeout_s naming rank 1 on dsnode1, launch.sh reports it, the last checkpoint
+    stays complete."""
+    timeout_s = 20
+    run_dir = tmp_path / "lost"
+    env = pbs_job(cluster, tmp_path, slots=1)
+    args = trainer_args(
+        fake_fmnist, run_dir, "epochs=20", f"fault.collective_timeout_s={timeout_s}"
+    )
+    job = subprocess.Popen(
+        [str(REPO / "launch.sh"), "--iface", "eth0", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    seen = []
+    try:
+        for line in job.stdout:
+            seen.append(line)
+            if "epoch 2/20 step 4/16" in line:
+                break
+        t0 = time.monotonic()
+        cluster.kill_host(1) if fault == "host killed" else cluster.cut_link(1)
+        out, _ = job.communicate(timeout=timeout_s + 240)
+        seconds = time.monotonic() - t0
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    text = "".join(seen) + out
+    assert job.returncode == 4, text[-4000:]
+    # rank 0's own line (pdsh prefixes each remote line with its host) and launch.sh's report
+    said = [line.split(": ", 1)[1] for line in text.splitlines() if ": dstrain[rank 0]: " in line]
+    assert len(said) == 1 and "lost contact with another rank: rank 1 (" in said[0], text[-4000:]
+    assert "on dsnode1)" in said[0] and f"fault.collective_timeout_s={timeout_s}" in said[0]
+    # a cut link: rank 1 times out too, and may say so before rank 0 reads the records
+    assert "no final record" in said[0] or "lost contact too and none crashed" in said[0]
+    report = error_lines(text) + [line for line in text.splitlines() if line.startswith("  rank ")]
+    assert "launch.sh: the job failed" in "\n".join(report)
+    if fault == "host killed":  # rank 1 wrote nothing more: it is blamed
+        assert any(
+            line.startswith("  rank 1 (pid")
+            and "on dsnode1): no final record" in line
+            and line.endswith("<- failed first")
+            for line in report
+        ), report
+    else:  # both sides of the cut timed out and said so (the file system is shared): the network
+        assert "launch.sh: every rank stopped because it lost contact with the others" in text
+        assert "the network between dsnode0, dsnode1 failed" in text
+    assert seconds < timeout_s + 120, seconds
+    ckpt = run_dir / "checkpoints"
+    latest = (ckpt / "latest").read_text().strip()
+    assert latest == "epoch0001" and (ckpt / latest / "mp_rank_00_model_states.pt").is_file()
+    assert rank_records(run_dir)[0]["state"] == "lost_peer"
