@@ -300,6 +300,11 @@ class RankRecords:
 
     def start(self, step: int) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:  # a resume on fewer ranks: the ranks beyond this job's are not in it
+            for path in self.dir.glob("rank*.*"):
+                number = path.stem.removeprefix("rank")
+                if number.isdigit() and int(number) >= self.world:
+                    path.unlink(missing_ok=True)
         self._write({"state": "running", "step": step})
         # a native crash (SIGSEGV, SIGABRT from "free(): invalid pointer", ...) leaves no record: Python's
         # fault handler writes which signal and where (every thread's stack) to rankNNNNN.crash instead

@@ -229,3 +229,26 @@ def test_a_crash_after_a_finished_run_is_reported_and_the_job_succeeds(tmp_path,
         "rank 1 (pid" in out
         and 'crashed while exiting: Fatal Python error: Aborted, in "x.py"' in out
     )
+
+
+def test_a_resume_on_fewer_ranks_drops_the_records_of_ranks_not_in_the_job(tmp_path, monkeypatch):
+    """2 ranks ran (rank 1 lost on its node); the resume runs 1: launch.sh must not blame rank 1
+    again (found by tests/test_multihost.py's resume on the remaining host)."""
+    monkeypatch.setattr(fault.faulthandler, "enable", lambda **kw: None)  # pytest keeps its own
+    old = fault.RankRecords(tmp_path, rank=1, world=2)
+    old.start(step=16)
+    old._crash_file.close()
+    assert (tmp_path / "ranks" / "rank00001.json").is_file()
+    now = fault.RankRecords(tmp_path, rank=0, world=1)
+    now.start(step=16)
+    now.finish("done", 0)
+    now._crash_file.close()
+    assert sorted(p.name for p in (tmp_path / "ranks").iterdir()) == [
+        "rank00000.crash",
+        "rank00000.json",
+    ]
+    records = fault.read_records(tmp_path)
+    assert [(r["rank"], r["state"]) for r in records] == [(0, "done")]
+    assert records[0]["env"] == {
+        k: v for k, v in os.environ.items() if k.startswith(fault.RECORDED_ENV)
+    }
