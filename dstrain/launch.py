@@ -97,6 +97,25 @@ def scheduler_nodes(env: dict) -> tuple[str, list[tuple[str, int]]] | None:
     return None
 
 
+# OpenMPI's names for what torch reads (DeepSpeed's openmpi launcher starts ranks with mpirun)
+OMPI_ENV = {
+    "RANK": "OMPI_COMM_WORLD_RANK",
+    "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE",
+    "LOCAL_RANK": "OMPI_COMM_WORLD_LOCAL_RANK",
+    "LOCAL_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE",
+}
+
+
+def adopt_mpi_env() -> None:
+    """Under mpirun with the rendezvous given (MASTER_ADDR/MASTER_PORT; launch.sh exports them),
+    OpenMPI's rank variables become torch's, before anything reads RANK (the log's rank filter):
+    DeepSpeed would otherwise discover them through mpi4py, which is not installed."""
+    if "OMPI_COMM_WORLD_RANK" not in os.environ or "RANK" in os.environ:
+        return
+    if {"MASTER_ADDR", "MASTER_PORT"} <= set(os.environ):
+        os.environ.update({k: os.environ[v] for k, v in OMPI_ENV.items() if v in os.environ})
+
+
 def hostfile_text(nodes: list[tuple[str, int]], gpus_per_node: int | None) -> str:
     lines = []
     for host, slots in nodes:
@@ -180,10 +199,21 @@ def build(
     # CUDA) and those in its env file: the rest (DSTRAIN_*, GLOO_SOCKET_IFNAME, OMP_NUM_THREADS, ...)
     # would be missing there; launch.sh writes them to an env file next to the hostfile
     extra_env["DS_ENV_FILE"] = str(Path(args.hostfile).absolute()) + ".env"
+    # mpirun starts the ranks without a rendezvous address (DeepSpeed would look for mpi4py)
+    extra_env.update(MASTER_ADDR=nodes[0][0], MASTER_PORT=port)
     return cmd + trainer, text, extra_env
 
 
-EXPORTED = ("DSTRAIN_", "GLOO_", "NCCL_", "TORCH_", "OMP_NUM_THREADS", "DS_ACCELERATOR")
+EXPORTED = (
+    "DSTRAIN_",
+    "GLOO_",
+    "NCCL_",
+    "TORCH_",
+    "OMP_NUM_THREADS",
+    "DS_ACCELERATOR",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def env_file_text(env: dict) -> str:

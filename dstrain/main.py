@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     faulthandler.enable()  # a native crash before the run directory exists: signal and stack on stderr
+    from dstrain.launch import adopt_mpi_env
+
+    adopt_mpi_env()  # ranks started by mpirun: RANK before the log reads it
     setup_logging()
     try:
         cfg = load_config(args.config, args.overrides)

@@ -54,6 +54,7 @@ from dstrain.config import PolishConfig, load_config, validate  # noqa: E402
 from dstrain.errors import EXIT_CONFIG, ConfigError  # noqa: E402
 from dstrain.evaluate import evaluate  # noqa: E402
 from dstrain.files import atomic_write_text  # noqa: E402
+from dstrain.launch import adopt_mpi_env  # noqa: E402
 from dstrain.models import input_dtype  # noqa: E402
 from dstrain.monitor import setup_logging  # noqa: E402
 from dstrain.ramp import batch_plan  # noqa: E402
@@ -276,6 +277,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    adopt_mpi_env()  # ranks started by mpirun: RANK before the log reads it
     setup_logging()
     try:
         result = polish_run_dir(args)

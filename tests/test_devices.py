@@ -8,6 +8,7 @@ with the devices a 1-GPU, a 2-GPU and a CPU node would show.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import pytest
@@ -110,3 +111,28 @@ def test_launch_sh_shows_the_cpu_ranks_environment():
     assert proc.returncode == 0, proc.stderr
     assert "launch.sh: CUDA_VISIBLE_DEVICES='' DS_ACCELERATOR=cpu " in proc.stdout
     assert "deepspeed --num_gpus 2 " in proc.stdout
+
+
+def test_ranks_started_by_mpirun_take_openmpis_rank_variables(monkeypatch):
+    """DeepSpeed's openmpi launcher gives ranks OMPI_COMM_WORLD_*, and DeepSpeed would read them
+    through mpi4py (not installed): with launch.sh's MASTER_ADDR/MASTER_PORT they become torch's."""
+    from dstrain.launch import adopt_mpi_env
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(var, raising=False)
+    ompi = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4"}
+    ompi |= {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    for k, v in ompi.items():
+        monkeypatch.setenv(k, v)
+    adopt_mpi_env()  # no rendezvous given: left to DeepSpeed
+    assert "RANK" not in os.environ
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    adopt_mpi_env()
+    assert [os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")] == [
+        "3",
+        "4",
+        "1",
+        "2",
+    ]
+    assert dist.rank() == 3 and dist.world_size() == 4 and dist.local_rank() == 1

@@ -144,6 +144,7 @@ def test_dry_run_in_a_job_prints_hostfile_and_multi_node_command(tmp_path, sched
     assert "hnode001 slots=8\nhnode002 slots=8\n" in proc.stdout
     assert (
         f"NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0 DS_ENV_FILE={tmp_path / 'hf'}.env "
+        "MASTER_ADDR=hnode001 MASTER_PORT=29600 "
         f"{REPO}/.venv/bin/deepspeed --hostfile {tmp_path / 'hf'} --master_addr hnode001 "
         "--master_port 29600 --launcher openmpi --launcher_args '--mca btl_tcp_if_include ib0' "
         "dstrain/main.py --config fashion_mnist epochs=2"

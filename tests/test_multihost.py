@@ -272,3 +272,51 @@ def test_resume_on_the_remaining_host_with_fewer_ranks(cluster, fake_fmnist, tmp
     assert same_weights(run_dir, local, parameters_only=True)
     assert not same_weights(run_dir, local)
     assert abs(summary["final_top1"] - reference["final_top1"]) < 0.05
+
+
+def test_the_abci_job_script_on_two_hosts_through_openmpi(cluster, tmp_path):
+    """hostfiles/abci_job.sh as PBS would start it (environment modules faked), with its own
+    launcher, OpenMPI's mpirun over ssh: each host runs a rank of a (shrunk) LARS bf16 run. Found
+    here: DeepSpeed's openmpi path needs mpi4py to find ranks and rendezvous, so launch.sh exports
+    MASTER_ADDR/MASTER_PORT and the trainer reads OpenMPI's rank variables."""
+    modules = tmp_path / "modules.sh"
+    modules.write_text('module() { echo "module $*" >&2; }\n')
+    run_dir = tmp_path / "abci"
+    env = pbs_job(
+        cluster,
+        tmp_path,
+        slots=1,
+        PBS_O_WORKDIR=str(REPO),
+        DSTRAIN_IFACE="eth0",
+        IMAGENET_ROOT=str(tmp_path / "not-read-with-synthetic-data"),
+        DSTRAIN_MODULES_SH=str(modules),
+        OMPI_ALLOW_RUN_AS_ROOT="1",  # this machine's tests run as root; a cluster user is not
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+    )
+    shrink = [
+        "data.loader=synthetic",
+        "data.synthetic_train_size=64",
+        "data.synthetic_val_size=16",
+        "model.name=resnet18",
+        "model.channels_last=false",
+        "data.image_size=32",
+        "data.val_resize=32",
+        "batch.global_size=16",
+        "batch.micro_per_rank=8",
+        "batch.ramp=[]",
+        "batch.eval_per_rank=8",
+        "epochs=2",
+        "optim.warmup_epochs=0",
+        f"run_dir={run_dir}",
+    ]
+    proc = run(["bash", "hostfiles/abci_job.sh", *shrink], env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "module load hpcx" in proc.stderr and "--launcher openmpi" in proc.stdout
+    records = rank_records(run_dir)
+    assert [(r["rank"], r["host"], r["state"]) for r in records] == [
+        (0, "dsnode0", "done"),
+        (1, "dsnode1", "done"),
+    ]
+    assert all(r["env"]["GLOO_SOCKET_IFNAME"] == "eth0" for r in records)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 2
