@@ -53,16 +53,16 @@ setup_fashion_mnist() {
     fi
 }
 
-setup_multihost_tools() {  # sshd and pdsh for tests/test_multihost.py (skipped, with why, without them)
-    if command -v pdsh > /dev/null && [[ -x /usr/sbin/sshd ]]; then return; fi
+setup_multihost_tools() {  # sshd, pdsh, mpirun for tests/test_multihost.py (skipped, with why, without them)
+    if command -v pdsh > /dev/null && command -v mpirun > /dev/null && [[ -x /usr/sbin/sshd ]]; then return; fi
     if command -v apt-get > /dev/null && [[ $(id -u) -eq 0 ]]; then
-        say "installing openssh-server and pdsh (the multi-host launch tests)"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server pdsh > /dev/null 2>&1 ||
+        say "installing openssh-server, pdsh and openmpi-bin (the multi-host launch tests)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server pdsh openmpi-bin > /dev/null 2>&1 ||
             { apt-get update -qq > /dev/null 2>&1 &&
-              DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server pdsh > /dev/null 2>&1; } ||
-            say "could not install openssh-server/pdsh: the multi-host tests will be skipped"
+              DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server pdsh openmpi-bin > /dev/null 2>&1; } ||
+            say "could not install openssh-server/pdsh/openmpi-bin: the multi-host tests will be skipped"
     else
-        say "no sshd/pdsh (and no root apt-get): the multi-host tests will be skipped"
+        say "no sshd/pdsh/mpirun (and no root apt-get): the multi-host tests will be skipped"
     fi
 }
 

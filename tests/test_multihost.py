@@ -274,6 +274,10 @@ def test_resume_on_the_remaining_host_with_fewer_ranks(cluster, fake_fmnist, tmp
     assert abs(summary["final_top1"] - reference["final_top1"]) < 0.05
 
 
+@pytest.mark.skipif(
+    __import__("shutil").which("mpirun") is None,
+    reason="needs mpirun (apt-get install openmpi-bin)",
+)
 def test_the_abci_job_script_on_two_hosts_through_openmpi(cluster, tmp_path):
     """hostfiles/abci_job.sh as PBS would start it (environment modules faked), with its own
     launcher, OpenMPI's mpirun over ssh: each host runs a rank of a (shrunk) LARS bf16 run. Found
