@@ -51,6 +51,9 @@ def fake_gpus(monkeypatch, count: int) -> None:
 def test_a_rank_without_a_gpu_of_its_own_is_refused_naming_the_fix(monkeypatch, tmp_path):
     """DeepSpeed 0.19.8 would give rank 1 of 2 on a 1-GPU node cuda:1 and fail deep inside; the
     trainer stops first with the fix (exit 2, one line)."""
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator()  # chosen now, on this machine: DeepSpeed keeps its first choice for good
     fake_gpus(monkeypatch, 1)
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert dist.rank_without_gpu() is None and dist.device() == torch.device("cuda", 0)
@@ -119,7 +122,8 @@ def test_ranks_started_by_mpirun_take_openmpis_rank_variables(monkeypatch):
     from dstrain.launch import adopt_mpi_env
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv(var, "x")  # recorded, so what adopt_mpi_env sets is undone after
+        monkeypatch.delenv(var)
     ompi = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4"}
     ompi |= {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
     for k, v in ompi.items():
@@ -136,3 +140,9 @@ def test_ranks_started_by_mpirun_take_openmpis_rank_variables(monkeypatch):
         "2",
     ]
     assert dist.rank() == 3 and dist.world_size() == 4 and dist.local_rank() == 1
+
+
+def test_the_mpi_test_leaves_this_process_a_world_of_one():
+    """The test above runs in pytest's process: the rank variables it set must not leak (they
+    once made every later in-process test rank 3 of 4)."""
+    assert "RANK" not in os.environ or os.environ["RANK"] == "0"
