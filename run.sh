@@ -106,7 +106,7 @@ case "$cmd" in
             fi
             export PYTHONPATH="$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"
         fi
-        setup_fashion_mnist
+        # no apt-get here: offline, it could wait on the network; the accuracy part names what it lacks
         exec "$PY" bench/gpu_run.py "$@" ;;
     results)
         # every CPU result README and docs/results quote (bench/evidence.py: the registry), then the index

@@ -124,3 +124,23 @@ def test_every_part_ends_in_its_file_and_a_second_call_continues(tmp_path):
     assert proc.stdout.count("complete in an earlier call") == len(gpu_run.PARTS)
     proc = gpu("--status", *common)
     assert proc.returncode == 0 and proc.stdout.count(" complete") == len(gpu_run.PARTS)
+
+
+def test_run_sh_gpu_runs_offline_with_the_interpreter_present(tmp_path):
+    """`./run.sh gpu` installs nothing from the network: the venv's (or this) interpreter, --status
+    reads the record and runs nothing."""
+    import os
+    from pathlib import Path
+
+    env = {**os.environ, "DSTRAIN_VENV": str(Path(sys.executable).parent.parent)}
+    proc = subprocess.run(
+        [str(REPO / "run.sh"), "gpu", "--status", "--results", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "installing" not in proc.stdout and "smoke      not run" in proc.stdout
+    assert list(tmp_path.iterdir()) == []  # --status writes nothing
