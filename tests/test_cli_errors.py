@@ -255,6 +255,7 @@ def check_one_clear_line(proc, expected: str, ranks: int = 1) -> str:
     return errors[0]
 
 
+@pytest.mark.slow  # a process per case (~3 s each); the quick loop has them in-process (test_preflight)
 @pytest.mark.parametrize("kind, name, extra, expected", CASES, ids=[c[1] for c in CASES])
 def test_bad_input_gives_one_clear_line(
     kind, name, extra, expected, fake_fmnist, tmp_path, evidence

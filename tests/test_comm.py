@@ -431,6 +431,7 @@ def _torus_training_worker(rank, world, port, out):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 4 ranks train three models (~25 s)
 def test_sign_compressed_training_on_a_2x2_torus_reaches_the_uncompressed_accuracy():
     """4 gloo ranks on a real 2x2 grid (rows full precision, columns 1-bit with error feedback), the
     same model, data order, seed and LR: the compressed run within SIGN_MARGIN of the uncompressed
