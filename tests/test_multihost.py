@@ -162,17 +162,9 @@ def test_a_2x2_torus_over_four_ranks_on_two_hosts(cluster, fake_fmnist, tmp_path
     assert same_weights(run_dir, local)
 
 
-@pytest.mark.parametrize("fault", ["host killed", "link cut"])
-def test_a_lost_host_ends_the_job_naming_the_rank_and_host(fault, cluster, fake_fmnist, tmp_path):
-    """Mid-epoch, host 1 loses every process (or its cable): the rank on host 0 exits 4 within
-    fault.collective_timeout_s naming rank 1 on dsnode1, launch.sh reports it, the last checkpoint
-    stays complete."""
-    timeout_s = 20
-    run_dir = tmp_path / "lost"
-    env = pbs_job(cluster, tmp_path, slots=1)
-    args = trainer_args(
-        fake_fmnist, run_dir, "epochs=20", f"fault.collective_timeout_s={timeout_s}"
-    )
+def launch_and_fail(env: dict, args: list[str], at: str, fault, timeout: int = 300):
+    """launch.sh --iface eth0 with ``args``; ``fault()`` once a line contains ``at``. Returns the
+    job's exit status, its whole output and the seconds from the fault to the job's end."""
     job = subprocess.Popen(
         [str(REPO / "launch.sh"), "--iface", "eth0", *args],
         cwd=REPO,
@@ -186,18 +178,32 @@ def test_a_lost_host_ends_the_job_naming_the_rank_and_host(fault, cluster, fake_
     try:
         for line in job.stdout:
             seen.append(line)
-            if "epoch 2/20 step 4/16" in line:
+            if at in line:
                 break
         t0 = time.monotonic()
-        cluster.kill_host(1) if fault == "host killed" else cluster.cut_link(1)
-        out, _ = job.communicate(timeout=timeout_s + 240)
-        seconds = time.monotonic() - t0
+        fault()
+        out, _ = job.communicate(timeout=timeout)
+        return job.returncode, "".join(seen) + out, time.monotonic() - t0
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
-    text = "".join(seen) + out
-    assert job.returncode == 4, text[-4000:]
+
+
+@pytest.mark.parametrize("fault", ["host killed", "link cut"])
+def test_a_lost_host_ends_the_job_naming_the_rank_and_host(fault, cluster, fake_fmnist, tmp_path):
+    """Mid-epoch, host 1 loses every process (or its cable): the rank on host 0 exits 4 within
+    fault.collective_timeout_s naming rank 1 on dsnode1, launch.sh reports it, the last checkpoint
+    stays complete."""
+    timeout_s = 20
+    run_dir = tmp_path / "lost"
+    env = pbs_job(cluster, tmp_path, slots=1)
+    args = trainer_args(
+        fake_fmnist, run_dir, "epochs=20", f"fault.collective_timeout_s={timeout_s}"
+    )
+    fail = cluster.kill_host if fault == "host killed" else cluster.cut_link
+    code, text, seconds = launch_and_fail(env, args, "epoch 2/20 step 4/16", lambda: fail(1))
+    assert code == 4, text[-4000:]
     # rank 0's own line (pdsh prefixes each remote line with its host) and launch.sh's report
     said = [line.split(": ", 1)[1] for line in text.splitlines() if ": dstrain[rank 0]: " in line]
     assert len(said) == 1 and "lost contact with another rank: rank 1 (" in said[0], text[-4000:]
@@ -229,26 +235,9 @@ def test_resume_on_the_remaining_host_with_fewer_ranks(cluster, fake_fmnist, tmp
     epoch0001 and ends on the parameters of an uninterrupted 2-rank run, bit for bit."""
     run_dir = tmp_path / "shrunk"
     env = pbs_job(cluster, tmp_path, slots=1)
-    job = subprocess.Popen(
-        [str(REPO / "launch.sh"), "--iface", "eth0", *trainer_args(fake_fmnist, run_dir)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        for line in job.stdout:
-            if "epoch 2/3 step 4/16" in line:
-                break
-        cluster.kill_host(1)
-        job.communicate(timeout=300)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-    assert job.returncode == 4
+    args = trainer_args(fake_fmnist, run_dir)
+    code, _, _ = launch_and_fail(env, args, "epoch 2/3 step 4/16", lambda: cluster.kill_host(1))
+    assert code == 4
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch0001"
     # the job again, on the host that is left: its node file lists host 0 only (launch.sh: one
     # node, local ranks), run there over ssh

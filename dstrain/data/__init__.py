@@ -143,13 +143,7 @@ def count_images(cfg: DataConfig, num_classes: int) -> ImageCounts:
         n_train, n_val = idx_length(paths["train"]), idx_length(paths["val"])
         source = str(paths["train"].parent)
     else:
-        train_images, val_images = scan_folder(cfg.root)
-        if len(train_images.classes) > num_classes:
-            raise ConfigError(
-                f"model.num_classes={num_classes} but {cfg.root}/train has "
-                f"{len(train_images.classes)} class folders; set model.num_classes="
-                f"{len(train_images.classes)}"
-            )
+        train_images, val_images = scan_classes(cfg.root, num_classes)
         n_train, n_val = len(train_images), len(val_images)
         source = f"{cfg.root} ({len(train_images.classes)} classes)"
     n_train = min(n_train, cfg.limit_train or n_train)
@@ -243,6 +237,18 @@ def _fashion_mnist(cfg: DataConfig, shard: Shard, channels: int, num_classes: in
     )
 
 
+def scan_classes(root: str, num_classes: int):
+    """:func:`scan_folder`'s (train, val), refusing more class folders than the model has outputs."""
+    train_images, val_images = scan_folder(root)
+    if len(train_images.classes) > num_classes:
+        raise ConfigError(
+            f"model.num_classes={num_classes} but {root}/train has "
+            f"{len(train_images.classes)} class folders; set model.num_classes="
+            f"{len(train_images.classes)}"
+        )
+    return train_images, val_images
+
+
 def _folder(
     cfg: DataConfig,
     kind: str,
@@ -253,13 +259,7 @@ def _folder(
     dtype: torch.dtype,
     channels_last: bool,
 ) -> Data:
-    train_images, val_images = scan_folder(cfg.root)
-    if len(train_images.classes) > num_classes:
-        raise ConfigError(
-            f"model.num_classes={num_classes} but {cfg.root}/train has "
-            f"{len(train_images.classes)} class folders; set model.num_classes="
-            f"{len(train_images.classes)}"
-        )
+    train_images, val_images = scan_classes(cfg.root, num_classes)
     train_images, val_images = (
         limited(train_images, cfg.limit_train),
         limited(val_images, cfg.limit_val),
