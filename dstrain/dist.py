@@ -162,12 +162,44 @@ def _reduce_op(name: str):
     }[name]
 
 
+def quiet_deepspeed() -> None:
+    """Keep DeepSpeed's start-up noise off the console; call before anything else imports
+    DeepSpeed. On a machine without a GPU, DeepSpeed 0.19 warns that it falls back to the CPU,
+    torch warns that there is no CUDA runtime, and every process group it joins JIT-builds (first
+    run: ~30 s, compiler lines on the console; later runs: ~20 s of loading) a shared-memory op
+    that only its inference all-reduce uses. None of it concerns training: the accelerator is named
+    (``DS_ACCELERATOR=cpu``, unless the user set one), the warning is dropped, and the op is not
+    built (training collectives go through torch.distributed either way). A GPU machine is left as
+    it is: there the op build and CUDA messages can matter. DeepSpeed's own logger is set to
+    warnings (it logs its world size and every setting at INFO)."""
+    if torch.cuda.device_count() == 0:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    try:
+        from deepspeed.utils import logger as deepspeed_logger
+    except ImportError:
+        return
+    deepspeed_logger.setLevel(logging.WARNING)
+
+
+def _skip_shm_op() -> None:
+    """DeepSpeed's CPU backend builds its shared-memory op in ``TorchBackend.__init__`` through the
+    module function ``build_shm_op``; returning None there is its own "op not available" path."""
+    import importlib
+
+    backend = importlib.import_module("deepspeed.comm.torch")  # `deepspeed.comm.torch` is torch itself
+    if hasattr(backend, "build_shm_op"):
+        backend.build_shm_op = lambda: None
+
+
 def init_process_group(timeout_s: float) -> None:
     """Join the job's process group (NCCL on GPUs, gloo on CPUs) with ``timeout_s`` for every collective."""
     from datetime import timedelta
 
     import deepspeed
 
+    if not torch.cuda.is_available():
+        _skip_shm_op()
     deepspeed.init_distributed(
         dist_backend="nccl" if torch.cuda.is_available() else "gloo",
         timeout=timedelta(seconds=timeout_s),

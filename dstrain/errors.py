@@ -51,7 +51,14 @@ class Diverged(RunStopped):
 
 
 class PeerLost(RunStopped):
+    """``said_by_peer``: every rank to blame stopped on bad input and printed that line itself; this
+    rank's report then goes to stdout, so a bad input is one error line however many ranks see it."""
+
     exit_code, state = EXIT_PEER_LOST, "lost_peer"
+
+    def __init__(self, message: str, said_by_peer: bool = False):
+        super().__init__(message)
+        self.said_by_peer = said_by_peer
 
 
 class CheckpointWriteError(RunStopped):

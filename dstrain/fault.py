@@ -423,7 +423,7 @@ def describe_lost(records: list[dict], me: int, what: str, timeout_s: float) -> 
             f"rank {r['rank']} (pid {r.get('pid', '?')} on {r.get('host', '?')}): {r['verdict']}"
             for r in blamed[:4]
         )
-        who += f" and {len(blamed) - 4} more" if len(blamed) > 4 else ""
+        who = who.rstrip(".") + (f" and {len(blamed) - 4} more" if len(blamed) > 4 else "")
     else:
         cut = [r for r in records if r["rank"] != me and r["state"] == "lost_peer"]
         who = (

@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         cfg = load_config(args.config, args.overrides)
+        from dstrain.dist import quiet_deepspeed
+
+        quiet_deepspeed()  # before DeepSpeed is imported (by --check too)
         if args.check:
             return check(cfg, args)
         from dstrain.train import (
@@ -96,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
         run(cfg, args.deepspeed_config or cfg.deepspeed_config)
     except (ConfigError, RunStopped) as err:
+        if getattr(err, "said_by_peer", False):  # the peer's own line on stderr names the bad input
+            return report(err, err.exit_code, "stopped", sys.stdout)
         return report(err, err.exit_code, "stopped" if isinstance(err, Preempted) else "error")
     return 0
 
@@ -111,14 +116,16 @@ def check(cfg, args: argparse.Namespace) -> int:
     return 0
 
 
-def report(err: Exception, code: int, kind: str = "error") -> int:
-    """One line on stderr: ``dstrain: error: ...`` (``dstrain[rank R]: ...`` in a multi-rank run)."""
+def report(err: Exception, code: int, kind: str = "error", stream=None) -> int:
+    """One line on stderr (or ``stream``): ``dstrain: error: ...`` (``dstrain[rank R]: ...`` in a
+    multi-rank run)."""
+    stream = stream or sys.stderr
     rank = os.environ.get("RANK", "0")
     prefix = "dstrain" if os.environ.get("WORLD_SIZE", "1") == "1" else f"dstrain[rank {rank}]"
     # one write() per line: under the launcher (python -u) print() writes the text and its newline
     # separately, and two ranks' lines then interleaved into one
-    sys.stderr.write(f"{prefix}: {kind}: {err}\n")
-    sys.stderr.flush()
+    stream.write(f"{prefix}: {kind}: {err}\n")
+    stream.flush()
     return code
 
 

@@ -18,21 +18,17 @@ log = logging.getLogger(__name__)
 
 
 def setup_logging() -> None:
-    """Rank 0 logs INFO to stdout; other ranks only warnings, prefixed with their rank."""
+    """Rank 0 logs dstrain's INFO to stdout; other ranks, and other libraries, only warnings;
+    lines of ranks other than 0 are prefixed with their rank."""
     rank = int(os.environ.get("RANK", "0"))
     prefix = "dstrain" if rank == 0 else f"dstrain[rank {rank}]"
     logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
+        level=logging.WARNING,  # other libraries' INFO (compiler lines of an op build, ...) stays off
         format=f"%(asctime)s {prefix} %(levelname).1s %(message)s",
         datefmt="%H:%M:%S",
         stream=sys.stdout,
     )
-    try:
-        from deepspeed.utils import logger as deepspeed_logger
-
-        deepspeed_logger.setLevel(logging.WARNING)
-    except ImportError:
-        pass
+    logging.getLogger("dstrain").setLevel(logging.INFO if rank == 0 else logging.WARNING)
 
 
 def loss_scale_of(engine) -> float | None:

@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     adopt_mpi_env()  # ranks started by mpirun: RANK before the log reads it
     setup_logging()
+    dist.quiet_deepspeed()
     try:
         result = polish_run_dir(args)
     except ConfigError as err:

@@ -287,8 +287,10 @@ def fit_and_summarise(trainer: Trainer, plan: Plan, run_dir: Path) -> dict:
 def lost_peer(trainer: Trainer, records: fault.RankRecords, err: Exception) -> PeerLost:
     """A collective failed: name the rank that went first (from the peers' records) and the way back."""
     step, last = trainer.state.step, trainer.checks.last_checkpoint
+    peers = fault.wait_for_records(records)
+    blamed = fault.failed_ranks(peers, dist.rank())
     msg = fault.describe_lost(
-        fault.wait_for_records(records),
+        peers,
         dist.rank(),
         first_line(err),
         trainer.cfg.fault.collective_timeout_s,
@@ -299,7 +301,7 @@ def lost_peer(trainer: Trainer, records: fault.RankRecords, err: Exception) -> P
         else "No checkpoint was written yet"
     )
     records.finish("lost_peer", EXIT_PEER_LOST, msg, step)
-    return PeerLost(msg)
+    return PeerLost(msg, said_by_peer=bool(blamed) and all(r["state"] == "bad_input" for r in blamed))
 
 
 def set_cudnn(deterministic: bool) -> None:

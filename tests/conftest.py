@@ -102,7 +102,8 @@ def run_cli(
     script: str = "dstrain/main.py",
 ) -> subprocess.CompletedProcess:
     """Run a command as a user would: `python -m dstrain ...` or `<launcher> dstrain/main.py ...`;
-    a launcher's ranks on GPUs where there are enough, else on CPU (:func:`rank_env`)."""
+    a launcher's ranks on GPUs where there are enough, else on CPU (:func:`rank_env`); a variable
+    given as None in ``env`` is unset."""
     full_env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -111,6 +112,8 @@ def run_cli(
     }
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         full_env.pop(var, None)
+    for var in [k for k, v in full_env.items() if v is None]:  # env={"X": None}: X unset
+        del full_env[var]
     cmd = (launcher + [script]) if launcher else [sys.executable, "-m", module]
     return subprocess.run(
         cmd + args, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout

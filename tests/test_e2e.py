@@ -58,12 +58,13 @@ def test_two_rank_cpu_run_through_the_deepspeed_launcher(fake_fmnist, tmp_path):
     )  # optim.base_lr overrides the JSON
 
 
-def tb_tags(run_dir: Path) -> set:
+def tb_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the run's TensorBoard files: tag -> [(step, value), ...]."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(run_dir / "tb"))
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
-    return set(acc.Tags()["scalars"])
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
@@ -78,23 +79,30 @@ def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
             "model.bn_span=8",  # BN span under bf16 autocast
             f"data.root={fake_fmnist}",
             f"run_dir={run_dir}",
-        ]
+        ],
+        env={"DS_ACCELERATOR": None},  # as a user starts it: DeepSpeed left to find the device
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    tags = tb_tags(run_dir)
-    assert {
-        "train/loss",
-        "train/lr",
-        "train/global_batch",
-        "train/images_per_sec",
-        "epoch/train_top1",
-        "epoch/train_top5",
-        "epoch/val_top1",
-        "epoch/val_top5",
-        "epoch/val_loss",
-        "epoch/epoch_time_s",
-    } <= tags
+    # a quiet start: none of DeepSpeed's op-build chatter or CPU/CUDA warnings (dist.quiet_deepspeed)
+    console = proc.stdout + proc.stderr
+    for noise in ("built successfully", "CUDA_HOME", "Setting accelerator", "gcc ", "-laio"):
+        assert noise not in console, (noise, console[-3000:])
     summary = json.loads((run_dir / "summary.json").read_text())
+    scalars = tb_scalars(run_dir)
+    # every epoch scalar holds, per epoch, the value summary.json records for that epoch
+    for key in ("train_loss", "train_top1", "train_top5", "val_top1", "val_top5", "val_loss"):
+        logged = scalars[f"epoch/{key}"]
+        assert [step for step, _ in logged] == [1, 2], key
+        want = [h[key] for h in summary["history"]]
+        assert [v for _, v in logged] == pytest.approx(want, rel=1e-6), key
+    assert [s for s, _ in scalars["epoch/epoch_time_s"]] == [1, 2]
+    # step scalars every log.every_steps=4 optimizer steps (512 images / 32 = 16 steps per epoch)
+    for key in ("train/loss", "train/lr", "train/global_batch", "train/images_per_sec"):
+        assert [s for s, _ in scalars[key]] == list(range(4, 33, 4)), key
+    assert {v for _, v in scalars["train/global_batch"]} == {32}
+    assert all(v > 0 for _, v in scalars["train/images_per_sec"])
+    lrs = [v for _, v in scalars["train/lr"]]  # peak 0.01 after 4 warmup steps, then decaying to 0
+    assert lrs[0] == pytest.approx(0.01) and lrs == sorted(lrs, reverse=True) and lrs[-1] < 1e-3
     assert summary["precision"] == "autocast-bfloat16"
     assert "Lamb: dstrain's multi-tensor LAMB" in proc.stdout
     assert "normalise over groups of 8 images" in proc.stdout
@@ -329,3 +337,23 @@ def test_a_narrow_channels_last_model_trains_on_cpu_instead_of_crashing(fake_fmn
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "training in NCHW instead" in proc.stdout and "layers.1.shortcut.0" in proc.stdout
+
+
+@pytest.mark.parametrize("loader", ["dali", "torchvision"])
+def test_corrupt_image_under_two_ranks_is_one_error_line(tmp_path, loader):
+    """The rank that decodes the file prints the error; its peer loses contact and reports that on
+    stdout, not as a second error line on stderr (the user would read the same bad input twice)."""
+    from tests.conftest import make_jpeg_folder
+
+    root = make_jpeg_folder(tmp_path / "data", per_class=4, val_per_class=1)
+    bad = root / "train" / "cat" / "002.JPEG"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 truncated")
+    proc = run_cli(
+        [*FOLDER, f"data.loader={loader}", f"data.root={root}", f"run_dir={tmp_path / 'run'}"],
+        launcher=deepspeed_launcher(2),
+    )
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and f"error: corrupt image: {bad}" in errors[0], proc.stderr[-3000:]
+    # the other rank still says why it stopped, naming the rank and the file, where logs go
+    assert "stopped: lost contact with another rank" in proc.stdout and str(bad) in proc.stdout
