@@ -4,7 +4,8 @@
 #   ./run.sh test  [pytest args ...]                                     lint (ruff), then the test suite
 #   ./run.sh test-oldest [pytest args ...]                               the `oldest` tests on torch 2.11
 #   ./run.sh evidence                                                    fault tests -> docs/results/faults.md
-#   ./run.sh results [KEY ...]                                           rerun every CPU result + the index
+#   ./run.sh results [KEY ...] | --stale | --index                       rerun every CPU result + the index;
+#                                                                        which results are stale; the tables
 #   ./run.sh gpu [PART ...] [--budget PART=S] [--status]                 the GPU acceptance run, offline
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv).
@@ -110,7 +111,12 @@ case "$cmd" in
         exec "$PY" bench/gpu_run.py "$@" ;;
     results)
         # every CPU result README and docs/results quote (bench/evidence.py: the registry), then the index
-        setup_venv; setup_fashion_mnist
+        setup_venv
+        case "${1:-}" in
+            --stale) exec "$VENV/bin/python" bench/evidence.py stale ;;   # a report: what changed since each result
+            --index) exec "$VENV/bin/python" bench/evidence.py index ;;   # rewrite the generated tables
+        esac
+        setup_fashion_mnist
         exec "$VENV/bin/python" bench/evidence.py run "$@" ;;
     *)
         sed -n '2,10p' "$0"; exit 2 ;;

@@ -1,21 +1,29 @@
-"""Every result README and docs/results quote: its command, its file, its numbers and whether it is current.
+"""Every result README and the docs quote: its command, its file, its numbers and whether it is current.
 
-    python bench/evidence.py index            # write the table in docs/results/README.md from the result files
-    python bench/evidence.py check            # exit 1 when that table or a number README quotes differs
-                                              # from its result file (tests/test_evidence.py runs this check)
+    python bench/evidence.py index            # write the tables (docs/results/README.md, README.md's
+    ./run.sh results --index                  #   results) from the result files, staleness included
+    python bench/evidence.py check            # exit 1 when a table or a number the docs quote differs
+                                              # from its result file (tests/test_evidence.py runs this)
+    python bench/evidence.py stale            # which results the code changed since they ran (exit 0:
+    ./run.sh results --stale                  #   a report, not a gate)
     python bench/evidence.py run [KEY ...]    # rerun every CPU result's command (all but the long studies
     ./run.sh results                          #   and the test suite), one after the other, then the index
     ./run.sh results suite_cpu suite_cpu_oldest   # the test suite's outcome (CI's two steps), its own step
 
 A result is *current* when none of the code it measures (``Result.code``) differs between the commit
-it ran at and the working tree; otherwise the index names what changed (``git diff --name-only SHA``,
+it ran at and the working tree; otherwise ``stale`` names what changed (``git diff --name-only SHA``,
 so a change made and reverted does not count, and uncommitted changes do). A result run on an
-uncommitted tree (SHA ``...-dirty``) says so.
+uncommitted tree (SHA ``...-dirty``) says so. The index records staleness as of its writing; the check
+ignores that column, so a code commit does not fail the tests until the index is rewritten.
 
-README's numbers are checked the other way round as well: every percentage and every ratio written
-``0.97x`` in README.md and docs/results/README.md must be one of the strings a result renders from
-its file (``Result.quotes``), or a published number listed in ``PUBLISHED`` with its source. A number
-typed by hand, or left behind when its file was regenerated, fails the check.
+The docs' numbers are checked against the files in two ways. (1) In README.md and
+docs/results/README.md every percentage and every ratio written ``0.97x`` must be one of the strings a
+result renders from its file (``Result.quotes``), or a published number listed in ``PUBLISHED``.
+(2) In README.md and docs/*.md, a paragraph or table row that links a result file cites it: every
+number with a unit there (``%``, ``x``, ``pt``, ``img/s``, ``ms``, ``s``, ``min``) must be a value of a
+cited file at the precision written (a JSON leaf, as a fraction or in percent; or a number in a
+text/markdown result), a quote, or in ``PUBLISHED``/``STATED``; and every file linked must be
+registered here. A number typed by hand, or left behind when its file was regenerated, fails.
 """
 
 from __future__ import annotations
@@ -36,6 +44,11 @@ REPO = Path(__file__).resolve().parent.parent
 INDEX = REPO / "docs/results/README.md"
 README = REPO / "README.md"
 BEGIN, END = "<!-- evidence:index begin -->", "<!-- evidence:index end -->"
+README_BEGIN, README_END = "<!-- evidence:readme begin -->", "<!-- evidence:readme end -->"
+RESULT_DIRS = ("bench/results", "docs/results")  # every .json here is a registered result
+NOT_RESULTS = {
+    "docs/results/results_run.txt": "the log of the last `./run.sh results`: steps and times"
+}
 
 TRAINER = ("dstrain", "ds_configs")  # the code a training run measures: the package and its JSONs
 # what a run of the test suite depends on: the code, the tests, the scripts they run, the pins
@@ -65,6 +78,9 @@ class Result:
     quotes: Callable[[dict], dict[str, list[str]]] = field(default=lambda d: {})
     # part of `run`; False: the long accuracy studies and the test suite, each its own step
     rerun: bool = True
+    readme: str = ""  # a row of README's results table, with this label (empty: the index only)
+    # numbers derived from the file (ratios of two rows, ...) that the docs may cite besides its leaves
+    values: Callable[[dict], list[float]] = field(default=lambda d: [])
 
     def exists(self) -> bool:
         return (REPO / self.file).is_file()
@@ -124,7 +140,7 @@ def _polish_quotes(d: dict) -> dict[str, list[str]]:
     s = d["summary"]
     m = {k: f"{100 * s[k]['mean']:.2f}" for k in ("none", "refit", "k_epochs", "both")}
     return {
-        "README.md": [
+        "docs/usage.md": [
             f"({m['none']} -> {m['refit']} refit, {m['k_epochs']} K=1, {m['both']} both",
             f"for {pct(s['refit_fraction']['mean'])} extra time",
         ]
@@ -147,6 +163,13 @@ def _throughput_ratios(d: dict) -> list[float]:
         k = (r.get("data"), r.get("precision"), r.get("channels_last"), r.get("compile"))
         (bare if r["loop"].startswith("bare") else ours)[k] = r["images_per_s"]
     return [ours[k] / bare[k] for k in ours if k in bare]
+
+
+def _row_ratios(d: dict) -> list[float]:
+    """images/s of every row over every other row of one throughput run (twins, DALI vs synthetic,
+    bf16 vs fp32, ...)."""
+    ips = [r["images_per_s"] for r in d["rows"]]
+    return [a / b for a in ips for b in ips if b]
 
 
 def _throughput(d: dict) -> str:
@@ -183,7 +206,7 @@ def _study_quotes(d: dict) -> dict[str, list[str]]:
     rows += [f"| {top1[k] - top1['baseline']:+.2f} |" for k in shown[1:] if k in top1]
     best = max(top1[k] for k in top1 if k != "baseline" and not k.endswith("_no_refit"))
     rows.append(f"missed by {top1['baseline'] - best:.1f} pt")  # the report's distance
-    return {"README.md": rows}
+    return {"docs/results/README.md": rows}
 
 
 def _mean_sd(values: list[float]) -> str:
@@ -194,12 +217,39 @@ def _study10_quotes(d: dict) -> dict[str, list[str]]:
     by_row: dict[str, list[float]] = {}
     for r in d["runs"]:
         by_row.setdefault(r["row"], []).append(r["final_top1"])
-    return {"README.md": [_mean_sd(by_row[k]) for k in ("baseline", "recipe_lars", "recipe_lamb")]}
+    return {
+        "docs/results/README.md": [
+            _mean_sd(by_row[k]) for k in ("baseline", "recipe_lars", "recipe_lamb")
+        ]
+    }
 
 
 def _throughput_quotes(d: dict) -> dict[str, list[str]]:
     rs = _throughput_ratios(d)
-    return {"README.md": [f"{min(rs):.2f}x-{max(rs):.2f}x"]}
+    return {"docs/results/README.md": [f"{min(rs):.2f}x-{max(rs):.2f}x"]}
+
+
+def _layouts(d: dict) -> list[float]:
+    ms = d["median_step_ms"]
+    return [ms["dstrain_lamb_channels_last"] / ms["dstrain_lamb"]]
+
+
+def _code_shape(d: dict) -> str:
+    widest = d["widest_signatures"][0]["parameters"] if d["widest_signatures"] else 0
+    return (
+        f"{d['files']} files, {d['lines']:,} lines, {len(d['import_cycles'])} import cycles, "
+        f"widest signature {widest} parameters"
+    )
+
+
+def _crash(d: dict) -> str:
+    bad = [r for r in d["rows"] if r["outcome"] != "ok"]
+    return f"{len(bad)} of {len(d['rows'])} conv shapes crash oneDNN's channels_last backward"
+
+
+def _sweep(d: dict) -> str:
+    best = max(d["runs"], key=lambda r: r["final_top1"])
+    return f"{len(d['runs'])} runs; best {pct(best['final_top1'], 2)} ({best['name']}); no commit recorded"
 
 
 R = "python bench/"
@@ -212,12 +262,11 @@ RESULTS = [
         (*TRAINER, "bench/default_recipe.py"),
         _default_recipe,
         lambda d: {
-            "README.md": [
-                f"**{pct(d['final_top1'])} test top-1 after {d['epochs']} epochs",
-                f"({d['train_wall_time_s']:.0f} s of training, {d['command_wall_time_s']:.0f} s",
+            "docs/usage.md": [
                 f"| {pct(d['final_top1'])} test top-1, {d['train_wall_time_s']:.0f} s training",
             ]
         },
+        readme="default recipe (`./run.sh train`), 2 CPU cores",
     ),
     Result(
         "recipe_fashion_mnist_lars",
@@ -227,8 +276,11 @@ RESULTS = [
         (*TRAINER, "bench/default_recipe.py"),
         _default_recipe,
         lambda d: {
-            "README.md": [f"| {pct(d['final_top1'])} test top-1, {d['train_wall_time_s']:.0f} s"]
+            "docs/usage.md": [
+                f"| {pct(d['final_top1'])} test top-1, {d['train_wall_time_s']:.0f} s"
+            ]
         },
+        readme="the `fashion_mnist_lars` recipe (batch ramp to 4,096, LARS)",
     ),
     Result(
         "overhead_1rank",
@@ -237,7 +289,8 @@ RESULTS = [
         "bench/results/overhead_cpu_1rank.json",
         (*TRAINER, "bench/overhead.py"),
         _overhead,
-        lambda d: {"README.md": [f"| {ratio(d['overhead_ratio'], 3)} (1 rank)"]},
+        lambda d: {"docs/results/README.md": [f"| {ratio(d['overhead_ratio'], 3)} (1 rank)"]},
+        readme="trainer step vs a bare DeepSpeed loop, 1 rank",
     ),
     Result(
         "overhead_1rank_1thread",
@@ -256,7 +309,8 @@ RESULTS = [
         "bench/results/overhead_cpu_2rank.json",
         (*TRAINER, "bench/overhead.py"),
         _overhead,
-        lambda d: {"README.md": [f", {ratio(d['overhead_ratio'], 3)} (2 ranks)"]},
+        lambda d: {"docs/results/README.md": [f", {ratio(d['overhead_ratio'], 3)} (2 ranks)"]},
+        readme="the same, 2 ranks",
     ),
     Result(
         "scaling",
@@ -266,11 +320,12 @@ RESULTS = [
         (*TRAINER, "launch.sh", "bench/scaling.py"),
         _scaling,
         lambda d: {
-            "README.md": [
+            "docs/results/README.md": [
                 f"{d['images_per_s']['1x1']:,.0f} -> {d['images_per_s']['2x1']:,.0f} img/s: "
                 f"{ratio(d['speedup'])}, {pct(d['scaling_efficiency'], 0)} efficiency"
             ]
         },
+        readme="1 -> 2 CPU ranks under `./launch.sh`",
     ),
     Result(
         "single_rank_allreduce",
@@ -279,7 +334,9 @@ RESULTS = [
         "bench/results/single_rank_allreduce_cpu.json",
         ("dstrain/trainer.py", "dstrain/compat.py", "bench/single_rank_allreduce.py"),
         lambda d: f"a step {ratio(d['speedup_without_allreduce'])} faster without it",
-        lambda d: {"README.md": [f"a step {ratio(d['speedup_without_allreduce'])} faster"]},
+        lambda d: {
+            "docs/results/README.md": [f"a step {ratio(d['speedup_without_allreduce'])} faster"]
+        },
     ),
     Result(
         "bn_span",
@@ -308,11 +365,12 @@ RESULTS = [
             f"{ratio(d['ratio_vs_sgd_foreach']['dstrain_lamb'])} the time of SGD(foreach)"
         ),
         lambda d: {
-            "README.md": [
+            "docs/usage.md": [
                 f"takes {ratio(d['ratio_vs_sgd_foreach']['dstrain_lars'])} the time",
                 "within its {} target".format(re.search(r"within (\S+) of", d["targets"])[1]),
             ]
         },
+        readme="LARS/LAMB step on ResNet-50 parameters vs SGD",
     ),
     Result(
         "loader",
@@ -322,12 +380,13 @@ RESULTS = [
         ("dstrain/data", "bench/loader.py"),
         _loader,
         lambda d: {
-            "README.md": [
+            "docs/usage.md": [
                 f"**{ratio(d['rows'][0]['ratio_dali_over_plain'])}** the ceiling at "
                 f"{d['rows'][0]['batches_per_epoch']} batches an epoch, "
                 f"**{ratio(d['rows'][1]['ratio_dali_over_plain'])}** at"
             ]
         },
+        readme="DALI loader vs a plain DALI pipeline (CPU decode)",
     ),
     Result(
         "polish",
@@ -337,6 +396,7 @@ RESULTS = [
         (*TRAINER, "bench/polish.py"),
         _polish,
         _polish_quotes,
+        readme="Final Polishing at batch 4,096, 3 seeds (top-1 %)",
     ),
     Result(
         "comm_accuracy",
@@ -345,6 +405,7 @@ RESULTS = [
         "bench/results/comm_accuracy.json",
         (*TRAINER, "bench/comm_accuracy.py"),
         _comm,
+        readme="2D-Torus and 1-bit compression vs all-reduce, 2 ranks",
     ),
     Result(
         "throughput_cpu",
@@ -356,6 +417,8 @@ RESULTS = [
         (*TRAINER, "bench/throughput.py"),
         _throughput,
         _throughput_quotes,
+        values=_row_ratios,
+        readme="throughput bench on CPU (resnet18, 64 px)",
     ),
     Result(
         "throughput_cpu_compile",
@@ -368,6 +431,7 @@ RESULTS = [
         (*TRAINER, "bench/throughput.py"),
         _throughput,
         _throughput_quotes,
+        values=_row_ratios,
     ),
     Result(
         "loader_settings",
@@ -406,7 +470,6 @@ RESULTS = [
             f"training time now {ratio(d['head_over_base'])} that at c8827d4 "
             f"({d['median_wall_time_s']['head']:.1f} vs {d['median_wall_time_s']['base']:.1f} s)"
         ),
-        lambda d: {"README.md": [f"within {ratio(d['head_over_base'])} of each other"]},
     ),
     Result(
         "suite_cpu",
@@ -416,8 +479,9 @@ RESULTS = [
         "bench/results/suite_cpu_2_cores.json",
         (*SUITE, "requirements.txt"),
         suite_headline,
-        lambda d: {"README.md": [suite_headline(d)]},
+        lambda d: {"docs/testing.md": [suite_headline(d)]},
         rerun=False,
+        readme="the test suite (CI step 1)",
     ),
     Result(
         "suite_cpu_oldest",
@@ -428,8 +492,9 @@ RESULTS = [
         "bench/results/suite_cpu_2_cores_oldest.json",
         (*SUITE, "requirements-oldest.txt"),
         lambda d: f"torch {d['torch']}: {suite_headline(d)}",
-        lambda d: {"README.md": [f"torch {d['torch'].split('+')[0]}: {suite_headline(d)}"]},
+        lambda d: {"docs/testing.md": [f"torch {d['torch'].split('+')[0]}: {suite_headline(d)}"]},
         rerun=False,
+        readme="the `oldest` tests on torch 2.11 (CI step 2)",
     ),
     Result(
         "study_30ep",
@@ -440,6 +505,7 @@ RESULTS = [
         _study,
         _study_quotes,
         rerun=False,
+        readme="large-batch study, 30 epochs, seed 0 (top-1)",
     ),
     Result(
         "study_10ep",
@@ -449,6 +515,110 @@ RESULTS = [
         (*TRAINER, "bench/accuracy_study.py"),
         _study,
         _study10_quotes,
+        rerun=False,
+    ),
+    Result(
+        "throughput_cpu_dali",
+        "the trainer fed by DALI vs synthetic data (CPU, resnet18, 64 px, fp32)",
+        R
+        + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 640 --dali-images 640 "
+        "--dali-threads 2 --bare-steps 20 --bare-warmup 5 --epochs 3 --loaders synthetic dali "
+        "--channels-last off --compile off --precisions fp32 --out bench/results/throughput_cpu_2_cores_dali.json",
+        "bench/results/throughput_cpu_2_cores_dali.json",
+        (*TRAINER, "bench/throughput.py"),
+        _throughput,
+        values=_row_ratios,
+    ),
+    Result(
+        "throughput_cpu_fp32_bf16",
+        "bf16 autocast vs fp32 on a CPU without AVX-512 BF16 (an earlier machine)",
+        R + "throughput.py --model resnet18 --batch 16 --image-size 32 --images 64 --bare-steps 4 "
+        "--bare-warmup 1 --epochs 2 --loaders synthetic --channels-last off --compile off --precisions "
+        "fp32 bf16 --out bench/results/throughput_cpu_2_cores_fp32_bf16.json",
+        "bench/results/throughput_cpu_2_cores_fp32_bf16.json",
+        (*TRAINER, "bench/throughput.py"),
+        _throughput,
+        values=_row_ratios,
+        rerun=False,  # its point is the other machine's CPU
+    ),
+    Result(
+        "optimizer_step_layouts",
+        "LAMB on NCHW vs channels_last parameters (15 rounds)",
+        R + "optimizer_step.py --rounds 15 --out bench/results/optimizer_step_cpu_layouts.json",
+        "bench/results/optimizer_step_cpu_layouts.json",
+        ("dstrain/lars.py", "dstrain/lamb.py", "dstrain/multitensor.py", "bench/optimizer_step.py"),
+        lambda d: f"LAMB channels_last {ratio(_layouts(d)[0], 3)} the time of LAMB NCHW",
+        values=_layouts,
+    ),
+    Result(
+        "overhead_1rank_95e4140",
+        "trainer overhead at 95e4140 (the loop before issue 15), same machine as overhead_1rank",
+        "git worktree add /tmp/base 95e4140 && cd /tmp/base && python bench/overhead.py",
+        "bench/results/overhead_cpu_1rank_95e4140.json",
+        (),
+        _overhead,
+        rerun=False,  # a measurement of an old commit
+    ),
+    Result(
+        "code_shape",
+        "code shape of the package (files, lines, cycles, signatures)",
+        R + "code_shape.py",
+        "bench/results/code_shape.json",
+        ("dstrain",),
+        _code_shape,
+    ),
+    Result(
+        "code_shape_95e4140",
+        "code shape at 95e4140 (before the redesign)",
+        R + "code_shape.py --package /tmp/base/dstrain --out bench/results/code_shape_95e4140.json",
+        "bench/results/code_shape_95e4140.json",
+        (),
+        _code_shape,
+        rerun=False,
+    ),
+    Result(
+        "cpu_channels_last_crash",
+        "oneDNN's channels_last backward crash on narrow convolutions (CPU)",
+        R + "cpu_channels_last_crash.py",
+        "bench/results/cpu_channels_last_crash.json",
+        ("bench/cpu_channels_last_crash.py",),
+        _crash,
+    ),
+    Result(
+        "recipe_fashion_mnist_c8827d4",
+        "default recipe at c8827d4, with augmentation (its first result)",
+        "python -m dstrain --config fashion_mnist data.augment=true",
+        "bench/results/recipe_fashion_mnist.json",
+        (),
+        _default_recipe,
+        rerun=False,
+    ),
+    Result(
+        "suite_cpu_quick",
+        "the quick loop (`-m 'not slow'`)",
+        R + "suite.py --out bench/results/suite_cpu_2_cores_quick.json -- -q -m 'not slow'",
+        "bench/results/suite_cpu_2_cores_quick.json",
+        (*SUITE, "requirements.txt"),
+        suite_headline,
+        rerun=False,
+        readme='the quick loop, `./run.sh test -m "not slow"`',
+    ),
+    Result(
+        "accuracy_sweep",
+        "one-seed LR / warmup / ramp sweep, batch 4,096, 10 epochs (LRs chosen on the test set)",
+        "bench/accuracy_study.py at 4a0cead with uncommitted --jobs (the note in the file)",
+        "docs/results/accuracy_sweep.json",
+        (),
+        _sweep,
+        rerun=False,
+    ),
+    Result(
+        "probe_lars_lr_1.25",
+        "`fashion_mnist_lars` at LR 1.25 diverging at the switch to batch 4,096 (a log)",
+        "python -m dstrain --config fashion_mnist_lars optim.base_lr=1.25",
+        "bench/results/probe_lars_base_lr_1.25.log",
+        (),
+        lambda d: d["text"].splitlines()[1].lstrip("# "),
         rerun=False,
     ),
     *[
@@ -491,6 +661,15 @@ PUBLISHED = {
     "0.52x": "issue 16: the same H100 run, DeepSpeed's native fp16 engine",
 }
 NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:%|x(?![\w]))")
+# Numbers with a unit that stand in a passage citing a result but are not measured by it: settings,
+# thresholds and arithmetic, each with what it is (doc -> number as written -> why).
+STATED: dict[str, dict[str, str]] = {
+    "docs/testing.md": {"15 min": "pytest-timeout's limit per test (pyproject.toml)"},
+    "docs/large-batch.md": {
+        "84.9%": "the recipe's first version: recipe_fashion_mnist_lars.json at e829e24 (git history)",
+        "4x": "arithmetic: the probe's LR over the recipe's, and the LR jump at a 1,024 -> 4,096 switch",
+    },
+}
 
 
 # ------------------------------------------------------------------- staleness
@@ -524,8 +703,23 @@ def staleness(shas: list[str], code: tuple[str, ...], repo: Path = REPO) -> str:
 # ------------------------------------------------------------------- the index and the check
 
 
-def index_table(results: list[Result]) -> str:
+STALE_AS_OF = "_current? as of commit "
+
+
+def _link(r: Result, base: str) -> str:
+    """A markdown link to the result's file from a doc in ``base`` ('' = the repository root)."""
+    target = Path(r.file).relative_to(base) if base and r.file.startswith(base + "/") else None
+    up = "../" * len(Path(base).parts)
+    return f"[{Path(r.file).name}]({target or up + r.file})"
+
+
+def index_table(results: list[Result], stale: bool = True) -> str:
+    """The index; ``stale=False`` leaves the current? column out (what the check compares)."""
+    head = _git("rev-parse", "--short=7", "HEAD").stdout.strip() or "?"
     lines = [
+        f"{STALE_AS_OF}{head} (when this table was written); `./run.sh results --stale` tells "
+        "it for the tree you have._",
+        "",
         "| what | command | result file | commit | headline | current? |",
         "|---|---|---|---|---|---|",
     ]
@@ -537,32 +731,69 @@ def index_table(results: list[Result]) -> str:
             continue
         d = r.load()
         shas = r.shas(d)
-        link = (
-            Path(r.file).relative_to("docs/results") if r.file.startswith("docs/results/") else None
-        )
-        target = str(link) if link else f"../../{r.file}"
         sha_text = ", ".join(sorted({s.removesuffix("-dirty")[:7] for s in shas})) or "-"
+        now = staleness(shas, r.code) if stale else "-"
         lines.append(
-            f"| {r.what} | `{r.command}` | [{Path(r.file).name}]({target}) | {sha_text} | "
-            f"{r.headline(d)} | {staleness(shas, r.code)} |"
+            f"| {r.what} | `{r.command}` | {_link(r, 'docs/results')} | {sha_text} | "
+            f"{r.headline(d)} | {now} |"
         )
     return "\n".join(lines)
 
 
-def render_index(text: str, results: list[Result] | None = None) -> str:
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{INDEX}: markers {BEGIN!r} ... {END!r} not found")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{index_table(RESULTS if results is None else results)}\n{END}{tail}"
+def readme_table(results: list[Result]) -> str:
+    """README's results: one line per result marked ``readme``, linking its file."""
+    lines = ["| result | measured | file |", "|---|---|---|"]
+    for r in results:
+        if not r.readme:
+            continue
+        measured = r.headline(r.load()) if r.exists() else "not run yet"
+        lines.append(f"| {r.readme} | {measured} | {_link(r, '')} |")
+    return "\n".join(lines)
+
+
+def _replace_block(text: str, begin: str, end: str, body: str, name: str) -> str:
+    if begin not in text or end not in text:
+        raise SystemExit(f"{name}: markers {begin!r} ... {end!r} not found")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def render_index(text: str, results: list[Result] | None = None, stale: bool = True) -> str:
+    body = index_table(RESULTS if results is None else results, stale)
+    return _replace_block(text, BEGIN, END, body, str(INDEX))
+
+
+def render_readme(text: str, results: list[Result] | None = None) -> str:
+    body = readme_table(RESULTS if results is None else results)
+    return _replace_block(text, README_BEGIN, README_END, body, str(README))
+
+
+def without_staleness(text: str) -> str:
+    """The index with its as-of line and current? cells blanked: what a code commit changes."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(STALE_AS_OF):
+            continue
+        if line.startswith("| ") and line.endswith(" |"):
+            line = line[: line.rstrip(" |").rindex("|")] + "| - |"
+        out.append(line)
+    return "\n".join(out)
+
+
+def _masked(text: str, begin: str, end: str) -> list[bool]:
+    covered = [False] * len(text)
+    if begin in text and end in text:  # a generated table is checked by regenerating it
+        a, b = text.index(begin), text.index(end)
+        covered[a:b] = [True] * (b - a)
+    return covered
 
 
 def unquoted_numbers(name: str, text: str, quotes: list[str]) -> list[str]:
     """Percentages and ratios in ``text`` (the doc ``name``) that are neither in a quote nor published."""
-    covered = [False] * len(text)
-    if BEGIN in text and END in text:  # the generated table is checked by regenerating it
-        a, b = text.index(BEGIN), text.index(END)
-        covered[a:b] = [True] * (b - a)
+    covered = [
+        a or b for a, b in zip(_masked(text, BEGIN, END), _masked(text, README_BEGIN, README_END))
+    ]
     for q in quotes:
         for m in re.finditer(re.escape(q), text):
             covered[m.start() : m.end()] = [True] * (m.end() - m.start())
@@ -574,16 +805,144 @@ def unquoted_numbers(name: str, text: str, quotes: list[str]) -> list[str]:
     return problems
 
 
+# ------------------------------------------------------------------- numbers that cite a file
+
+UNIT_NUMBER = re.compile(
+    r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)(?:\s?(%|pt\b|points?\b|img/s|ms\b|min\b|s\b(?!/))|(x)(?!\w))"
+)
+LINK = re.compile(r"\]\(([^)\s#]+)")
+
+
+def blocks(text: str):
+    """(first line number, text) of each paragraph; a table gives one block per row."""
+    line = 1
+    for para in re.split(r"(\n\s*\n)", text):
+        if para.strip() and not para.startswith("\n"):
+            if para.lstrip().startswith("|"):
+                for k, row in enumerate(para.splitlines()):
+                    yield line + k, row
+            else:
+                yield line, para
+        line += para.count("\n")
+
+
+def cited(doc: str, block: str) -> list[str]:
+    """Repository paths of the result files a block links (README.md pages are indexes, not results)."""
+    out = []
+    for target in LINK.findall(block):
+        if "://" in target:
+            continue
+        path = (REPO / doc).parent / target
+        try:
+            rel = str(path.resolve().relative_to(REPO))
+        except ValueError:
+            continue
+        if rel.startswith(RESULT_DIRS) and Path(rel).name != "README.md" and rel not in NOT_RESULTS:
+            out.append(rel)
+    return out
+
+
+def registered_file(rel: str, results: list[Result]) -> Result | None:
+    """The result a file belongs to: its own, or that of the .json beside it (a report, a plot)."""
+    stem = str(Path(rel).with_suffix(""))
+    for r in results:
+        if r.file == rel or str(Path(r.file).with_suffix("")) == stem:
+            return r
+    return None
+
+
+def file_values(rel: str) -> list[float]:
+    """Every number a result file holds: JSON leaves, or the numbers of a text report."""
+    path = REPO / rel
+    if not path.is_file() or path.suffix in (".png", ".csv"):
+        return []
+    if path.suffix == ".json":
+        out: list[float] = []
+
+        def walk(x):
+            if isinstance(x, bool):
+                return
+            if isinstance(x, int | float):
+                out.append(float(x))
+            elif isinstance(x, dict):
+                for v in x.values():
+                    walk(v)
+            elif isinstance(x, list):
+                for v in x:
+                    walk(v)
+
+        walk(json.loads(path.read_text()))
+        return out
+    return [float(m.replace(",", "")) for m in re.findall(r"\d[\d,]*(?:\.\d+)?", path.read_text())]
+
+
+def written_as(number: str, unit: str, values: list[float]) -> bool:
+    """Whether one of ``values`` (a fraction or already in percent for %/pt) prints as ``number``."""
+    plain = number.replace(",", "")
+    decimals = len(plain.split(".")[1]) if "." in plain else 0
+    if unit in ("%", "pt", "point", "points"):
+        values = [*values, *(100 * v for v in values)]
+    elif unit == "min":  # minutes, or the minutes of "M min S s"
+        values = [*values, *(v / 60 for v in values), *(v // 60 for v in values)]
+    elif unit == "s":  # seconds, or the seconds of "M min S s"
+        values = [*values, *(v % 60 for v in values)]
+    return any(f"{v:.{decimals}f}" in (plain, "-" + plain) for v in values)
+
+
+def cited_numbers(doc: str, text: str, results: list[Result], quotes: list[str]) -> list[str]:
+    """Numbers with a unit in blocks that link a result file, not found in what they cite."""
+    problems = []
+    stated = STATED.get(doc, {})
+    for begin, end in ((BEGIN, END), (README_BEGIN, README_END)):  # generated: checked as a whole
+        if begin in text and end in text:
+            a, b = text.index(begin), text.index(end)
+            text = text[:a] + "\n" * text.count("\n", a, b) + text[b:]
+    for line, block in blocks(text):
+        files = cited(doc, block)
+        if not files:
+            continue
+        values: list[float] = []
+        for rel in files:
+            r = registered_file(rel, results)
+            if r is None:
+                problems.append(
+                    f"{doc}:{line}: links {rel}, which no Result in bench/evidence.py registers"
+                )
+                continue
+            values += file_values(rel) + file_values(r.file) + r.values(r.load())
+        covered = [False] * len(block)
+        for q in quotes:
+            for m in re.finditer(re.escape(q), block):
+                covered[m.start() : m.end()] = [True] * (m.end() - m.start())
+        for m in UNIT_NUMBER.finditer(block):
+            number, unit = m.group(1), m.group(2) or m.group(3)
+            shown = m.group(0)
+            if covered[m.start()] or shown in PUBLISHED or shown in stated:
+                continue
+            if not written_as(number, unit, values):
+                at = line + block.count("\n", 0, m.start())
+                problems.append(
+                    f"{doc}:{at}: {shown} is in none of the files this passage links ({', '.join(files)})"
+                )
+    return problems
+
+
 def check(texts: dict[str, str] | None = None, results: list[Result] | None = None) -> list[str]:
     """Every way the docs disagree with the result files (``texts``: doc -> text, default the files)."""
     results = RESULTS if results is None else results
-    docs = [str(p.relative_to(REPO)) for p in (README, INDEX)]
-    texts = {doc: (REPO / doc).read_text() for doc in docs} | (texts or {})
-    index = str(INDEX.relative_to(REPO))
+    pages = [README, INDEX, *sorted((REPO / "docs").glob("*.md"))]
+    texts = {str(p.relative_to(REPO)): p.read_text() for p in pages} | (texts or {})
+    index, readme = str(INDEX.relative_to(REPO)), str(README.relative_to(REPO))
     problems = []
-    if render_index(texts[index], results) != texts[index]:
+    if without_staleness(render_index(texts[index], results, stale=False)) != without_staleness(
+        texts[index]
+    ):
         problems.append(
             f"{index}: the table differs from the result files; run python bench/evidence.py index"
+        )
+    if render_readme(texts[readme], results) != texts[readme]:
+        problems.append(
+            f"{readme}: the results table differs from the result files; run python bench/evidence.py index"
         )
     quotes: dict[str, list[str]] = {}
     for r in filter(Result.exists, results):  # without a file, its quotes are unchecked numbers
@@ -594,9 +953,32 @@ def check(texts: dict[str, str] | None = None, results: list[Result] | None = No
                 if q not in texts[doc]
             ]
             quotes.setdefault(doc, []).extend(wanted)
-    for doc in docs:
+    for doc in (readme, index):
         problems += unquoted_numbers(doc, texts[doc], quotes.get(doc, []))
+    for doc in texts:
+        problems += cited_numbers(doc, texts[doc], results, quotes.get(doc, []))
+    for rel in unregistered(results):
+        problems.append(f"{rel}: a result file no Result in bench/evidence.py registers")
     return problems
+
+
+def unregistered(results: list[Result]) -> list[str]:
+    files = {r.file for r in results}
+    return sorted(
+        str(p.relative_to(REPO))
+        for d in RESULT_DIRS
+        for p in (REPO / d).rglob("*.json")
+        if str(p.relative_to(REPO)) not in files
+    )
+
+
+def stale_report(results: list[Result]) -> str:
+    lines = []
+    for r in results:
+        state = staleness(r.shas(r.load()), r.code) if r.exists() else "not run"
+        lines.append(f"{r.key:28s} {state}")
+    n = sum(1 for line in lines if " stale:" in line)
+    return "\n".join([*lines, f"{n} of {len(results)} results stale for this tree"])
 
 
 def run(keys: list[str]) -> None:
@@ -614,20 +996,30 @@ def run(keys: list[str]) -> None:
         if proc.returncode != 0:
             raise SystemExit(f"{r.key} failed ({proc.returncode}): {shlex.quote(r.command)}")
         print(f"[evidence] {r.key}: {time.perf_counter() - t0:.0f} s -> {r.file}", flush=True)
+    write_tables()
+
+
+def write_tables() -> None:
     INDEX.write_text(render_index(INDEX.read_text()))
+    README.write_text(render_readme(README.read_text()))
+    print(f"wrote {INDEX.relative_to(REPO)} and the results table of {README.relative_to(REPO)}")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
-    sub.add_parser("index", help="write docs/results/README.md's table")
-    sub.add_parser("check", help="exit 1 when the index or README's numbers differ from the files")
+    sub.add_parser("index", help="write docs/results/README.md's table and README's results table")
+    sub.add_parser(
+        "check", help="exit 1 when the tables or the docs' numbers differ from the files"
+    )
+    sub.add_parser("stale", help="which results the code changed since they ran (exit 0)")
     r = sub.add_parser("run", help="rerun the CPU results (all but the studies), then index")
     r.add_argument("keys", nargs="*", help=f"only these: {', '.join(x.key for x in RESULTS)}")
     args = p.parse_args()
     if args.what == "index":
-        INDEX.write_text(render_index(INDEX.read_text()))
-        print(f"wrote {INDEX.relative_to(REPO)}")
+        write_tables()
+    elif args.what == "stale":
+        print(stale_report(RESULTS))
     elif args.what == "run":
         run(args.keys)
     else:

@@ -187,7 +187,9 @@ def _skip_shm_op() -> None:
     module function ``build_shm_op``; returning None there is its own "op not available" path."""
     import importlib
 
-    backend = importlib.import_module("deepspeed.comm.torch")  # `deepspeed.comm.torch` is torch itself
+    backend = importlib.import_module(
+        "deepspeed.comm.torch"
+    )  # `deepspeed.comm.torch` is torch itself
     if hasattr(backend, "build_shm_op"):
         backend.build_shm_op = lambda: None
 

@@ -301,7 +301,9 @@ def lost_peer(trainer: Trainer, records: fault.RankRecords, err: Exception) -> P
         else "No checkpoint was written yet"
     )
     records.finish("lost_peer", EXIT_PEER_LOST, msg, step)
-    return PeerLost(msg, said_by_peer=bool(blamed) and all(r["state"] == "bad_input" for r in blamed))
+    return PeerLost(
+        msg, said_by_peer=bool(blamed) and all(r["state"] == "bad_input" for r in blamed)
+    )
 
 
 def set_cudnn(deterministic: bool) -> None:
