@@ -197,3 +197,17 @@ def test_staleness_names_what_changed_since_the_result(tmp_path):
     assert stale([sha], code=("bench/*.py",)) == "stale: bench/suite.py changed since"
     assert stale(["0" * 40]) == "commit 0000000 not in this history"
     assert stale([]) == "no commit recorded"
+
+
+@needs_git
+def test_a_table_cites_what_the_paragraph_introducing_it_links():
+    """docs/large-batch.md's optimizer table: its rows link nothing; the paragraph above it does."""
+    texts = _texts()
+    doc = "docs/large-batch.md"
+    row = "| **dstrain LARS** | 49.3 ms | 1.57x |"
+    assert row in texts[doc]
+    texts[doc] = texts[doc].replace(row, "| **dstrain LARS** | 39.3 ms | 1.47x |")
+    problems = evidence.check(texts)
+    assert [p.split(": ", 1)[1].split(" is ")[0] for p in problems] == ["39.3 ms", "1.47x"], (
+        problems
+    )
