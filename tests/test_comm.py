@@ -204,11 +204,33 @@ def test_shipped_comm_configs_parse():
     from dstrain import ds_config
     from tests.conftest import REPO
 
-    names = ["comm_torus2d", "comm_sign", "comm_powersgd", "comm_torus2d_sign", "bf16_comm_bf16"]
-    for name in names:
+    # what each file's name promises: (mode, compression, warm-up steps, PowerSGD rank)
+    promised = {
+        "comm_torus2d": ("torus2d", "none", 0, None),
+        "comm_sign": ("allreduce", "sign", 20, None),
+        "comm_powersgd": ("allreduce", "powersgd", 20, 4),
+        "comm_torus2d_sign": ("torus2d", "sign", 20, None),
+    }
+    for name, (mode, compression, warmup, rank) in promised.items():
         spec = ds_config.load(REPO / "ds_configs" / f"{name}.json", cuda_available=False)
-        assert "dstrain_communication" not in spec.engine_config(8, 1, 2)
-        assert (spec.comm is None) == (name == "bf16_comm_bf16")
+        engine = spec.engine_config(8, 1, 2)
+        assert "dstrain_communication" not in engine and "communication_data_type" not in engine
+        c = spec.comm.config
+        assert (c.mode, c.compression, c.warmup_steps) == (mode, compression, warmup), name
+        assert rank is None or c.powersgd_rank == rank
+        assert spec.comm.dtype is None  # the gradients' own dtype
+        if mode == "torus2d":  # "grid": "auto" -> the most square grid for the job's ranks
+            assert c.grid == []
+            assert [comm.grid_for(w, c.grid) for w in (4, 6, 8, 16, 32)] == [
+                (2, 2),
+                (3, 2),
+                (4, 2),
+                (4, 4),
+                (8, 4),
+            ]
+    bf16 = ds_config.load(REPO / "ds_configs" / "bf16_comm_bf16.json", cuda_available=False)
+    assert bf16.comm is None  # DeepSpeed's own all-reduce, in bf16
+    assert bf16.engine_config(8, 1, 2)["communication_data_type"] == "bf16"
 
 
 # ---------------------------------------------------------------- through the launcher

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -187,8 +188,33 @@ def test_dry_run_prefers_pdsh_and_fails_clearly_without_a_multi_node_launcher(tm
 
 
 @pytest.mark.parametrize("script", ["launch.sh", "run.sh", "hostfiles/abci_job.sh", ".ci/run"])
-def test_shell_scripts_parse(script):
-    assert subprocess.run(["bash", "-n", str(REPO / script)], capture_output=True).returncode == 0
+def test_shell_scripts_parse_and_stop_on_errors(script):
+    """Syntax (``bash -n``) and strict mode: a failing command, an unset variable or a failing
+    pipeline stage ends the script instead of running on (what each script is for is tested by
+    running it: the launch, dry-run, ABCI and run.sh tests)."""
+    text = (REPO / script).read_text()
+    proc = subprocess.run(["bash", "-n", str(REPO / script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    head = [line for line in text.splitlines() if line and not line.startswith("#")][:3]
+    assert "set -euo pipefail" in head, (
+        f"{script}: no `set -euo pipefail` before its first commands"
+    )
+
+
+def test_ci_runs_the_readme_test_command_and_run_sh_documents_its_commands():
+    """CI must call README's test command; run.sh's header lists exactly the commands it handles."""
+    readme = (REPO / "README.md").read_text().split("## Tests", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", readme, re.S)[1]
+    readme_cmds = [line.split("#")[0].strip() for line in block.splitlines()]
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    assert "./run.sh test" in readme_cmds
+    assert any(line.startswith("./run.sh test ") or line == "./run.sh test" for line in ci), ci
+    assert any(line.startswith("./run.sh test-oldest") for line in ci), ci
+    run_sh = (REPO / "run.sh").read_text()
+    handled = set(re.findall(r"^    ([a-z-]+)\)", run_sh, re.M))
+    header = run_sh.split("set -euo pipefail", 1)[0]
+    documented = set(re.findall(r"^#   \./run\.sh ([a-z-]+)", header, re.M))
+    assert handled == documented, (sorted(handled - documented), sorted(documented - handled))
 
 
 def test_the_abci_job_script_runs_under_a_faked_pbs_job(tmp_path):
