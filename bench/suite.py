@@ -48,18 +48,21 @@ def device_slug() -> str:
 
 
 def summarise(junits: list[Path]) -> dict:
-    """Counts, skip reasons, failures and the slowest tests of pytest junit XML files (one run's parts)."""
+    """Counts, skip reasons, failures, the slowest tests and the values tests recorded
+    (``record_property``) of pytest junit XML files (one run's parts)."""
     suites = []
     for junit in junits:
         root = ET.parse(junit).getroot()
         suites += [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     counts = dict.fromkeys(OUTCOMES, 0)
     skipped: dict[str, list[str]] = {}
-    failed, durations = [], []
+    failed, durations, measured = [], [], {}
     for case in (c for s in suites for c in s.iter("testcase")):
         test = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
         durations.append((test, float(case.get("time") or 0)))
         tags = {child.tag: child for child in case}
+        if "properties" in tags:  # values the test recorded (record_property): kept with the run
+            measured[test] = {p.get("name"): p.get("value") for p in tags["properties"]}
         outcome = next((t for t in ("failure", "error", "skipped") if t in tags), "passed")
         outcome = {"failure": "failed"}.get(outcome, outcome)
         counts[outcome] += 1
@@ -77,6 +80,7 @@ def summarise(junits: list[Path]) -> dict:
         "skipped": skipped,
         "failed": failed,
         "slowest": [[test, round(seconds, 1)] for test, seconds in durations[:15]],
+        "measured": measured,
     }
 
 

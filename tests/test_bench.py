@@ -414,8 +414,8 @@ def test_the_report_states_each_goal_with_its_distance():
 TOY_SUITE = """
 import pytest
 
-def test_a():
-    pass
+def test_a(record_property):
+    record_property("top1", "0.9123")
 
 def test_b():
     pass
@@ -438,10 +438,15 @@ def test_suite_summary_counts_each_outcome_and_keeps_pytests_exit(tmp_path):
     (tmp_path / "test_toy.py").write_text(TOY_SUITE)
     out = tmp_path / "suite.json"
     toy = str(tmp_path / "test_toy.py")
-    proc = bench("suite.py", "--out", str(out), "--", "-q", "-p", "no:cacheprovider", toy)
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1", toy]
+    proc = bench("suite.py", "--out", str(out), "--", *pytest_args)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     r = json.loads(out.read_text())
     assert r["counts"] == {"passed": 2, "failed": 1, "error": 1, "skipped": 1, "total": 5}
+    # a value a test recorded is kept with the run (the 2x2 torus test's top-1 of every rank)
+    assert [(t.rsplit("/", 1)[-1], v) for t, v in r["measured"].items()] == [
+        ("test_toy.py::test_a", {"top1": "0.9123"})
+    ]
     # test ids are relative to pytest's rootdir, which depends on where tmp_path lies
     assert list(r["skipped"]) == ["needs a CUDA GPU"]
     assert [t.rsplit("/", 1)[-1] for t in r["skipped"]["needs a CUDA GPU"]] == [

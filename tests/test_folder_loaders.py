@@ -80,22 +80,37 @@ def test_two_ranks_cover_every_file_exactly_once(jpeg_folder, loader):
         assert len(seen_val[0]) == 4 and len(seen_val[1]) == 5
 
 
-@pytest.mark.parametrize("loader", LOADERS)
-def test_val_is_deterministic_and_train_is_reproducible_per_epoch(jpeg_folder, loader):
-    """Val: same tensors on every pass. Train: a function of (seed, epoch): a resumed run sees the same crops."""
-    cfg = cfg_for(jpeg_folder, loader)
-    data = build_data(cfg, Shard(0, 1, 4, 1, eval_batch=4), 3, 3)
-    first = [x for x, _ in data.val]
-    assert all(torch.equal(a, b) for a, b in zip(first, [x for x, _ in data.val]))
-    again = build_data(cfg, Shard(0, 1, 4, 1, eval_batch=4), 3, 3)
-    for d in (data, again):
-        d.train.start_epoch(3)
-    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(data.train, again.train))
-
-
 @pytest.fixture(scope="module")
 def noise_folder(tmp_path_factory):
     return make_noise_folder(tmp_path_factory.mktemp("noise"), {"train": 8, "val": 2})
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_val_is_deterministic_and_train_is_reproducible_per_epoch(noise_folder, loader):
+    """Val: same tensors on every pass. Train: a function of (seed, epoch): a resumed run sees the
+    same crops. On noise images, where every crop window and flip gives other pixels: another
+    epoch (or seed) must give other tensors, so an augmentation that ignored them would fail."""
+    cfg = cfg_for(noise_folder, loader, random_area=[0.1, 0.5])
+
+    def train_epoch(epoch: int, seed: int = 0) -> list[torch.Tensor]:
+        data = build_data(cfg, Shard(0, 1, 4, 1, eval_batch=2, seed=seed), 3, 1)
+        data.train.start_epoch(epoch)
+        return [x for x, _ in data.train]
+
+    data = build_data(cfg, Shard(0, 1, 4, 1, eval_batch=2), 3, 1)
+    first = [x for x, _ in data.val]
+    assert all(torch.equal(a, b) for a, b in zip(first, [x for x, _ in data.val], strict=True))
+    ref = train_epoch(3)
+    assert len(ref) == 2 and all(
+        torch.equal(a, b) for a, b in zip(ref, train_epoch(3), strict=True)
+    )
+    # another epoch or seed: the same 8 images, in another order, each cropped anew: no image's
+    # tensor equals any tensor of the reference epoch (a crop that ignored the epoch would repeat)
+    ref_images = [x for batch in ref for x in batch]
+    for other in (train_epoch(4), train_epoch(3, seed=1)):
+        images = [x for batch in other for x in batch]
+        assert len(images) == len(ref_images) == 8
+        assert not any(torch.equal(a, b) for a in images for b in ref_images)
 
 
 def crops(root, seed, epoch, *, workers=0, rank=0, world=1, start=0, micro=2):
