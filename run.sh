@@ -79,8 +79,8 @@ case "$cmd" in
     test)
         setup_venv; setup_fashion_mnist; setup_multihost_tools
         say "ruff: lint and format check (pyproject.toml [tool.ruff]; fix with: $VENV/bin/ruff format . && $VENV/bin/ruff check --fix .)"
-        "$VENV/bin/ruff" check dstrain tests bench
-        "$VENV/bin/ruff" format --check dstrain tests bench
+        "$VENV/bin/ruff" check dstrain tests bench tools
+        "$VENV/bin/ruff" format --check dstrain tests bench tools
         exec "$VENV/bin/python" -m pytest "$@" ;;
     test-oldest)
         # the oldest torch pyproject.toml declares, in its own venv: the tests marked `oldest`
@@ -96,7 +96,7 @@ case "$cmd" in
             --evidence docs/results/faults.md "$@" ;;
     gpu)
         # Offline (a compute node has no network): the venv if there is one, else this interpreter;
-        # wheels put in .whl/ are installed without network into .whl/site (bench/gpu_run.py, docs/gpu.md)
+        # wheels put in .whl/ are installed without network into .whl/site (tools/gpu_run.py, docs/gpu.md)
         PY="$VENV/bin/python"; [[ -x "$PY" ]] || PY=$PYTHON
         if compgen -G ".whl/*.whl" > /dev/null; then
             stamp=$(ls .whl/*.whl | sha256sum | cut -d' ' -f1)
@@ -108,16 +108,16 @@ case "$cmd" in
             export PYTHONPATH="$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"
         fi
         # no apt-get here: offline, it could wait on the network; the accuracy part names what it lacks
-        exec "$PY" bench/gpu_run.py "$@" ;;
+        exec "$PY" tools/gpu_run.py "$@" ;;
     results)
-        # every CPU result README and docs/results quote (bench/evidence.py: the registry), then the index
+        # every CPU result README and docs/results quote (tools/evidence.py: the registry), then the index
         setup_venv
         case "${1:-}" in
-            --stale) exec "$VENV/bin/python" bench/evidence.py stale ;;   # a report: what changed since each result
-            --index) exec "$VENV/bin/python" bench/evidence.py index ;;   # rewrite the generated tables
+            --stale) exec "$VENV/bin/python" tools/evidence.py stale ;;   # a report: what changed since each result
+            --index) exec "$VENV/bin/python" tools/evidence.py index ;;   # rewrite the generated tables
         esac
         setup_fashion_mnist
-        exec "$VENV/bin/python" bench/evidence.py run "$@" ;;
+        exec "$VENV/bin/python" tools/evidence.py run "$@" ;;
     *)
         sed -n '2,10p' "$0"; exit 2 ;;
 esac

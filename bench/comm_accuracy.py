@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,8 +37,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=3)
     args = p.parse_args()
+    from bench.common import provenance
     from bench.default_recipe import cpu_model
-    from dstrain.provenance import git_sha
 
     deepspeed = str(Path(sys.executable).parent / "deepspeed")
     rows = []
@@ -107,9 +106,7 @@ def main() -> int:
         r["top1_vs_fp32"] = round(r["final_top1"] - base["final_top1"], 4)
         r["bytes_vs_fp32"] = round(r["bytes_sent_per_step"] / base["bytes_sent_per_step"], 4)
     result = {
-        "command": "python bench/comm_accuracy.py " + " ".join(sys.argv[1:]),
-        "git_sha": git_sha(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **provenance("comm_accuracy.py"),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None, "ranks": 2},
         "setup": f"--config fashion_mnist epochs={args.epochs}, deepspeed --num_gpus 2 (gloo)",
         "rows": rows,

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,12 +113,10 @@ def main() -> int:
         }
         for p in gpus
     ]
-    from dstrain.provenance import git_sha
+    from bench.common import provenance
 
     result = {
-        "command": "python bench/comm_model.py",
-        "git_sha": git_sha(),
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance("comm_model.py", []),
         "units": "milliseconds per all-reduce of ResNet-50's 25.6M gradients (model, not measured)",
         "machine_model": {
             "gpus_per_node": GPUS_PER_NODE,

@@ -47,15 +47,11 @@ def run_trainer(
     return summary
 
 
-def provenance(script: str, args: list[str] | None = None) -> dict:
-    """The command that made a result, and the code and machine it ran on."""
-    from dstrain.provenance import environment, git_sha
+def provenance(script: str, args: list[str] | None = None, command: str | None = None) -> dict:
+    """dstrain.provenance.record for ``python bench/SCRIPT ARGS`` (default: this process's
+    arguments), or for ``command`` as given (a launcher's, a trainer's)."""
+    from dstrain.provenance import record
 
-    command = f"python bench/{script} " + shlex.join(sys.argv[1:] if args is None else args)
-    return {
-        "command": command.strip(),
-        "git_sha": git_sha(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        **environment(),
-        "cpu_count": os.cpu_count(),
-    }
+    if command is None:
+        command = f"python bench/{script} " + shlex.join(sys.argv[1:] if args is None else args)
+    return record(command)

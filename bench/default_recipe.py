@@ -15,7 +15,6 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,13 +47,10 @@ def main() -> int:
         log_tail = [
             line for line in summary["stdout"].splitlines() if "done:" in line or "summary:" in line
         ]
-    from dstrain.provenance import git_sha
+    from bench.common import provenance
 
-    sha = git_sha()  # "-dirty" when the working tree differs from the commit
-    result = {
-        "command": f"python -m dstrain --config {recipe} " + " ".join(extra),
-        "git_sha": sha,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    result = {  # git_sha: "-dirty" when the working tree differs from the commit
+        **provenance("", command=f"python -m dstrain --config {recipe} " + " ".join(extra)),
         "machine": {
             "cpu": cpu_model(),
             "cores": os.cpu_count(),

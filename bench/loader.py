@@ -185,7 +185,7 @@ def build_loader(
 
     from dstrain.config import DataConfig
     from dstrain.data import Shard
-    from dstrain.data.folder import limited, scan_split
+    from dstrain.data.images import limited, scan_split
 
     images = limited(scan_split(root, "train"), n)
     if name == "plain":
@@ -199,17 +199,17 @@ def build_loader(
         pin_memory=True,
     )
     shard = Shard(0, 1, batch, 1, eval_batch=batch, seed=0)
-    common = dict(augment=True, channels=3, device=device)
+    from dstrain.data.sharding import Output
+
     if name == "dali":
         from dstrain.data.dali import DaliLoader
 
         dtype = torch.float16 if opts["dtype"] == "float16" else torch.float32
-        return DaliLoader(
-            images, shard, "train", cfg, dtype=dtype, channels_last=opts["channels_last"], **common
-        )
+        out = Output(3, device, dtype, opts["channels_last"])
+        return DaliLoader(images, shard, "train", cfg, augment=True, out=out)
     from dstrain.data.folder import TorchvisionLoader
 
-    return TorchvisionLoader(images, shard, "train", cfg, **common)
+    return TorchvisionLoader(images, shard, "train", cfg, augment=True, out=Output(3, device))
 
 
 def time_epoch(loader, epoch: int) -> tuple[float, int]:
@@ -432,7 +432,7 @@ def main() -> int:
 
     import torch
 
-    from dstrain.provenance import git_sha
+    from bench.common import provenance
 
     needed = max(args.batches_per_epoch) * args.batch
     devices = [d for d in args.devices if d == "cpu" or torch.cuda.is_available()]
@@ -448,9 +448,7 @@ def main() -> int:
             )
         sizes = [p.stat().st_size for p in (root / "train").rglob("*.JPEG")]
         common = {
-            "command": "python bench/loader.py " + " ".join(sys.argv[1:]),
-            "git_sha": git_sha(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            **provenance("loader.py"),
             "machine": machine(),
             "setup": {
                 "files_in_folder": len(sizes),

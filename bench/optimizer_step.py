@@ -27,10 +27,10 @@ import torchvision
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.common import provenance  # noqa: E402
 from dstrain.lamb import LAMB  # noqa: E402
 from dstrain.lars import LARS  # noqa: E402
 from dstrain.optim import param_groups  # noqa: E402
-from dstrain.provenance import git_sha  # noqa: E402
 
 
 class UnchunkedLARS(LARS):
@@ -162,9 +162,7 @@ def main() -> int:
     }
     params = list(model.parameters())
     result = {
-        "command": "python bench/optimizer_step.py " + " ".join(sys.argv[1:]),
-        "git_sha": git_sha(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **provenance("optimizer_step.py"),
         "device": torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else platform.processor() or "cpu",

@@ -44,9 +44,10 @@ def main() -> int:
     import torch
     import torch.nn.functional as F
 
+    from bench.common import provenance
     from dstrain import dist, fault, train
     from dstrain.config import load_config
-    from dstrain.provenance import git_sha
+    from dstrain.plan import prepare
     from dstrain.trainer import TrainState
 
     # the trainer as `python -m dstrain` builds it (set-up phases of dstrain/train.py), in this process
@@ -62,7 +63,7 @@ def main() -> int:
             "fault.check_disk=false",
         ],
     )
-    plan = train.prepare(cfg, str(REPO / "ds_configs/fp32.json"))
+    plan = prepare(cfg, str(REPO / "ds_configs/fp32.json"))
     dist.init_process_group(cfg.fault.collective_timeout_s)
     world, rank = dist.world_size(), dist.rank()
     signals = fault.StopSignals()
@@ -107,8 +108,9 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
         "what": "trainer train_epoch vs a bare DeepSpeed loop, same engine/model/data/batch, alternating passes",
-        "command": " ".join(["deepspeed --num_gpus 2" if world > 1 else "python"] + sys.argv),
-        "git_sha": git_sha(),
+        **provenance(
+            "", command=" ".join(["deepspeed --num_gpus 2" if world > 1 else "python"] + sys.argv)
+        ),
         "world_size": world,
         "global_batch": args.batch,
         "steps_per_pass": args.steps,

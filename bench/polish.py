@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,8 +83,8 @@ def main() -> int:
         help="polish-set sizes (0 = all)",
     )
     args = p.parse_args()
+    from bench.common import provenance
     from bench.default_recipe import cpu_model
-    from dstrain.provenance import git_sha
 
     rows, sweep = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,9 +133,7 @@ def main() -> int:
         for key in ("none", "refit", "k_epochs", "both", "refit_fraction")
     }
     result = {
-        "command": "python bench/polish.py " + " ".join(sys.argv[1:]),
-        "git_sha": git_sha(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **provenance("polish.py"),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None},
         "setup": {
             "training": " ".join(BASE) + f" epochs={args.epochs}",

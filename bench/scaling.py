@@ -21,7 +21,6 @@ import shlex
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,7 +89,7 @@ def main() -> int:
         raise SystemExit(
             f"--ranks {args.ranks} --batch {args.batch}: need >= 2 ranks that divide the global batch"
         )
-    from dstrain.provenance import git_sha
+    from bench.common import provenance
 
     configs = [(1, args.threads), (args.ranks, args.threads), (1, args.threads * args.ranks)]
     runs, port = [], 29700
@@ -116,9 +115,7 @@ def main() -> int:
     result = {
         "what": f"trainer images/s under ./launch.sh, 1 vs {args.ranks} CPU ranks ({args.threads} thread(s) each), "
         "Fashion-MNIST resnet_small fp32, training part of each epoch",
-        "command": "python bench/scaling.py " + " ".join(sys.argv[1:]),
-        "git_sha": git_sha(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **provenance("scaling.py"),
         "cpu_count": os.cpu_count(),
         "global_batch": args.batch,
         "epochs": args.epochs,

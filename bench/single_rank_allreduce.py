@@ -36,9 +36,9 @@ def main() -> int:
     import torch.nn.functional as F
     import torchvision
 
+    from bench.common import provenance
     from dstrain import dist, ds_config
     from dstrain.optim import build_optimizer
-    from dstrain.provenance import git_sha
 
     dist.setup_env_for_single_process()
     deepspeed.init_distributed(dist_backend="gloo")
@@ -71,9 +71,7 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
         "what": __doc__.split("\n\n")[0],
-        "command": "python bench/single_rank_allreduce.py " + " ".join(sys.argv[1:]),
-        "git_sha": git_sha(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **provenance("single_rank_allreduce.py"),
         "torch_threads": torch.get_num_threads(),
         "batch": args.batch,
         "steps_per_pass": args.steps,

@@ -166,9 +166,11 @@ def environment(device) -> dict:
         dali_version = dali.__version__
     except ImportError:
         dali_version = None
-    from dstrain.provenance import git_sha
+    from dstrain.provenance import record
 
+    where = {k: v for k, v in record("").items() if k != "command"}  # git SHA, date, versions
     return {
+        **where,
         "device": torch.cuda.get_device_name(0)
         if device.type == "cuda"
         else f"CPU ({os.cpu_count()} cores)",
@@ -177,8 +179,6 @@ def environment(device) -> dict:
         "deepspeed": deepspeed.__version__,
         "dali": dali_version,
         "cuda": torch.version.cuda,
-        "git_sha": git_sha(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
 

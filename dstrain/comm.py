@@ -72,26 +72,24 @@ DTYPES = {
 
 @dataclass
 class CommConfig:
-    """The ``dstrain_communication`` block, typed (read through :data:`FIELDS`)."""
+    """The ``dstrain_communication`` block: each field is its JSON key, with its kind, range and
+    default (dstrain/jsonspec.py), declared here once."""
 
-    mode: Literal["allreduce", "torus2d"] = "allreduce"
-    compression: Literal["none", "sign", "powersgd"] = "none"
+    mode: Literal["allreduce", "torus2d"] = jsonspec.setting(
+        jsonspec.choice("allreduce", "torus2d"), "allreduce"
+    )
+    compression: Literal["none", "sign", "powersgd"] = jsonspec.setting(
+        jsonspec.choice("none", "sign", "powersgd"), "none"
+    )
     # torus2d: [X, Y], X ranks per row; [] or "auto" = most square
-    grid: list[int] = field(default_factory=list)
-    powersgd_rank: int = 4
-    warmup_steps: int = 0  # optimizer steps synchronised uncompressed before compression starts
-    bucket_mb: float = 25.0  # flattened gradient bucket size (MiB)
+    grid: list[int] = jsonspec.setting(jsonspec.Value("integers"), factory=list)
+    powersgd_rank: int = jsonspec.setting(jsonspec.integer(lambda v: v >= 1, "must be >= 1"), 4)
+    # optimizer steps synchronised uncompressed before compression starts
+    warmup_steps: int = jsonspec.setting(jsonspec.integer(lambda v: v >= 0, "must be >= 0"), 0)
+    bucket_mb: float = jsonspec.setting(jsonspec.positive("MiB"), 25.0)  # gradient bucket size
 
 
-# the block's JSON declaration (dstrain/jsonspec.py): the types and ranges of CommConfig's fields
-FIELDS = {
-    "mode": jsonspec.choice("allreduce", "torus2d"),
-    "compression": jsonspec.choice("none", "sign", "powersgd"),
-    "grid": jsonspec.Value("integers"),
-    "powersgd_rank": jsonspec.integer(lambda v: v >= 1, "must be >= 1"),
-    "warmup_steps": jsonspec.integer(lambda v: v >= 0, "must be >= 0"),
-    "bucket_mb": jsonspec.positive("MiB"),
-}
+FIELDS = jsonspec.declaration(CommConfig)  # the block's keys, for the docs and the JSON checks
 
 
 @dataclass(frozen=True)
@@ -112,9 +110,7 @@ def parse(ds: dict, source: str) -> CommSpec | None:
         raise ConfigError(f'{where} must be an object, e.g. {{"mode": "torus2d"}}')
     if block.get("grid") == "auto":
         block = {**block, "grid": []}
-    cfg = CommConfig(
-        **jsonspec.read_block(block, FIELDS, BLOCK, source, "dstrain does not read it")
-    )
+    cfg = jsonspec.read_into(CommConfig, block, BLOCK, source, "dstrain does not read it")
     if cfg.mode == "torus2d" and cfg.compression == "powersgd":
         raise ConfigError(
             f"{where}: powersgd does not compose with torus2d (it needs whole weight matrices, the "

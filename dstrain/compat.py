@@ -21,6 +21,7 @@ from pathlib import Path
 from dstrain.config import TrainConfig
 from dstrain.ds_config import DeepSpeedSpec
 from dstrain.errors import ConfigError
+from dstrain.ramp import global_size_at
 from dstrain.rundir import MODEL_KEYS, check_same_model
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,7 @@ def state_layout(spec: DeepSpeedSpec) -> str:
     opt = spec.optimizer
     if opt.kind not in ("sgd", "lars"):
         return "first and second moments"
-    default = 0.9 if opt.kind == "lars" else 0.0  # the builders' defaults (dstrain/optim.py)
-    return "momentum buffer" if opt.params.get("momentum", default) > 0 else "none"
+    return "momentum buffer" if opt.params["momentum"] > 0 else "none"  # defaults filled in
 
 
 def fingerprint(cfg: TrainConfig, spec: DeepSpeedSpec, world: int) -> dict:
@@ -74,11 +74,7 @@ def world_size_may_change(fp: dict) -> bool:
 
 def global_batch_at(fp: dict, epoch: int) -> int:
     """The global batch of ``epoch`` (0-based) under a fingerprint's ``batch.global_size`` and ramp."""
-    size = fp["batch.global_size"]
-    for first, later in sorted(fp["batch.ramp"]):
-        if epoch >= first:
-            size = later
-    return size
+    return global_size_at(epoch, fp["batch.global_size"], fp["batch.ramp"])
 
 
 def differences(saved: dict, now: dict, epochs_done: int = 0, mid_epoch: bool = False) -> list[str]:

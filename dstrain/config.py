@@ -12,7 +12,7 @@ the trainer writes into the DeepSpeed config it hands to the engine (solved by
 ``dstrain/ramp.py``). A JSON that sets any of the three is rejected (see
 ``dstrain/ds_config.py``). Each section is read by the module that owns its
 technique: ``optim`` by schedule.py, ``batch`` by ramp.py, ``data`` by data/,
-``polish`` by polish.py, ``fault`` by fault.py, ``checkpoint`` by checkpoint.py.
+``polish`` by bn_refit.py, ``fault`` by fault.py, ``checkpoint`` by checkpoint.py.
 """
 
 from __future__ import annotations

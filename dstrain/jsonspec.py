@@ -1,6 +1,9 @@
 """Typed reading of JSON blocks: each block is declared once, and every value is checked where it is read.
 
 A block's declaration maps each key to a :class:`Value` (its kind and, optionally, a range rule).
+A block the code then uses as an object is declared as a dataclass whose fields carry their
+:class:`Value` (:func:`setting`): names, types, ranges and defaults in one place, read with
+:func:`read_into` (the dstrain_communication block, each optimizer's parameters).
 :func:`read_block` returns a typed copy of the block or raises one :class:`ConfigError` line that names
 the file and the full key path::
 
@@ -19,7 +22,7 @@ import difflib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from dstrain.errors import ConfigError
@@ -167,3 +170,23 @@ def read_block(
         for key, value in block.items()
         if not key.startswith("_")
     }
+
+
+# ---------------------------------------------------------------- a block declared as a dataclass
+def setting(value: Value, default: Any = MISSING, *, factory: Callable[[], Any] | None = None):
+    """A dataclass field that carries its JSON declaration: the field's name is the key, ``value``
+    its kind and range, the field's default the value when the JSON leaves the key out."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"json": value})
+    return field(default=default, metadata={"json": value})
+
+
+def declaration(cls: type) -> dict[str, Value]:
+    """The block declaration (key -> :class:`Value`) of a dataclass written with :func:`setting`."""
+    return {f.name: f.metadata["json"] for f in fields(cls) if "json" in f.metadata}
+
+
+def read_into(cls: type, block: Any, path: str, source: str, why: str):
+    """The JSON object ``block`` read against ``cls``'s declaration, as an instance of ``cls``
+    (keys left out take the field defaults)."""
+    return cls(**read_block(block, declaration(cls), path, source, why))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -67,22 +67,20 @@ def param_groups(
 
 # torch's own choice of implementation (foreach=None): multi-tensor on GPU, per-tensor on CPU,
 # where bench/optimizer_step.py measures foreach SGD 2.9x slower on ResNet-50's parameters.
-def _sgd(groups, lr, momentum=0.0, weight_decay=0.0, nesterov=False, dampening=0.0):
+def _sgd(groups, lr, momentum, weight_decay, nesterov, dampening):
     return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov, dampening=dampening)
 
 
-def _adamw(groups, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+def _adamw(groups, lr, betas, eps, weight_decay):
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
 
 
-def _adam(groups, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+def _adam(groups, lr, betas, eps, weight_decay):
     return torch.optim.Adam(groups, lr=lr, betas=tuple(betas), eps=eps)
 
 
 # weight_decay is accepted by every builder but already set per group by param_groups().
-def _lars(
-    groups, lr, momentum=0.9, weight_decay=1e-4, trust_coefficient=0.001, eps=0.0, larc_clip=False
-):
+def _lars(groups, lr, momentum, weight_decay, trust_coefficient, eps, larc_clip):
     return LARS(
         groups,
         lr=lr,
@@ -182,8 +180,8 @@ def _fused_lamb(groups, lr, **params):
         return _dstrain_lamb(groups, lr, **params)
     from deepspeed.ops.lamb import FusedLamb
 
-    betas = tuple(params.pop("betas", (0.9, 0.999)))
-    params.pop("weight_decay", None)  # set per group by param_groups()
+    betas = tuple(params.pop("betas"))
+    params.pop("weight_decay")  # set per group by param_groups()
     log.info(
         "FusedLamb: DeepSpeed's CUDA op; BN/bias tensors get ratio 1 through their group's clamp [1, 1]"
     )
@@ -207,34 +205,62 @@ LR = jsonspec.positive("the LR per optim.lr_reference_batch images")
 BETAS = jsonspec.Value(
     "pair", lambda b: all(0 <= x < 1 for x in b), "must be [beta1, beta2], each in [0, 1)"
 )
-# every parameter each optimizer type takes, typed: one declaration, checked when the JSON is read
-COMMON = {"lr": LR, "weight_decay": jsonspec.non_negative(), "exclude_bn_bias": jsonspec.boolean()}
-ADAM = {**COMMON, "betas": BETAS, "eps": jsonspec.non_negative()}
-LAMB_PARAMS = {
-    **ADAM,
-    "max_coeff": jsonspec.positive(),
-    "min_coeff": jsonspec.non_negative(),
-    "bias_correction": jsonspec.boolean(),
-}
+S = jsonspec.setting
+
+
+# every parameter each optimizer type takes: its JSON key, kind, range and default, declared once.
+# weight_decay is set per parameter group by param_groups() (0 for BN/bias); the builders get the rest.
+@dataclass(frozen=True)
+class Common:
+    lr: float = S(LR)  # required: parse_spec says so by name
+    weight_decay: float = S(jsonspec.non_negative(), 0.0)
+    exclude_bn_bias: bool = S(jsonspec.boolean(), True)  # ndim <= 1: no decay, no trust ratio
+
+
+@dataclass(frozen=True)
+class SGDParams(Common):
+    momentum: float = S(jsonspec.fraction(), 0.0)
+    nesterov: bool = S(jsonspec.boolean(), False)
+    dampening: float = S(jsonspec.fraction(), 0.0)
+
+
+@dataclass(frozen=True)
+class AdamParams(Common):
+    betas: tuple[float, float] = S(BETAS, (0.9, 0.999))
+    eps: float = S(jsonspec.non_negative(), 1e-8)
+
+
+@dataclass(frozen=True)
+class LARSParams(Common):
+    momentum: float = S(jsonspec.fraction(), 0.9)
+    trust_coefficient: float = S(jsonspec.positive(), 0.001)
+    eps: float = S(jsonspec.non_negative(), 0.0)
+    larc_clip: bool = S(jsonspec.boolean(), False)
+
+
+@dataclass(frozen=True)
+class LAMBParams(Common):
+    betas: tuple[float, float] = S(BETAS, (0.9, 0.999))
+    eps: float = S(jsonspec.non_negative(), 1e-6)
+    max_coeff: float = S(jsonspec.positive(), 10.0)
+    min_coeff: float = S(jsonspec.non_negative(), 0.01)
+    bias_correction: bool = S(jsonspec.boolean(), True)
+
+
+@dataclass(frozen=True)
+class FusedLambParams(LAMBParams):
+    eps: float = S(
+        jsonspec.non_negative(), 1e-8
+    )  # DeepSpeed's FusedLamb default (and its fallback's)
+
+
 PARAMS = {
-    "sgd": {
-        **COMMON,
-        "momentum": jsonspec.fraction(),
-        "nesterov": jsonspec.boolean(),
-        "dampening": jsonspec.fraction(),
-    },
-    "adam": ADAM,
-    "adamw": ADAM,
-    "lars": {
-        **COMMON,
-        "momentum": jsonspec.fraction(),
-        "trust_coefficient": jsonspec.positive(),
-        "eps": jsonspec.non_negative(),
-        "larc_clip": jsonspec.boolean(),
-    },
-    "lamb": LAMB_PARAMS,
-    # where DeepSpeed's op does not build, FusedLamb falls back to dstrain's LAMB: the same parameters
-    "fusedlamb": LAMB_PARAMS,
+    "sgd": SGDParams,
+    "adam": AdamParams,
+    "adamw": AdamParams,
+    "lars": LARSParams,
+    "lamb": LAMBParams,
+    "fusedlamb": FusedLambParams,
 }
 BLOCK_KEYS = ("type", "params")  # what the "optimizer" block holds
 
@@ -297,18 +323,16 @@ def parse_spec(block: dict | None, source: str = "optimizer") -> OptimizerSpec:
             f"{source}: optimizer type {name!r} is not supported; "
             f"use one of {', '.join(sorted(OPTIMIZERS))} (case-insensitive)"
         )
-    params = jsonspec.read_block(
-        block.get("params", {}),
-        PARAMS[kind],
-        "optimizer.params",
-        source,
-        f"optimizer {name} takes no such parameter",
-    )
-    if "lr" not in params:
+    given = block.get("params", {})
+    if isinstance(given, dict) and "lr" not in given:
         raise ConfigError(
             f"{source}: optimizer.params.lr is missing (the LR per optim.lr_reference_batch images)"
         )
-    exclude = params.pop("exclude_bn_bias", True)
+    typed = jsonspec.read_into(
+        PARAMS[kind], given, "optimizer.params", source, f"optimizer {name} takes no such parameter"
+    )
+    params = {f.name: getattr(typed, f.name) for f in fields(typed)}  # every one, defaults filled
+    exclude = params.pop("exclude_bn_bias")
     return OptimizerSpec(kind, name, params, exclude, source)
 
 
@@ -316,7 +340,7 @@ def build_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.
     """The client optimizer for ``model``: parameter groups by shape, then the spec's builder."""
     groups = param_groups(
         model,
-        float(spec.params.get("weight_decay", 0.0)),
+        float(spec.params["weight_decay"]),
         spec.exclude_bn_bias,
         layerwise=spec.layerwise,
     )

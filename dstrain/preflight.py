@@ -26,9 +26,9 @@ from dstrain.data import ImageCounts, check_enough_images, count_images
 from dstrain.errors import ConfigError
 from dstrain.launch import RUN_DIR_FILE_ENV
 from dstrain.models import model_from_config
+from dstrain.plan import Plan, prepare
 from dstrain.ramp import batch_at
 from dstrain.schedule import LRSchedule
-from dstrain.train import Plan, prepare
 
 
 @dataclass(frozen=True)

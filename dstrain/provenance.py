@@ -47,3 +47,17 @@ def environment() -> dict:
         "deepspeed": deepspeed_version,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
+
+
+def record(command: str) -> dict:
+    """The provenance every result file starts with: the command that made it, the commit (with
+    ``-dirty``), the date, and the machine and libraries it ran on. One helper for every script."""
+    import time
+
+    return {
+        "command": command.strip(),
+        "git_sha": git_sha(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **environment(),
+        "cpu_count": os.cpu_count(),
+    }

@@ -96,3 +96,12 @@ def batch_at(epoch: int, plan: list[BatchStage]) -> BatchStage:
         if stage.epoch <= epoch:
             current = stage
     return current
+
+
+def global_size_at(epoch: int, global_size: int, ramp) -> int:
+    """The global batch of ``epoch`` (0-based) under ``batch.global_size`` and a valid ``batch.ramp``,
+    without a world size (what a checkpoint's config recorded): :func:`batch_at`'s rule."""
+    switches = [
+        BatchStage(int(e), int(b), 1, 1) for e, b in sorted(map(tuple, ramp or [])) if e > 0
+    ]
+    return batch_at(epoch, [BatchStage(0, global_size, 1, 1), *switches]).global_size

@@ -121,3 +121,11 @@ class LRSchedule:
         peak = self.peak(global_batch)
         lr = lr_at(t, self.cfg, base_lr=self.base_lr, peak_lr=peak, epochs=self.epochs)
         return lr, (weight_decay_factor(lr, peak) if self.cfg.wd_follows_lr else None)
+
+
+def augment_at(
+    epoch: int, epochs: int, last_epochs_without_augmentation: int, augment: bool = True
+) -> bool:
+    """Whether epoch ``epoch`` (0-based) trains on augmented images: not in the last K epochs
+    (Final Polishing's seed-recipe variant, ``polish.last_epochs_without_augmentation``)."""
+    return augment and epoch < epochs - last_epochs_without_augmentation

@@ -8,36 +8,26 @@ fails before a process group, a run directory or a model exists; the loop itself
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dstrain import checkpoint, comm, compat, dist, ds_config, fault, rundir
+from dstrain import checkpoint, comm, compat, dist, fault, outcome, rundir
 from dstrain.components import Components, build_components
-from dstrain.config import TrainConfig, validate
-from dstrain.errors import EXIT_ERROR, EXIT_PEER_LOST, ConfigError, PeerLost, RunStopped, first_line
+from dstrain.config import TrainConfig
+from dstrain.errors import ConfigError, PeerLost, RunStopped, first_line
 from dstrain.files import atomic_write_text
 from dstrain.models import compile_engine, keep_batchnorm_fp32
 from dstrain.monitor import Monitor
 from dstrain.optim import build_optimizer, steps_suppressed
-from dstrain.ramp import BatchStage, batch_plan
+from dstrain.plan import Plan, prepare
 from dstrain.schedule import LRSchedule
 from dstrain.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the config and the DeepSpeed JSON decide, checked before anything starts."""
-
-    cfg: TrainConfig
-    spec: ds_config.DeepSpeedSpec
-    stages: list[BatchStage]  # the batch-size ramp
-    world: int
 
 
 def run(cfg: TrainConfig, ds_path: str) -> dict:
@@ -46,48 +36,19 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     dist.init_process_group(cfg.fault.collective_timeout_s)
     signals = fault.StopSignals()
     signals.install()  # from here a SIGTERM/SIGINT stops the run after a step, with a checkpoint
-    run_dir = None
     try:
         run_dir = rundir.choose(cfg)
-        trainer = build_trainer(plan, run_dir, signals)
-        log_plan(plan, trainer, run_dir)
+        try:
+            trainer = build_trainer(plan, run_dir, signals)
+            log_plan(plan, trainer, run_dir)
+        except Exception as err:  # stopped while building: the directory says so
+            outcome.mark_failed_start(run_dir, err)
+            raise
         summary = fit_and_summarise(trainer, plan, run_dir)
-    except Exception as err:
-        if run_dir is not None:  # stopped before its first checkpoint: the directory says so
-            if isinstance(err, (ConfigError, RunStopped)):
-                rundir.mark_failed(run_dir, err.state, err.exit_code, str(err))
-            else:
-                rundir.mark_failed(run_dir, "error", EXIT_ERROR, first_line(err))
-        raise
     finally:
         signals.restore()
     dist.shutdown()
     return summary
-
-
-def prepare(
-    cfg: TrainConfig, ds_path: str, world: int | None = None, cuda: bool | None = None
-) -> Plan:
-    """Phase 1, nothing started yet: validate the config, read the JSON once, plan the batch sizes.
-
-    ``world`` (default: this job's) and ``cuda`` (default: whether this machine has a GPU) let
-    ``python -m dstrain --check`` plan a job for other ranks and devices than the machine it runs on."""
-    dist.setup_env_for_single_process()
-    world = world or dist.world_size()
-    validate(cfg, world)
-    spec = ds_config.load(ds_path, cuda_available=cuda)
-    stages = batch_plan(
-        cfg.batch.global_size, cfg.batch.micro_per_rank, cfg.batch.ramp, world, cfg.epochs
-    )
-    if spec.optimizer.kind == "fusedlamb" and cfg.model.channels_last:
-        raise ConfigError(
-            f"{spec.path}: optimizer type FusedLamb (DeepSpeed's CUDA op) needs contiguous tensors, "
-            'and model.channels_last=true stores conv weights NHWC. Use "type": "Lamb" '
-            "(dstrain's LAMB takes any layout) or set model.channels_last=false"
-        )
-    if spec.comm is not None and spec.comm.config.mode == "torus2d":
-        comm.grid_for(world, spec.comm.config.grid)  # a grid that does not fit the world fails here
-    return Plan(cfg, spec, stages, world)
 
 
 def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trainer:
@@ -129,7 +90,7 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
         engine=engine,
         optimizer=optimizer,
         data=parts.data,
-        plan=plan.stages,
+        stages=plan.stages,
         schedule=LRSchedule.from_config(cfg.optim, spec.optimizer.lr, cfg.epochs),
         monitor=Monitor(run_dir, dist.is_main(), cfg.log.tensorboard),
         checks=checks,
@@ -235,52 +196,40 @@ def log_plan(plan: Plan, trainer: Trainer, run_dir: Path) -> None:
 
 
 def fit_and_summarise(trainer: Trainer, plan: Plan, run_dir: Path) -> dict:
-    """Phase 3: train, polish, write summary.json; every rank records how it ended (RUN_DIR/ranks/)."""
-    records = fault.RankRecords(run_dir, dist.rank(), plan.world)
-    records.start(trainer.state.step)
-
-    def report(state: str, exit_code: int, message: str) -> None:  # the watchdog ends the run
-        records.finish(state, exit_code, message, trainer.state.step)
-        rundir.mark_failed(run_dir, state, exit_code, message)  # if no checkpoint was written yet
-
-    try:
-        # a phase that does not end, or a step that outlasts a signal's grace, ends the process
-        with trainer.watchdog.running(report, trainer.resume_note):
-            trainer.fit()
-            # trained and checkpointed: a signal during polishing just ends it
-            trainer.checks.signals.restore()
-            polished = trainer.polish(run_dir) if plan.cfg.polish.enabled else None
-    except (
-        RunStopped,
-        ConfigError,
-    ) as err:  # ConfigError found only while training: a corrupt image
-        trainer.monitor.close()
-        records.finish(err.state, err.exit_code, str(err), trainer.state.step)
-        raise
-    except Exception as err:
-        trainer.monitor.close()
-        if not fault.is_collective_failure(err):
-            records.finish("error", EXIT_ERROR, first_line(err), trainer.state.step)
+    """Phase 3: train, polish, write summary.json; how the run ended is recorded once
+    (:class:`dstrain.outcome.Outcome`: every rank's record in RUN_DIR/ranks/)."""
+    with outcome.Outcome(run_dir, dist.rank(), plan.world, lambda: trainer.state.step) as ending:
+        ending.on_end(trainer.monitor.close)
+        # the watchdog, ending a stalled or signalled process, records through the same path
+        watchdog_report = functools.partial(ending.end, close=False)
+        try:
+            with trainer.watchdog.running(watchdog_report, trainer.resume_note):
+                trainer.fit()
+                # trained and checkpointed: a signal during polishing just ends it
+                trainer.checks.signals.restore()
+                polished = trainer.polish(run_dir) if plan.cfg.polish.enabled else None
+        except (RunStopped, ConfigError):  # ConfigError found only while training: a corrupt image
             raise
-        raise lost_peer(trainer, records, err) from None
-    trainer.monitor.close()
-    summary = trainer.summary(plan.world, plan.spec.precision)
-    if polished:
-        summary["polish"] = polished
-    if trainer.grad_sync is not None:
-        summary["comm"] = trainer.grad_sync.summary()
-    if dist.is_main():
-        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        log.info(
-            "summary: final top-1 %.4f, best %.4f, %d epochs, %.1f s wall, %.0f img/s -> %s",
-            summary["final_top1"],
-            summary["best_top1"],
-            summary["epochs"],
-            summary["wall_time_s"],
-            summary["images_per_sec"],
-            run_dir / "summary.json",
-        )
-    records.finish("done", 0, "", trainer.state.step)
+        except Exception as err:
+            if fault.is_collective_failure(err):
+                raise lost_peer(trainer, ending.records, err) from None
+            raise
+        summary = trainer.summary(plan.world, plan.spec.precision)
+        if polished:
+            summary["polish"] = polished
+        if trainer.grad_sync is not None:
+            summary["comm"] = trainer.grad_sync.summary()
+        if dist.is_main():
+            atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+            log.info(
+                "summary: final top-1 %.4f, best %.4f, %d epochs, %.1f s wall, %.0f img/s -> %s",
+                summary["final_top1"],
+                summary["best_top1"],
+                summary["epochs"],
+                summary["wall_time_s"],
+                summary["images_per_sec"],
+                run_dir / "summary.json",
+            )
     return summary
 
 
@@ -300,7 +249,7 @@ def lost_peer(trainer: Trainer, records: fault.RankRecords, err: Exception) -> P
         if last
         else "No checkpoint was written yet"
     )
-    records.finish("lost_peer", EXIT_PEER_LOST, msg, step)
+    # recorded by the Outcome it is raised through
     return PeerLost(
         msg, said_by_peer=bool(blamed) and all(r["state"] == "bad_input" for r in blamed)
     )

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from dstrain import checkpoint, dist, polish
+from dstrain import bn_refit, checkpoint, dist
 from dstrain.comm import GradientSync
 from dstrain.config import TrainConfig
 from dstrain.data import Data
@@ -33,7 +33,7 @@ from dstrain.models import compiled_graphs
 from dstrain.monitor import Monitor, Progress, StepMeter, loss_scale_of
 from dstrain.optim import StepCounter, apply_schedule
 from dstrain.ramp import BatchStage, batch_at
-from dstrain.schedule import LRSchedule
+from dstrain.schedule import LRSchedule, augment_at
 from dstrain.watchdog import InjectedStall, Watchdog
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class Trainer:
     # the client optimizer inside the engine: the LR is set on it every step
     optimizer: torch.optim.Optimizer
     data: Data
-    plan: list[BatchStage]  # the batch-size ramp (dstrain/ramp.py)
+    stages: list[BatchStage]  # the batch-size ramp (dstrain/ramp.py)
     schedule: LRSchedule
     monitor: Monitor
     checks: StepChecks  # stop signals, divergence, FP16 skips (dstrain/fault.py)
@@ -127,7 +127,7 @@ class Trainer:
 
     def enter_stage(self, epoch: int) -> BatchStage:
         """The batch-size stage of ``epoch``; tells the engine when the ramp changes its accumulation."""
-        stage = batch_at(epoch, self.plan)
+        stage = batch_at(epoch, self.stages)
         # a ramp switch, or a resume
         if stage.accumulation != self.engine.gradient_accumulation_steps():
             self.engine.set_train_batch_size(stage.global_size)
@@ -159,7 +159,7 @@ class Trainer:
         self.monitor.epoch(epoch, self.cfg.epochs, metrics)
 
     def augment_at(self, epoch: int) -> bool:
-        return polish.augment_at(
+        return augment_at(
             epoch,
             self.cfg.epochs,
             self.cfg.polish.last_epochs_without_augmentation,
@@ -343,7 +343,7 @@ class Trainer:
 
     def polish(self, run_dir: Path) -> dict:
         """Final Polishing after the last epoch: BN refit, evaluation, RUN_DIR/polished/ (the checkpoints stay)."""
-        done = run_dir / polish.POLISHED_DIR / "polish.json"
+        done = run_dir / bn_refit.POLISHED_DIR / "polish.json"
         if done.is_file():
             log.info(
                 "polish: %s already exists (a resumed, finished run); not polishing again",
@@ -354,17 +354,17 @@ class Trainer:
         state, settings = self.state, self.cfg.polish
         # the last epoch is always evaluated
         before = next(h for h in reversed(state.history) if "val_top1" in h)
-        after = polish.polish_model(
+        after = bn_refit.polish_model(
             self.engine.module,
             self.polish_forward,
             self.data.polish,
             self.evaluate,
             settings,
-            batch_per_rank=settings.batch_per_rank or self.plan[-1].micro,
+            batch_per_rank=settings.batch_per_rank or self.stages[-1].micro,
             dtype=self.input_dtype,
             memory_format=self.memory_format,
         )
-        info = polish.summarize(before, after, state.train_time_s)
+        info = bn_refit.summarize(before, after, state.train_time_s)
         self.monitor.scalars(
             "polish",
             {
@@ -386,7 +386,7 @@ class Trainer:
         )
         self.phase("polish")
         if dist.is_main():
-            polish.save_polished(
+            bn_refit.save_polished(
                 run_dir, self.engine.module, {"checkpoint": f"epoch{state.epoch:04d}", **info}
             )
         dist.barrier()
@@ -423,7 +423,7 @@ class Trainer:
             "final_top5": evaluated[-1]["val_top5"] if evaluated else math.nan,
             "epochs": state.epoch,
             "steps": state.step,
-            "global_batch": self.plan[-1].global_size,
+            "global_batch": self.stages[-1].global_size,
             "world_size": world,
             "precision": precision,
             "wall_time_s": state.train_time_s,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -27,8 +28,14 @@ def load(name: str):
 def bench(
     script: str, *args: str, timeout: int = 600, env: dict | None = None
 ) -> subprocess.CompletedProcess:
+    """Run ``bench/SCRIPT`` (or ``tools/SCRIPT`` for the project tooling: suite.py, commit_ab.py)."""
+    folder = (
+        "tools"
+        if script in ("suite.py", "commit_ab.py", "evidence.py", "code_shape.py")
+        else "bench"
+    )
     return subprocess.run(
-        [sys.executable, f"bench/{script}", *args],
+        [sys.executable, f"{folder}/{script}", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -433,7 +440,7 @@ def test_e(no_such_fixture):
 
 
 def test_suite_summary_counts_each_outcome_and_keeps_pytests_exit(tmp_path):
-    """A toy suite of known outcomes through bench/suite.py: its counts, the skip's reason, each failure's
+    """A toy suite of known outcomes through tools/suite.py: its counts, the skip's reason, each failure's
     first line, the device and SHA, and pytest's exit status (1: a test failed) as the script's own."""
     (tmp_path / "test_toy.py").write_text(TOY_SUITE)
     out = tmp_path / "suite.json"
@@ -499,3 +506,21 @@ def test_commit_ab_trains_both_sides_and_identical_code_gives_identical_runs(tmp
     assert "dstrain-ab-" not in listed.stdout
     refused = bench("commit_ab.py", "--base", "no-such-revision")
     assert refused.returncode == 2 and "--base no-such-revision: not a commit" in refused.stderr
+
+
+def test_bench_holds_benchmarks_and_every_script_has_one_provenance_helper():
+    """bench/ is benchmarks (each writes a result under bench/results or docs/results); project
+    tooling is in tools/; every script takes its provenance (command, commit, date, versions) from
+    dstrain.provenance.record, directly or through bench.common.provenance, none by hand."""
+    tooling = {"evidence.py", "suite.py", "commit_ab.py", "code_shape.py", "gpu_run.py"}
+    scripts = sorted((REPO / "bench").glob("*.py"))
+    assert not tooling & {p.name for p in scripts}
+    assert tooling <= {p.name for p in (REPO / "tools").glob("*.py")}
+    for path in [*scripts, *sorted((REPO / "tools").glob("*.py"))]:
+        text = path.read_text()
+        if path.name in ("common.py", "evidence.py"):  # the helper itself; the registry writes none
+            continue
+        assert "git_sha()" not in text, f"{path.name} builds its provenance by hand"
+        assert re.search(r"\bprovenance\(|provenance_record\(|\brecord\(", text), path.name
+        if path.parent.name == "bench":
+            assert "results" in text, f"{path.name}: a benchmark writes a result file"

@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn as nn
 
+from dstrain.bn_refit import refit_bn
 from dstrain.bn_span import SpanBatchNorm2d, apply_bn_span
 from dstrain.config import load_config, validate
 from dstrain.errors import ConfigError
 from dstrain.models import SmallResNet, build_model
-from dstrain.polish import refit_bn
 
 
 def layer(c=6, momentum=0.1, seed=0, dtype=torch.float32):

@@ -101,10 +101,8 @@ def test_augmentation_is_a_function_of_seed_epoch_and_rank(fake_fmnist):
             torch.zeros(128, dtype=torch.long),
             Shard(rank, 2, 32, 1, seed=seed),
             "train",
-            True,
-            0.0,
-            1.0,
-            1,
+            augment=True,
+            norm=(0.0, 1.0),
         )
         loader.start_epoch(epoch)
         return next(iter(loader))[0]
@@ -138,10 +136,8 @@ def test_augmentation_pads_crops_and_flips():
         torch.zeros(1, dtype=torch.long),
         Shard(),
         "train",
-        True,
-        0.0,
-        1.0,
-        1,
+        augment=True,
+        norm=(0.0, 1.0),
     )
     x = torch.arange(16.0).reshape(1, 1, 4, 4).repeat(64, 1, 1, 1)
     out = loader._augment(x, loader._draw(64, torch.Generator().manual_seed(0)))
@@ -187,3 +183,15 @@ def test_holdout_larger_than_the_training_set_is_refused(fake_fmnist):
     cfg = DataConfig(root=str(fake_fmnist), download=False, holdout=512)
     with pytest.raises(ConfigError, match=r"data.holdout=512 leaves no training images out of 512"):
         build_data(cfg, Shard(0, 1, 32, 1), 1, 10)
+
+
+def test_the_tensor_loader_implements_the_loader_protocol(fake_fmnist):
+    from dstrain.config import DataConfig
+    from dstrain.data.sharding import Loader
+
+    data = build_data(DataConfig(root=str(fake_fmnist)), Shard(0, 1, 32, 1, eval_batch=64), 1, 10)
+    for each in (data.train, data.val, data.polish(64, 32)):
+        assert isinstance(each, Loader), type(each)
+        each.start_epoch(0, accumulation=1, start=0, augment=False)
+        x, y = next(iter(each))
+        assert x.shape[1:] == (1, 28, 28) and len(x) == len(y)

@@ -49,7 +49,7 @@ def _worker(rank: int, world: int, port: int, out: dict) -> None:
     # distributed eval over 13 images: each counted once
     images, labels = _eval_data()
     loader = TensorLoader(
-        images, labels, Shard(rank, world, 4, 1, eval_batch=3), "val", False, 0.0, 1.0, 1
+        images, labels, Shard(rank, world, 4, 1, eval_batch=3), "val", norm=(0.0, 1.0)
     )
     out[f"eval{rank}"] = evaluate(model, loader, torch.float32)
     dist.destroy_process_group()
@@ -72,7 +72,7 @@ def test_bn_sync_and_exact_distributed_eval():
     images, labels = _eval_data()
     single = evaluate(
         model,
-        TensorLoader(images, labels, Shard(0, 1, 4, 1, eval_batch=5), "val", False, 0.0, 1.0, 1),
+        TensorLoader(images, labels, Shard(0, 1, 4, 1, eval_batch=5), "val", norm=(0.0, 1.0)),
         torch.float32,
     )
     assert single["val_images"] == 13

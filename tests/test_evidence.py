@@ -1,5 +1,5 @@
 """The results index, README's results table and the docs' numbers against the result files
-(bench/evidence.py).
+(tools/evidence.py).
 
 The first test is the check itself on this tree; the others show it can fail: a quoted number
 edited, a number typed with no file behind it, a number with a unit changed in a passage that cites
@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from bench import evidence
+from tools import evidence
 
 needs_git = pytest.mark.skipif(
     shutil.which("git") is None
@@ -30,7 +30,7 @@ needs_git = pytest.mark.skipif(
 def test_index_and_readme_numbers_match_the_result_files():
     problems = evidence.check()
     assert not problems, (
-        "\n".join(problems) + "\n(python bench/evidence.py index rewrites the table)"
+        "\n".join(problems) + "\n(python tools/evidence.py index rewrites the table)"
     )
 
 
@@ -194,7 +194,7 @@ def test_staleness_names_what_changed_since_the_result(tmp_path):
     (repo / "bench" / "suite.py").write_text("c = 1\n")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "six")
-    assert stale([sha], code=("bench/*.py",)) == "stale: bench/suite.py changed since"
+    assert stale([sha], code=("bench/*.py",)) == "stale: tools/suite.py changed since"
     assert stale(["0" * 40]) == "commit 0000000 not in this history"
     assert stale([]) == "no commit recorded"
 

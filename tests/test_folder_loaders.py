@@ -13,7 +13,7 @@ import torch
 
 from dstrain.config import DataConfig
 from dstrain.data import CorruptImageError, Shard, build_data, resolve_loader
-from dstrain.data.folder import scan_folder
+from dstrain.data.images import scan_folder
 from dstrain.errors import ConfigError
 from tests.conftest import decode_colour, make_jpeg_folder, make_noise_folder
 
@@ -373,3 +373,17 @@ def test_check_tool_lists_undecodable_files(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"corrupt image: {bad}" in out and "9 images checked" in out and "1 do not decode" in out
     assert check([str(tmp_path / "nothing")]) == 2
+
+
+@pytest.mark.parametrize("loader", [*LOADERS, "synthetic"])
+def test_every_loader_implements_the_loader_protocol(jpeg_folder, loader):
+    """The trainer's view of a loader (dstrain.data.sharding.Loader), for the train, val and polish
+    loaders of each kind; the tensor loader: tests/test_data.py."""
+    from dstrain.data.sharding import Loader
+
+    data = build_data(cfg_for(jpeg_folder, loader), Shard(0, 1, 4, 1, eval_batch=4), 3, 3)
+    for each in (data.train, data.val, data.polish(8, 4)):
+        assert isinstance(each, Loader), type(each)
+        each.start_epoch(1, accumulation=1, start=0, augment=False)
+        x, y = next(iter(each))
+        assert x.shape[1] == 3 and len(x) == len(y) and len(each) >= 1

@@ -1,4 +1,4 @@
-"""``./run.sh gpu`` (bench/gpu_run.py): the orchestration of the GPU acceptance run, tested on a CPU.
+"""``./run.sh gpu`` (tools/gpu_run.py): the orchestration of the GPU acceptance run, tested on a CPU.
 
 What only a GPU measures is not measured here; what is tested is what makes one short GPU slot
 count: every part ends in its file, budgets skip what does not fit and stop what overruns (a
@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from bench import gpu_run
 from tests.conftest import REPO
+from tools import gpu_run
 
 
 def test_result_files_are_named_after_the_gpu():
@@ -70,7 +70,7 @@ def test_a_result_from_other_code_is_started_over(tmp_path):
 
 def gpu(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "bench/gpu_run.py", "--tiny", *args],
+        [sys.executable, "tools/gpu_run.py", "--tiny", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -40,7 +40,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
 
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (bench/code_shape.py measures any package with it)."""
+    """Module -> the package's modules it imports (tools/code_shape.py measures any package with it)."""
     paths = sorted(package.rglob("*.py"))
     modules = {module_name(p, package) for p in paths}
     graph = {}

@@ -11,11 +11,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from dstrain.bn_refit import bn_layers, refit_bn
 from dstrain.data import Shard
 from dstrain.data.fashion_mnist import TensorLoader
 from dstrain.dist import free_port
 from dstrain.models import build_model
-from dstrain.polish import augment_at, bn_layers, refit_bn
+from dstrain.schedule import augment_at
 from tests.conftest import TINY, deepspeed_launcher, run_cli
 
 BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
@@ -165,10 +166,7 @@ def _rank_worker(rank: int, world: int, port: int, out: dict) -> None:
         torch.zeros(60, dtype=torch.long),
         Shard(rank, world, 4, 1, eval_batch=7, seed=4),
         "polish",
-        False,
-        0.3,
-        0.3,
-        1,
+        norm=(0.3, 0.3),
     )
     model = small_model()
     n = refit_bn(model, (x for x, _ in loader))
@@ -187,10 +185,7 @@ def test_refit_across_ranks_equals_one_process(world):
         torch.zeros(60, dtype=torch.long),
         Shard(0, 1, 4, 1, eval_batch=7, seed=4),
         "polish",
-        False,
-        0.3,
-        0.3,
-        1,
+        norm=(0.3, 0.3),
     )
     ref = small_model()
     assert refit_bn(ref, (x for x, _ in single), reduce=None) == 56  # 8 whole batches of 7
@@ -224,7 +219,12 @@ def test_start_epoch_without_augment_gives_the_plain_images():
         torch.uint8
     )
     loader = TensorLoader(
-        images, torch.zeros(16, dtype=torch.long), Shard(0, 1, 16, 1), "train", True, 0.0, 1.0, 1
+        images,
+        torch.zeros(16, dtype=torch.long),
+        Shard(0, 1, 16, 1),
+        "train",
+        augment=True,
+        norm=(0.0, 1.0),
     )
     augmented, _ = next(iter(loader))
     loader.start_epoch(0, augment=False)

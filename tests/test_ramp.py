@@ -90,3 +90,17 @@ def test_first_step_after_a_switch_averages_exactly_the_new_batch(mode, exact):
         timeout=300,
     )
     assert f"EXACT {exact}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "global_size, ramp",
+    [(64, []), (32, [[2, 64]]), (32, [[0, 32], [1, 64], [3, 128]]), (128, [[5, 256], [2, 64]])],
+)
+def test_the_ramp_rule_without_a_world_size_is_the_plans_rule(global_size, ramp):
+    """compat's resume check reads a checkpoint's recorded ramp with ramp.global_size_at: the same
+    global batch per epoch as the plan the run trained with (one rule, for any world size)."""
+    from dstrain.ramp import global_size_at
+
+    stages = batch_plan(global_size, 16, sorted(ramp), world=2, epochs=8)
+    for epoch in range(8):
+        assert global_size_at(epoch, global_size, ramp) == batch_at(epoch, stages).global_size

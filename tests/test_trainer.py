@@ -13,6 +13,7 @@ from dstrain import dist, fault, train
 from dstrain.config import load_config
 from dstrain.errors import Preempted
 from dstrain.monitor import StepMeter
+from dstrain.plan import prepare
 from tests.conftest import REPO, TINY
 
 pytestmark = pytest.mark.oldest  # ./run.sh test-oldest runs this module on torch 2.11
@@ -46,7 +47,7 @@ def make_trainer(fake_fmnist, tmp_path, *overrides, ds="fp32"):
         ],
     )
     path = ds if ds.endswith(".json") else str(REPO / "ds_configs" / f"{ds}.json")
-    plan = train.prepare(cfg, path)
+    plan = prepare(cfg, path)
     signals = fault.StopSignals()
     trainer = train.build_trainer(plan, tmp_path / "run", signals)
     return trainer, plan
@@ -76,7 +77,7 @@ def test_a_stop_signal_ends_the_epoch_after_the_step_in_flight(fake_fmnist, tmp_
     trainer.checks.signals.signum = (
         signal.SIGTERM
     )  # as if the handler had run during the first step
-    assert trainer.train_epoch(0, trainer.plan[0]) is None
+    assert trainer.train_epoch(0, trainer.stages[0]) is None
     assert trainer.state.step == trainer.state.epoch_step == 1
     loss_sum, top1, top5, n = trainer.state.epoch_sums
     assert n == 32 and 0 <= top1 <= top5 <= n and loss_sum > 0
@@ -91,7 +92,7 @@ def test_a_stop_signal_ends_the_epoch_after_the_step_in_flight(fake_fmnist, tmp_
 # ---------------------------------------------------------------- precision, communication, torch versions
 def _one_step(trainer):
     """One optimizer step of the first batch, as train_epoch takes it."""
-    stage = trainer.plan[0]
+    stage = trainer.stages[0]
     trainer.start_loader(0, stage, 0)
     x, y = next(iter(trainer.data.train))
     meter = StepMeter(trainer.device, 1, None)
@@ -116,7 +117,7 @@ def test_fp16_autocast_skips_overflowing_steps_counts_them_and_halves_the_scale(
     assert trainer.checks.skips.total == 1 and scaler.get_scale() == 2.0**39
     scaler.update(2.0**30)
     with caplog.at_level("INFO"):
-        metrics = trainer.train_epoch(0, trainer.plan[0])
+        metrics = trainer.train_epoch(0, trainer.stages[0])
     skipped = trainer.checks.skips.total - 1
     # GradScaler halves the scale once per skipped step (it grows only after 2000 clean ones)
     assert 0 < skipped < 16 and scaler.get_scale() == 2.0 ** (30 - skipped)
@@ -164,7 +165,7 @@ def test_training_runs_on_a_torch_without_the_public_set_timeout(
         assert dist.set_timeout_everywhere(600) == 0
         trainer, _ = make_trainer(fake_fmnist, tmp_path, "epochs=1")
     assert "cannot change a process group's timeout" in caplog.text
-    assert trainer.train_epoch(0, trainer.plan[0])["train_loss"] > 0
+    assert trainer.train_epoch(0, trainer.stages[0])["train_loss"] > 0
 
 
 def test_fused_lamb_with_channels_last_is_refused_before_anything_starts(fake_fmnist, tmp_path):
@@ -178,7 +179,7 @@ def test_fused_lamb_with_channels_last_is_refused_before_anything_starts(fake_fm
     path.write_text(json.dumps(raw))
     cfg = load_config(TINY[1], [*TINY[2:], "model.channels_last=true", f"run_dir={tmp_path / 'r'}"])
     with pytest.raises(ConfigError, match=r"fused.json: optimizer type FusedLamb .* \"Lamb\""):
-        train.prepare(cfg, str(path))
+        prepare(cfg, str(path))
     assert not (tmp_path / "r").exists()
 
 
@@ -259,7 +260,7 @@ def test_compiled_training_composes_with_channels_last_precision_optimizers_and_
         if "BatchNorm" in type(m).__name__
     }
     assert spans == ({8} if comm else {0})
-    stage = trainer.plan[0]
+    stage = trainer.stages[0]
     first = trainer.train_epoch(0, stage)
     trainer.evaluate()
     graphs = compiled_graphs()

@@ -24,24 +24,29 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from dstrain.config import DataConfig
 from dstrain.data.fashion_mnist import (
-    FASHION_MNIST_MEAN,
-    FASHION_MNIST_STD,
-    IDX_FILES,
     TensorLoader,
-    find_idx,
     idx_length,
+    idx_paths,
+    idx_root,
     load_fashion_mnist,
+    missing_idx,
 )
-from dstrain.data.folder import CorruptImageError, ImageList, limited, scan_folder, subset
 from dstrain.data.holdout import holdout_split
-from dstrain.data.sharding import Shard, epoch_order, index_lists, polish_batches, val_range
+from dstrain.data.images import CorruptImageError, ImageList, limited, scan_folder, subset
+from dstrain.data.sharding import (
+    Loader,
+    Output,
+    Shard,
+    epoch_order,
+    index_lists,
+    polish_batches,
+    val_range,
+)
 from dstrain.errors import ConfigError
 
 __all__ = [
@@ -69,12 +74,12 @@ FASHION_MNIST_SIDE = 28
 class Data:
     """The loaders of one run. ``polish(limit, batch)`` builds the polish loader on demand (Final Polishing)."""
 
-    train: Any
-    val: Any
+    train: Loader
+    val: Loader
     n_train: int
     n_val: int
     kind: str  # the loader actually used: tensor | dali | torchvision | synthetic
-    polish: Callable[[int, int], Any]  # (limit images, 0 = all; batch per rank) -> polish loader
+    polish: Callable[[int, int], Loader]  # (limit images, 0 = all; batch per rank) -> polish loader
 
 
 def resolve_loader(cfg: DataConfig) -> str:
@@ -127,17 +132,11 @@ def count_images(cfg: DataConfig, num_classes: int) -> ImageCounts:
             f"random {side}x{side} batches, no files",
         )
     if kind == "tensor":
-        from dstrain.config import FASHION_MNIST_DEFAULT_ROOT
-
-        base = Path(cfg.root or FASHION_MNIST_DEFAULT_ROOT)
-        paths = {split: find_idx(base, stems[0]) for split, stems in IDX_FILES.items()}
+        base = idx_root(cfg.root)
+        paths = {split: images for split, (images, _) in idx_paths(base).items()}
         if None in paths.values():
             if not cfg.download:
-                raise ConfigError(
-                    f"data.root={str(base)!r}: no Fashion-MNIST idx files "
-                    f"({IDX_FILES['train'][0]}[.gz], ...) and data.download=false. Install them "
-                    "with `apt-get install dataset-fashion-mnist` or set data.root=DIR."
-                )
+                raise missing_idx(base, " and data.download=false")
             note = f"no idx files in {base}: the run would first try a torchvision download"
             return ImageCounts(kind, 60000, 10000, str(base), note)
         n_train, n_val = idx_length(paths["train"]), idx_length(paths["val"])
@@ -165,6 +164,7 @@ def build_data(
 ) -> Data:
     """The train/val loaders for ``cfg``, sharded for this rank (see dstrain.data.sharding)."""
     kind = resolve_loader(cfg)
+    out = Output(channels, device, dtype, channels_last)
     if kind == "synthetic":
         side = FASHION_MNIST_SIDE if cfg.dataset == "fashion_mnist" else cfg.image_size
         shape, n_train, n_val = (
@@ -172,14 +172,7 @@ def build_data(
             cfg.synthetic_train_size,
             cfg.synthetic_val_size,
         )
-        common = dict(
-            shape=shape,
-            num_classes=num_classes,
-            shard=shard,
-            device=device,
-            dtype=dtype,
-            channels_last=channels_last,
-        )
+        common = dict(shape=shape, num_classes=num_classes, shard=shard, out=out)
         from dstrain.data.synthetic import SyntheticLoader
 
         data = Data(
@@ -195,9 +188,9 @@ def build_data(
             ),
         )
     elif kind == "tensor":
-        data = _fashion_mnist(cfg, shard, channels, num_classes, device)
+        data = _fashion_mnist(cfg, shard, out, num_classes)
     else:
-        data = _folder(cfg, kind, shard, channels, num_classes, device, dtype, channels_last)
+        data = _folder(cfg, kind, shard, out, num_classes)
     check_enough_images(data.n_train, shard.global_batch)
     return data
 
@@ -211,7 +204,7 @@ def check_enough_images(n_train: int, global_batch: int, key: str = "batch.globa
         )
 
 
-def _fashion_mnist(cfg: DataConfig, shard: Shard, channels: int, num_classes: int, device) -> Data:
+def _fashion_mnist(cfg: DataConfig, shard: Shard, out: Output, num_classes: int) -> Data:
     splits = load_fashion_mnist(cfg.root, cfg.download)
     (xt, yt), (xv, yv) = splits["train"], splits["val"]
     if cfg.limit_train:
@@ -224,15 +217,14 @@ def _fashion_mnist(cfg: DataConfig, shard: Shard, channels: int, num_classes: in
         log.info(HOLDOUT_LOG, len(xv), len(xt))
     if int(yt.max()) >= num_classes:
         raise ConfigError(f"model.num_classes={num_classes} but Fashion-MNIST has 10 classes")
-    common = dict(mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD, channels=channels, device=device)
     return Data(
-        TensorLoader(xt, yt, shard, "train", cfg.augment, **common),
-        TensorLoader(xv, yv, shard, "val", False, **common),
+        TensorLoader(xt, yt, shard, "train", augment=cfg.augment, out=out),
+        TensorLoader(xv, yv, shard, "val", out=out),
         len(xt),
         len(xv),
         "tensor",
         lambda limit, batch: TensorLoader(
-            xt, yt, replace(shard, eval_batch=batch), "polish", False, limit=limit, **common
+            xt, yt, replace(shard, eval_batch=batch), "polish", out=out, limit=limit
         ),
     )
 
@@ -249,16 +241,7 @@ def scan_classes(root: str, num_classes: int):
     return train_images, val_images
 
 
-def _folder(
-    cfg: DataConfig,
-    kind: str,
-    shard: Shard,
-    channels: int,
-    num_classes: int,
-    device,
-    dtype: torch.dtype,
-    channels_last: bool,
-) -> Data:
+def _folder(cfg: DataConfig, kind: str, shard: Shard, out: Output, num_classes: int) -> Data:
     train_images, val_images = scan_classes(cfg.root, num_classes)
     train_images, val_images = (
         limited(train_images, cfg.limit_train),
@@ -270,25 +253,11 @@ def _folder(
         log.info(HOLDOUT_LOG, len(val_images), len(train_images))
     if kind == "dali":
         from dstrain.data.dali import DaliLoader as FolderLoader
-
-        options = dict(dtype=dtype, channels_last=channels_last)
     else:
         from dstrain.data.folder import TorchvisionLoader as FolderLoader
 
-        options = {}
-
     def make(images: ImageList, mode: str, augment: bool, limit: int = 0, shard: Shard = shard):
-        return FolderLoader(
-            images,
-            shard,
-            mode,
-            cfg,
-            augment=augment,
-            channels=channels,
-            device=device,
-            limit=limit,
-            **options,
-        )
+        return FolderLoader(images, shard, mode, cfg, augment=augment, out=out, limit=limit)
 
     log.info(
         "data: %s loader, %d train / %d val images in %d classes from %s",

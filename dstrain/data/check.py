@@ -2,7 +2,7 @@
 
     python -m dstrain.data.check /data/imagenet [--workers 16]
 
-Lists the folder the way the trainer does (dstrain.data.folder.scan_split),
+Lists the folder the way the trainer does (dstrain.data.images.scan_split),
 fully decodes every file with PIL in a process pool, prints one line per
 undecodable file and a summary. Exit status: 0 all decode, 1 some do not,
 2 the folder itself is unusable.
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decode processes")
     args = p.parse_args(argv)
     from dstrain.config import ConfigError
-    from dstrain.data.folder import decode_error, scan_folder
+    from dstrain.data.images import decode_error, scan_folder
 
     try:
         splits = scan_folder(args.root)

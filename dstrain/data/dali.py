@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from dstrain.config import DataConfig
-from dstrain.data.folder import (
+from dstrain.data.images import (
     GRAY_MEAN,
     GRAY_STD,
     IMAGENET_MEAN,
@@ -62,7 +62,7 @@ from dstrain.data.folder import (
     corrupt_image_message,
     decode_error,
 )
-from dstrain.data.sharding import Shard, ShardedBatches, index_lists
+from dstrain.data.sharding import Output, Shard, ShardedBatches, index_lists
 
 log = logging.getLogger(__name__)
 
@@ -197,11 +197,8 @@ class DaliLoader(ShardedBatches):
         mode: str,
         cfg: DataConfig,
         *,
-        augment: bool,
-        channels: int,
-        device,
-        dtype: torch.dtype = torch.float32,
-        channels_last: bool = False,
+        augment: bool = False,
+        out: Output = Output(),
         limit: int = 0,
     ):
         """``cfg`` (the ``data`` section) gives sizes, crop ranges, threads, prefetch and the
@@ -211,11 +208,11 @@ class DaliLoader(ShardedBatches):
         self.augment = augment and mode == "train"
         self.image_size, self.val_resize = cfg.image_size, cfg.val_resize
         self.area, self.aspect = tuple(cfg.random_area), tuple(cfg.random_aspect_ratio)
-        self.channels, self.channels_last = channels, channels_last
+        self.channels, self.channels_last = out.channels, out.channels_last
         self.num_threads, self.prefetch = max(1, cfg.num_workers), max(1, cfg.prefetch)
         self.hw_decoder_load = cfg.hw_decoder_load
-        self.device = torch.device(device)
-        self.dtype = output_dtype(dtype)
+        self.device = torch.device(out.device)
+        self.dtype = output_dtype(out.dtype)
         self._pipe = None  # (pipeline, stream, augment) once built; None after a failed pass
         self.builds = 0  # pipelines built by this loader (the tests and bench/loader.py read it)
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from dstrain.config import FASHION_MNIST_DEFAULT_ROOT
-from dstrain.data.sharding import Shard, ShardedBatches
+from dstrain.data.sharding import Output, Shard, ShardedBatches
 from dstrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -32,18 +32,30 @@ IDX_FILES = {
 
 
 # ---------------------------------------------------------------- Fashion-MNIST
-def read_idx(path: Path) -> np.ndarray:
+def _read_idx(path: Path, header_only: bool) -> tuple[tuple[int, ...], bytes]:
+    """(shape, the file's bytes or its header only) of an unsigned-byte idx file, gzipped or not."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as fh:
-            data = fh.read()
-        zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
-        if zero != 0 or dtype_code != 0x08:
-            raise ValueError("not an unsigned-byte idx file")
-        shape = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
-        arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-        return arr.reshape(shape)
+            head = fh.read(4)
+            zero, dtype_code, ndim = struct.unpack(">HBB", head)
+            if zero != 0 or dtype_code != 0x08 or ndim < 1:
+                raise ValueError("not an unsigned-byte idx file")
+            dims = fh.read(4 * ndim)
+            shape = struct.unpack(">" + "I" * ndim, dims)
+            return shape, b"" if header_only else head + dims + fh.read()
     except (OSError, ValueError, struct.error, EOFError) as err:
+        raise ConfigError(
+            f"{path}: unreadable idx file ({err}). Reinstall dataset-fashion-mnist "
+            "or point data.root at intact files."
+        ) from None
+
+
+def read_idx(path: Path) -> np.ndarray:
+    shape, data = _read_idx(path, header_only=False)
+    try:
+        return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * len(shape)).reshape(shape)
+    except ValueError as err:  # fewer values than the header declares
         raise ConfigError(
             f"{path}: unreadable idx file ({err}). Reinstall dataset-fashion-mnist "
             "or point data.root at intact files."
@@ -52,19 +64,7 @@ def read_idx(path: Path) -> np.ndarray:
 
 def idx_length(path: Path) -> int:
     """The first dimension (images or labels) an idx file declares, read from its header only."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rb") as fh:
-            head = fh.read(8)
-        zero, dtype_code, ndim, length = struct.unpack(">HBBI", head)
-        if zero != 0 or dtype_code != 0x08 or ndim < 1:
-            raise ValueError("not an unsigned-byte idx file")
-        return length
-    except (OSError, ValueError, struct.error, EOFError) as err:
-        raise ConfigError(
-            f"{path}: unreadable idx file ({err}). Reinstall dataset-fashion-mnist "
-            "or point data.root at intact files."
-        ) from None
+    return _read_idx(path, header_only=True)[0][0]
 
 
 def find_idx(root: Path, stem: str) -> Path | None:
@@ -75,9 +75,28 @@ def find_idx(root: Path, stem: str) -> Path | None:
     return None
 
 
+def idx_root(root: str) -> Path:
+    """The folder ``data.root`` names, or the Debian package's."""
+    return Path(root or FASHION_MNIST_DEFAULT_ROOT)
+
+
+def idx_paths(base: Path) -> dict[str, tuple[Path | None, Path | None]]:
+    """{split: (images file, labels file)} found under ``base`` (None where missing)."""
+    return {split: (find_idx(base, i), find_idx(base, lb)) for split, (i, lb) in IDX_FILES.items()}
+
+
+def missing_idx(base: Path, why: str = "") -> ConfigError:
+    """The one message for a data root without the idx files (``why``: what else was tried)."""
+    img, lbl = IDX_FILES["train"]
+    return ConfigError(
+        f"data.root={str(base)!r}: no Fashion-MNIST idx files ({img}[.gz], {lbl}[.gz], ...){why}. "
+        "Install them with `apt-get install dataset-fashion-mnist` or set data.root=DIR."
+    )
+
+
 def load_fashion_mnist(root: str, download: bool) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{'train': (uint8 [N,1,28,28], int64 [N]), 'val': ...} from the idx files in root."""
-    base = Path(root or FASHION_MNIST_DEFAULT_ROOT)
+    base = idx_root(root)
     if find_idx(base, IDX_FILES["train"][0]) is None and download:
         target = (
             base
@@ -96,13 +115,9 @@ def load_fashion_mnist(root: str, download: bool) -> dict[str, tuple[torch.Tenso
         except Exception as err:  # no network, no permission...
             log.warning("download failed: %s", err)
     out = {}
-    for split, (img_stem, lbl_stem) in IDX_FILES.items():
-        img_path, lbl_path = find_idx(base, img_stem), find_idx(base, lbl_stem)
+    for split, (img_path, lbl_path) in idx_paths(base).items():
         if img_path is None or lbl_path is None:
-            raise ConfigError(
-                f"data.root={str(base)!r}: no Fashion-MNIST idx files ({img_stem}[.gz], {lbl_stem}[.gz]). "
-                "Install them with `apt-get install dataset-fashion-mnist` or set data.root=DIR."
-            )
+            raise missing_idx(base)
         images, labels = read_idx(img_path), read_idx(lbl_path)
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
             raise ConfigError(
@@ -130,17 +145,18 @@ class TensorLoader(ShardedBatches):
         labels: torch.Tensor,
         shard: Shard,
         mode: str,
-        augment: bool,
-        mean: float,
-        std: float,
-        channels: int,
-        device: torch.device | str = "cpu",
+        *,
+        augment: bool = False,
+        norm: tuple[float, float] = (FASHION_MNIST_MEAN, FASHION_MNIST_STD),
+        out: Output = Output(),
         limit: int = 0,
     ):
+        """``norm``: the (mean, std) images are normalised with; ``out``: channels and device."""
         super().__init__(len(images), shard, mode, limit)
         self.images, self.labels = images, labels
         self.augment = augment and mode == "train"
-        self.mean, self.std, self.channels, self.device = mean, std, channels, torch.device(device)
+        (self.mean, self.std), self.channels = norm, out.channels
+        self.device = torch.device(out.device)
 
     def _set_augment(self, augment: bool) -> None:
         self.augment = augment and self.mode == "train"

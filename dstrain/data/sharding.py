@@ -20,11 +20,46 @@ dealt to ranks in contiguous runs (see :func:`polish_batches`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 MODES = ("train", "val", "polish")
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """What the trainer asks of a loader (tensor, DALI, torchvision, synthetic): an epoch's batches
+    of (images, labels) on the device, from micro batch ``start``, with a batch-size ramp's
+    accumulation and training augmentation switched at epoch starts; ``len()`` counts the epoch's
+    micro batches on this rank."""
+
+    def start_epoch(
+        self,
+        epoch: int,
+        *,
+        accumulation: int | None = None,
+        start: int = 0,
+        augment: bool | None = None,
+    ) -> None: ...
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def __len__(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Output:
+    """The tensors a loader yields: ``channels`` channels on ``device``, as ``dtype`` (a loader may
+    narrow it: DALI gives float16 for FP16/BF16 training), NHWC-backed when ``channels_last``.
+    The in-memory Fashion-MNIST loader yields float32 NCHW; the model's first layer converts."""
+
+    channels: int = 1
+    device: Any = "cpu"
+    dtype: torch.dtype = torch.float32
+    channels_last: bool = False
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dstrain.data.sharding import Shard, ShardedBatches, val_range
+from dstrain.data.sharding import Output, Shard, ShardedBatches, val_range
 
 
 class SyntheticLoader(ShardedBatches):
@@ -17,11 +17,10 @@ class SyntheticLoader(ShardedBatches):
         num_classes: int,
         shard: Shard,
         mode: str,
-        device,
-        dtype: torch.dtype = torch.float32,
-        channels_last: bool = False,
+        out: Output = Output(),
     ):
         super().__init__(n, shard, mode)
+        device, dtype, channels_last = out.device, out.dtype, out.channels_last
         batch = shard.micro if mode == "train" else shard.eval_batch
         g = torch.Generator().manual_seed(shard.seed * 1024 + shard.rank)
         x = torch.randn((batch, *shape), generator=g).to(device=device, dtype=dtype)

@@ -79,8 +79,7 @@ def gpu_slug(name: str | None) -> str:
 def environment() -> dict:
     import torch
 
-    from dstrain.provenance import environment as base
-    from dstrain.provenance import git_sha
+    from dstrain.provenance import record
 
     def version(module: str) -> str | None:
         try:
@@ -90,15 +89,13 @@ def environment() -> dict:
 
     cuda = torch.cuda.is_available()
     return {
-        **base(),
+        **{k: v for k, v in record("").items() if k != "command"},  # git SHA, date, versions
         "device": torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores)",
         "gpus": torch.cuda.device_count() if cuda else 0,
         "cuda_runtime": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "torchvision": version("torchvision"),
         "dali": version("nvidia.dali"),
-        "git_sha": git_sha(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
 
@@ -419,7 +416,7 @@ class Run:
         gpu_only = self.path("suite_gpu_only")
         if not (gpu_only.is_file() and self._same_sha(gpu_only)) or self.args.fresh:
             cmd = self.python(
-                "bench/suite.py", "--out", str(gpu_only), "--", "tests/test_gpu.py", "-q"
+                "tools/suite.py", "--out", str(gpu_only), "--", "tests/test_gpu.py", "-q"
             )
             part["gpu_only"] = run_bounded(cmd, budget.left(), self.logs / "suite_gpu_only.log")
             budget.took(part["gpu_only"]["seconds"])
@@ -452,7 +449,7 @@ class Run:
         done = [x for x in done if not x.name.endswith(".partial.xml")]
         if done:
             cmd = self.python(
-                "bench/suite.py",
+                "tools/suite.py",
                 "--junit",
                 *map(str, done),
                 "--ran",

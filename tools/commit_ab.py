@@ -1,6 +1,6 @@
 """Is a changed result the code or the machine? One recipe trained at an older commit and at this tree, alternating.
 
-    python bench/commit_ab.py --base c8827d4 [--rounds 2] [--config fashion_mnist] [key=value ...]
+    python tools/commit_ab.py --base c8827d4 [--rounds 2] [--config fashion_mnist] [key=value ...]
         -> bench/results/commit_ab_<base>.json
 
 The older commit is checked out in a temporary git worktree and run with this tree's interpreter;
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import provenance  # noqa: E402
+from dstrain.provenance import record as provenance_record  # noqa: E402
 
 
 def git(*args: str) -> str:
@@ -55,7 +56,7 @@ def main() -> int:
         base = git("rev-parse", "--verify", f"{args.base}^{{commit}}")
     except subprocess.CalledProcessError:
         p.error(f"--base {args.base}: not a commit of this repository")
-    record = provenance("commit_ab.py")
+    record = provenance_record(f"python tools/commit_ab.py {shlex.join(sys.argv[1:])}")
     runs = []
     with tempfile.TemporaryDirectory(prefix="dstrain-ab-") as tmp:
         tree = Path(tmp) / "base"

@@ -1,9 +1,9 @@
 """The test suite's outcome as a result file: counts, each skip with its reason, failures, device, SHA.
 
-    python bench/suite.py                          # run the suite here (python -m pytest) and write
+    python tools/suite.py                          # run the suite here (python -m pytest) and write
                                                    #   bench/results/suite_<device>.json
-    python bench/suite.py --out F.json -- -m oldest   # pytest arguments go after --
-    python bench/suite.py --junit run.xml --ran "./run.sh test -q --junitxml=run.xml"
+    python tools/suite.py --out F.json -- -m oldest   # pytest arguments go after --
+    python tools/suite.py --junit run.xml --ran "./run.sh test -q --junitxml=run.xml"
                                                    # summarise a finished run (its junit XML) instead;
                                                    # several files: one suite run in parts
 
@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import provenance  # noqa: E402
+from dstrain.provenance import record as provenance_record  # noqa: E402
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 
@@ -113,7 +114,7 @@ def main() -> int:
         if not junit.is_file():
             p.error(f"--junit {junit}: no such file")
     out = Path(args.out or REPO / f"bench/results/suite_{device_slug()}.json")
-    record = provenance("suite.py")
+    record = provenance_record(f"python tools/suite.py {shlex.join(sys.argv[1:])}")
     if args.junit:
         # what ran: as the caller says, else the XML files' names (the record never goes without)
         ran = args.ran or "pytest runs that wrote " + " ".join(str(j) for j in args.junit)

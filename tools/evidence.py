@@ -1,12 +1,12 @@
 """Every result README and the docs quote: its command, its file, its numbers and whether it is current.
 
-    python bench/evidence.py index            # write the tables (docs/results/README.md, README.md's
+    python tools/evidence.py index            # write the tables (docs/results/README.md, README.md's
     ./run.sh results --index                  #   results) from the result files, staleness included
-    python bench/evidence.py check            # exit 1 when a table or a number the docs quote differs
+    python tools/evidence.py check            # exit 1 when a table or a number the docs quote differs
                                               # from its result file (tests/test_evidence.py runs this)
-    python bench/evidence.py stale            # which results the code changed since they ran (exit 0:
+    python tools/evidence.py stale            # which results the code changed since they ran (exit 0:
     ./run.sh results --stale                  #   a report, not a gate)
-    python bench/evidence.py run [KEY ...]    # rerun every CPU result's command (all but the long studies
+    python tools/evidence.py run [KEY ...]    # rerun every CPU result's command (all but the long studies
     ./run.sh results                          #   and the test suite), one after the other, then the index
     ./run.sh results suite_cpu suite_cpu_oldest   # the test suite's outcome (CI's two steps), its own step
 
@@ -52,11 +52,20 @@ NOT_RESULTS = {
 
 TRAINER = ("dstrain", "ds_configs")  # the code a training run measures: the package and its JSONs
 # what a run of the test suite depends on: the code, the tests, the scripts they run, the pins
-SUITE = (*TRAINER, "tests", "bench/*.py", "launch.sh", "run.sh", "hostfiles", "pyproject.toml")
+SUITE = (
+    *TRAINER,
+    "tests",
+    "bench/*.py",
+    "tools/*.py",
+    "launch.sh",
+    "run.sh",
+    "hostfiles",
+    "pyproject.toml",
+)
 
-if str(REPO) not in sys.path:  # run as a script: bench/ is on the path, the repository is not
+if str(REPO) not in sys.path:  # run as a script: tools/ is on the path, the repository is not
     sys.path.insert(0, str(REPO))
-from bench.suite import headline as suite_headline  # noqa: E402
+from tools.suite import headline as suite_headline  # noqa: E402
 
 
 def pct(x: float, digits: int = 1) -> str:
@@ -252,7 +261,8 @@ def _sweep(d: dict) -> str:
     return f"{len(d['runs'])} runs; best {pct(best['final_top1'], 2)} ({best['name']}); no commit recorded"
 
 
-R = "python bench/"
+R = "python bench/"  # a benchmark
+T = "python tools/"  # project tooling
 RESULTS = [
     Result(
         "default_recipe",
@@ -466,9 +476,9 @@ RESULTS = [
     Result(
         "commit_ab_default",
         "the default recipe at c8827d4 (its first result) and now, alternating on one machine",
-        R + "commit_ab.py --base c8827d4 --rounds 2 epochs=2",
+        T + "commit_ab.py --base c8827d4 --rounds 2 epochs=2",
         "bench/results/commit_ab_c8827d4.json",
-        (*TRAINER, "bench/commit_ab.py"),
+        (*TRAINER, "tools/commit_ab.py"),
         lambda d: (
             f"training time now {ratio(d['head_over_base'])} that at c8827d4 "
             f"({d['median_wall_time_s']['head']:.1f} vs {d['median_wall_time_s']['base']:.1f} s)"
@@ -477,7 +487,7 @@ RESULTS = [
     Result(
         "suite_cpu",
         "the test suite on this CPU (CI's first step)",
-        "./run.sh test -q --junitxml=/tmp/dstrain-suite.xml; python bench/suite.py "
+        "./run.sh test -q --junitxml=/tmp/dstrain-suite.xml; python tools/suite.py "
         "--junit /tmp/dstrain-suite.xml --ran './run.sh test -q'",
         "bench/results/suite_cpu_2_cores.json",
         (*SUITE, "requirements.txt"),
@@ -490,7 +500,7 @@ RESULTS = [
         "suite_cpu_oldest",
         "the `oldest` tests on the oldest torch declared (CI's second step)",
         "./run.sh test-oldest -q --junitxml=/tmp/dstrain-oldest.xml; .venv-oldest/bin/python "
-        "bench/suite.py --junit /tmp/dstrain-oldest.xml --ran './run.sh test-oldest -q' "
+        "tools/suite.py --junit /tmp/dstrain-oldest.xml --ran './run.sh test-oldest -q' "
         "--out bench/results/suite_cpu_2_cores_oldest.json",
         "bench/results/suite_cpu_2_cores_oldest.json",
         (*SUITE, "requirements-oldest.txt"),
@@ -565,7 +575,7 @@ RESULTS = [
     Result(
         "code_shape",
         "code shape of the package (files, lines, cycles, signatures)",
-        R + "code_shape.py",
+        T + "code_shape.py",
         "bench/results/code_shape.json",
         ("dstrain",),
         _code_shape,
@@ -573,7 +583,7 @@ RESULTS = [
     Result(
         "code_shape_95e4140",
         "code shape at 95e4140 (before the redesign)",
-        R + "code_shape.py --package /tmp/base/dstrain --out bench/results/code_shape_95e4140.json",
+        T + "code_shape.py --package /tmp/base/dstrain --out bench/results/code_shape_95e4140.json",
         "bench/results/code_shape_95e4140.json",
         (),
         _code_shape,
@@ -599,7 +609,7 @@ RESULTS = [
     Result(
         "suite_cpu_quick",
         "the quick loop (`-m 'not slow'`)",
-        R + "suite.py --out bench/results/suite_cpu_2_cores_quick.json -- -q -m 'not slow'",
+        T + "suite.py --out bench/results/suite_cpu_2_cores_quick.json -- -q -m 'not slow'",
         "bench/results/suite_cpu_2_cores_quick.json",
         (*SUITE, "requirements.txt"),
         suite_headline,
@@ -922,7 +932,7 @@ def cited_numbers(doc: str, text: str, results: list[Result], quotes: list[str])
             r = registered_file(rel, results)
             if r is None:
                 problems.append(
-                    f"{doc}:{line}: links {rel}, which no Result in bench/evidence.py registers"
+                    f"{doc}:{line}: links {rel}, which no Result in tools/evidence.py registers"
                 )
                 continue
             values += file_values(rel) + file_values(r.file) + r.values(r.load())
@@ -954,11 +964,11 @@ def check(texts: dict[str, str] | None = None, results: list[Result] | None = No
         texts[index]
     ):
         problems.append(
-            f"{index}: the table differs from the result files; run python bench/evidence.py index"
+            f"{index}: the table differs from the result files; run python tools/evidence.py index"
         )
     if render_readme(texts[readme], results) != texts[readme]:
         problems.append(
-            f"{readme}: the results table differs from the result files; run python bench/evidence.py index"
+            f"{readme}: the results table differs from the result files; run python tools/evidence.py index"
         )
     quotes: dict[str, list[str]] = {}
     for r in filter(Result.exists, results):  # without a file, its quotes are unchecked numbers
@@ -974,7 +984,7 @@ def check(texts: dict[str, str] | None = None, results: list[Result] | None = No
     for doc in texts:
         problems += cited_numbers(doc, texts[doc], results, quotes.get(doc, []))
     for rel in unregistered(results):
-        problems.append(f"{rel}: a result file no Result in bench/evidence.py registers")
+        problems.append(f"{rel}: a result file no Result in tools/evidence.py registers")
     return problems
 
 

@@ -1,11 +1,13 @@
 """The shape of the dstrain package, measured from its source: what issue 15 asked to watch.
 
-    .venv/bin/python bench/code_shape.py                        # -> bench/results/code_shape.json
-    .venv/bin/python bench/code_shape.py --package /old/dstrain --out /tmp/old.json
+    .venv/bin/python tools/code_shape.py                        # -> bench/results/code_shape.json
+    .venv/bin/python tools/code_shape.py --package /old/dstrain --out /tmp/old.json
 
 Per package: files and lines, the longest functions (lines, decorators and docstring included), the
 widest signatures (parameters, ``self``/``cls`` not counted), import cycles (top-level and lazy
-imports, from tests/test_layers.py), how many modules each module imports, and lines past 100 columns.
+imports, from tests/test_layers.py), how many modules each module imports, lines past 100 columns,
+and the floor plan (floor 0 imports nothing of the package; each module sits one floor above the
+highest module it imports).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -52,6 +55,7 @@ def measure(package: Path) -> dict:
     ):  # every distinct cycle: drop one edge of each and look again
         cycles.append(" -> ".join(cycle))
         remaining[cycle[0]].discard(cycle[1])
+    floor = floors(remaining)
     lines = {rel[p]: len(p.read_text().splitlines()) for p in paths}
     over = {rel[p]: sum(len(line) > 100 for line in p.read_text().splitlines()) for p in paths}
     by_length = sorted(funcs, key=lambda t: -t[1])[:5]
@@ -68,7 +72,26 @@ def measure(package: Path) -> dict:
             m: len(v) for m, v in sorted(graph.items(), key=lambda kv: -len(kv[1]))[:5]
         },
         "lines_over_100_columns": {f: n for f, n in over.items() if n},
+        # the floor plan: a module's floor is 0 when it imports nothing of the package, else one
+        # above the highest module it imports (cycles were dropped above)
+        "floors": 1 + max(floor.values(), default=-1),
+        "floor_of": dict(sorted(floor.items(), key=lambda kv: (-kv[1], kv[0]))),
     }
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each module's floor in an acyclic import graph."""
+    out: dict[str, int] = {}
+
+    def floor(m: str) -> int:
+        if m not in out:
+            out[m] = 0  # a cycle left in the graph ends here instead of recursing forever
+            out[m] = 1 + max((floor(d) for d in graph.get(m, ()) if d in graph), default=-1)
+        return out[m]
+
+    for m in graph:
+        floor(m)
+    return out
 
 
 def main() -> int:
@@ -76,15 +99,18 @@ def main() -> int:
     p.add_argument("--package", default=str(REPO / "dstrain"), help="a dstrain package folder")
     p.add_argument("--out", default=str(REPO / "bench/results/code_shape.json"))
     args = p.parse_args()
-    from bench.common import provenance
+    from dstrain.provenance import record as provenance_record
 
-    result = {**provenance("code_shape.py"), **measure(Path(args.package))}
+    result = {
+        **provenance_record(f"python tools/code_shape.py {shlex.join(sys.argv[1:])}"),
+        **measure(Path(args.package)),
+    }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     longest, widest = result["longest_functions"][0], result["widest_signatures"][0]
     print(
         f"{result['files']} files, {result['lines']} lines; longest function {longest['function']} "
         f"({longest['lines']} lines); widest signature {widest['function']} ({widest['parameters']} parameters); "
-        f"{len(result['import_cycles'])} import cycles -> {args.out}"
+        f"{len(result['import_cycles'])} import cycles; {result['floors']} floors -> {args.out}"
     )
     return 0
 
