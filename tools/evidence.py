@@ -245,9 +245,10 @@ def _layouts(d: dict) -> list[float]:
 
 def _code_shape(d: dict) -> str:
     widest = d["widest_signatures"][0]["parameters"] if d["widest_signatures"] else 0
+    floors = f", {d['floors']} floors" if "floors" in d else ""
     return (
         f"{d['files']} files, {d['lines']:,} lines, {len(d['import_cycles'])} import cycles, "
-        f"widest signature {widest} parameters"
+        f"widest signature {widest} parameters{floors}"
     )
 
 
@@ -579,6 +580,15 @@ RESULTS = [
         "bench/results/code_shape.json",
         ("dstrain",),
         _code_shape,
+    ),
+    Result(
+        "code_shape_71a43a9",
+        "code shape at 71a43a9 (before issue 32's second step)",
+        T + "code_shape.py --package CHECKOUT_AT_71a43a9/dstrain --out bench/results/code_shape_71a43a9.json",
+        "bench/results/code_shape_71a43a9.json",
+        (),
+        _code_shape,
+        rerun=False,
     ),
     Result(
         "code_shape_95e4140",
