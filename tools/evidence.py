@@ -584,7 +584,8 @@ RESULTS = [
     Result(
         "code_shape_71a43a9",
         "code shape at 71a43a9 (before issue 32's second step)",
-        T + "code_shape.py --package CHECKOUT_AT_71a43a9/dstrain --out bench/results/code_shape_71a43a9.json",
+        T
+        + "code_shape.py --package CHECKOUT_AT_71a43a9/dstrain --out bench/results/code_shape_71a43a9.json",
         "bench/results/code_shape_71a43a9.json",
         (),
         _code_shape,
