@@ -194,7 +194,7 @@ def test_staleness_names_what_changed_since_the_result(tmp_path):
     (repo / "bench" / "suite.py").write_text("c = 1\n")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "six")
-    assert stale([sha], code=("bench/*.py",)) == "stale: tools/suite.py changed since"
+    assert stale([sha], code=("bench/*.py",)) == "stale: bench/suite.py changed since"
     assert stale(["0" * 40]) == "commit 0000000 not in this history"
     assert stale([]) == "no commit recorded"
 
