@@ -17,12 +17,19 @@ GPU node they share the first GPU (one 10-epoch batch-4,096 run used 20 s of an 
 Grid ``study`` (rows; K = the last 5/90 of the epochs, W = the first 40%):
   baseline         batch 128, SGD momentum 0.9 (fp32.json), the default recipe's 0.4 per 256 images
                    (0.2), cosine, no warmup, no label smoothing
-  naive_4096       batch 4,096, the same SGD at the linear rule's 6.4, no warmup
+  naive_4096       batch 4,096, the same SGD at the linear rule's 6.4, no warmup (it diverges)
+  goyal_4096       Goyal et al.: the same SGD at 6.4 after a gradual warmup over 5/90 of the epochs,
+                   zero-init of each block's last BN gamma
+  lars_records     LARS in the records' regime: batch 4,096 throughout, linear warmup over 30% of the
+                   epochs, poly 2, momentum 0.95, no zero-init, smoothing 0.1, the last K epochs
+                   un-augmented; peak LR 8 unless --extra optim.base_lr=... (choose it with --holdout)
+  lars_records_no_last_k   the same, every epoch augmented
   lars, lamb       the fashion_mnist_lars recipe: ramp 1,024 -> 2,048 (epoch 2) -> 4,096 (epoch 4) at a
                    constant peak LR (10; LAMB 0.032), half-epoch warmup, poly 2, label smoothing 0.1
   fujitsu          the fashion_mnist_fujitsu recipe (Fujitsu's MLPerf v0.6 hyperparameters): batch 4,096,
-                   LARS eta 0.0025, momentum 0.96, W-epoch warmup, poly 2.2, wd follows the LR, smoothing
-                   0.1, last K epochs without augmentation; without a BN span
+                   LARS eta 0.0025, momentum 0.96, W-epoch warmup, poly 2.2 over 52/90 of the epochs,
+                   wd as Fujitsu's code applies it, smoothing 0.1, last K epochs without augmentation;
+                   without a BN span
   *_span32         the same with model.bn_span=32 (BN over 32 images, as one GPU of a large run)
   fujitsu_span32_no_last_k   the same LR schedule, every epoch augmented
 Every recipe row ends with the BN refit (Final Polishing) and is scored after it; derived rows read
@@ -85,17 +92,55 @@ def last_k(epochs: int) -> int:
 
 
 def fujitsu(epochs: int, *extra: str) -> tuple[str, str, list[str]]:
-    """The fashion_mnist_fujitsu recipe at ``epochs``: warmup 40% of them, last K unaugmented."""
+    """The fashion_mnist_fujitsu recipe at ``epochs``: warmup 40% of them, decay over the next
+    52/90, last K unaugmented."""
     return (
         "fashion_mnist_fujitsu",
         "lars_fujitsu",
         [
             f"optim.warmup_epochs={0.4 * epochs:g}",
+            f"optim.decay_epochs={52 * epochs / 90:g}",
             f"polish.last_epochs_without_augmentation={last_k(epochs)}",
             "model.bn_span=0",
             *extra,
         ],
     )
+
+
+def goyal(epochs: int) -> list[str]:
+    """Goyal et al.'s large-batch SGD: the linear rule (0.4 per 256 images: 6.4 at 4,096), 5 of 90
+    epochs of gradual warmup from the base LR, zero-init of each block's last BN gamma."""
+    return [
+        "batch.global_size=4096",
+        *SGD,
+        "optim.warmup=gradual",
+        f"optim.warmup_epochs={max(1.0, 5 * epochs / 90):g}",
+        "model.zero_init_residual=true",
+    ]
+
+
+def records_regime(epochs: int, *extra: str) -> list[str]:
+    """LARS where the LARS records run (issue 33): batch 4,096 from the first step, linear warmup
+    over ~30% of the steps, poly 2, momentum 0.95 (LARS_M095), no zero-init, label smoothing 0.1,
+    the last K epochs un-augmented; the peak LR is chosen on held-out images (--extra)."""
+    return [
+        "batch.global_size=4096",
+        "optim.lr_scaling=none",
+        "optim.base_lr=8",
+        "optim.warmup=linear",
+        f"optim.warmup_epochs={0.3 * epochs:g}",
+        "optim.decay=poly",
+        "optim.poly_power=2.0",
+        "optim.label_smoothing=0.1",
+        "model.zero_init_residual=false",
+        f"polish.last_epochs_without_augmentation={last_k(epochs)}",
+        "polish.enabled=true",
+        *extra,
+    ]
+
+
+# study JSONs derived from a shipped one: (shipped stem, optimizer parameters changed)
+DERIVED_JSON = {"lars_m095": ("lars", {"momentum": 0.95})}
 
 
 def grid_rows(grid: str, epochs: int) -> dict[str, tuple[str, str, list[str]]]:
@@ -110,6 +155,13 @@ def grid_rows(grid: str, epochs: int) -> dict[str, tuple[str, str, list[str]]]:
     return {
         "baseline": ("fashion_mnist", "fp32", ["batch.global_size=128", *SGD]),
         "naive_4096": ("fashion_mnist", "fp32", ["batch.global_size=4096", *SGD]),
+        "goyal_4096": ("fashion_mnist", "fp32", goyal(epochs)),
+        "lars_records": ("fashion_mnist", "lars_m095", records_regime(epochs)),
+        "lars_records_no_last_k": (
+            "fashion_mnist",
+            "lars_m095",
+            records_regime(epochs, "polish.last_epochs_without_augmentation=0"),
+        ),
         "lars": ("fashion_mnist", "lars", LARS_RECIPE),
         "lars_span32": ("fashion_mnist", "lars", [*LARS_RECIPE, SPAN]),
         "lamb": ("fashion_mnist", "lamb", [*LARS_RECIPE, "optim.base_lr=0.032"]),
@@ -130,7 +182,18 @@ DERIVED = {
 }
 
 
-def json_for(stem: str, precision: str) -> str:
+def json_for(stem: str, precision: str, runs: Path | None = None) -> str:
+    """The DeepSpeed JSON of a row: a shipped one, or (DERIVED_JSON) a copy of one with some
+    optimizer parameters changed, written once under ``runs``."""
+    if stem in DERIVED_JSON:
+        base, params = DERIVED_JSON[stem]
+        raw = json.loads((REPO / json_for(base, precision)).read_text())
+        raw["optimizer"]["params"].update(params)
+        raw["_comment"] = f"{json_for(base, precision)} with {params} (bench/accuracy_study.py)"
+        out = (runs or REPO / "runs/accuracy_study") / f"{stem}_{precision}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(raw, indent=2) + "\n")
+        return str(out)
     return (
         f"ds_configs/{precision}.json" if stem == "fp32" else f"ds_configs/{stem}_{precision}.json"
     )
@@ -148,7 +211,7 @@ def command(row: str, seed: int, args, run_dir: Path) -> list[str]:
         "--config",
         recipe,
         "--deepspeed_config",
-        json_for(stem, args.precision),
+        json_for(stem, args.precision, run_dir.parent),
         f"epochs={args.epochs}",
         f"seed={seed}",
         f"model.width={args.width}",
@@ -213,6 +276,9 @@ def run_record(row: str, seed: int, s: dict) -> dict:
         "row": row,
         "seed": seed,
         "final_top1": final,
+        # training top-1 of the last epoch (augmented images, or not in the last K): beside the
+        # test top-1 it tells under-fitting (both low) from over-fitting (train high, test low)
+        "final_train_top1": hist[-1].get("train_top1"),
         "best_top1": max(s["best_top1"], final),
         "epochs": s["epochs"],
         "steps": s["steps"],
@@ -252,9 +318,9 @@ def table(records: list[dict], rows: list[str], reference: str = "baseline") -> 
     """Mean ± sd per row, and the distance to the reference row's mean final top-1."""
     ref = [100 * r["final_top1"] for r in records if r["row"] == reference]
     lines = [
-        "| row | final top-1 % (mean ± sd) | vs baseline (pt) | best top-1 % | epochs | steps | "
-        "wall s | GPU-time s | s to 90% | s to 92% | seeds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| row | final top-1 % (mean ± sd) | vs baseline (pt) | train top-1 % | best top-1 % | "
+        "epochs | steps | wall s | GPU-time s | s to 90% | s to 92% | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         rs = [r for r in records if r["row"] == row]
@@ -272,8 +338,10 @@ def table(records: list[dict], rows: list[str], reference: str = "baseline") -> 
                 else f"never (0/{len(rs)})"
             )
 
+        trains = [100 * r["final_train_top1"] for r in rs if r.get("final_train_top1") is not None]
+        train = f"{statistics.mean(trains):.2f}" if trains else "-"
         lines.append(
-            f"| {row} | {f:.2f} ± {fs:.2f} | {gap} | {b:.2f} ± {bs:.2f} | {rs[0]['epochs']} | "
+            f"| {row} | {f:.2f} ± {fs:.2f} | {gap} | {train} | {b:.2f} ± {bs:.2f} | {rs[0]['epochs']} | "
             f"{rs[0]['steps']} | {statistics.mean(r['wall_s'] for r in rs):.0f} | "
             f"{statistics.mean(r['gpu_time_s'] for r in rs):.0f} | {reach('time_to_90')} | "
             f"{reach('time_to_92')} | {len(rs)} |"
@@ -329,7 +397,7 @@ def goal_lines(records: list[dict], grid: str, target: float | None) -> list[str
     large = {
         row: statistics.mean(100 * r["final_top1"] for r in records if r["row"] == row)
         for row in {r["row"] for r in records}
-        if row not in ("baseline", "naive_4096")
+        if row not in ("baseline", "naive_4096", "goyal_4096")
     }
     if not base or not large:
         return ["Goal (batch 4,096 within 0.3 pt of batch 128): not measurable from these rows."]

@@ -180,12 +180,20 @@ class OptimConfig:
         0.0, "LR at the last step as a fraction of the peak LR (fraction)"
     )
     poly_power: float = setting(2.0, "poly decay exponent (dimensionless)")
+    decay_epochs: float = setting(
+        0.0,
+        "cosine/poly: the decay's length after warmup, the end LR held afterwards; 0 = until the "
+        "last epoch (Fujitsu's MLPerf v0.6 code decays over 52 of the 54 epochs after warmup) (epochs)",
+    )
     step_milestones: list[float] = setting(
         [], "step decay: epochs at which the LR is multiplied by step_gamma (epochs)"
     )
     step_gamma: float = setting(0.1, "step decay factor per milestone (fraction)")
     wd_follows_lr: bool = setting(
-        False, "scale weight decay by lr/peak_lr every step (Fujitsu) (bool)"
+        False,
+        "scale weight decay by lr/peak_lr every step. dstrain's optimizers already multiply the "
+        "decay by the LR, so this makes it proportional to lr^2 (Fujitsu scheduled wd this way "
+        "only because their LARS kernel leaves the LR out; their recipes here keep it false) (bool)",
     )
     label_smoothing: float = setting(
         0.0, "label smoothing s: target (1-s)*onehot + s/K (fraction in [0, 1))"
@@ -524,6 +532,12 @@ def _optim_rules(cfg: TrainConfig, world_size: int) -> Rules:
     yield (
         0.0 <= optim.end_lr_factor <= 1.0,
         f"optim.end_lr_factor={optim.end_lr_factor}: must be in [0, 1]",
+    )
+    yield (
+        optim.decay_epochs == 0
+        or (optim.decay_epochs > 0 and optim.warmup_epochs + optim.decay_epochs <= cfg.epochs),
+        f"optim.decay_epochs={optim.decay_epochs}: warmup ({optim.warmup_epochs}) plus decay must "
+        f"fit in epochs={cfg.epochs}; 0 = decay until the last epoch",
     )
     yield (
         0.0 <= optim.label_smoothing < 1.0,

@@ -2,15 +2,26 @@
 
 Per parameter tensor, with weight decay ``beta`` and trust coefficient ``eta``::
 
-    trust = eta * ||w|| / (||g|| + beta * ||w|| + eps)     # 1 if ||w|| == 0 or ||g|| == 0
+    trust = eta * ||w|| / (||g|| + beta_T * ||w|| + eps)   # 1 if ||w|| == 0 or ||g|| == 0
     trust = min(trust / lr, 1)                             # only with LARC clipping
-    v     = m * v + lr * trust * (g + beta * w)
+    trust = min(trust, trust_clip)                         # only with a cap (trust_clip > 0)
+    v     = m' * v + lr * trust * (g + beta * w)
     w     = w - v
+
+``beta_T``, the weight decay inside the trust ratio, is ``beta`` (the MLPerf TF reference, NVIDIA),
+or, with ``"trust_decay": "weight_decay_x_peak_lr"``, ``beta`` times the run's peak LR (Fujitsu's
+MLPerf v0.6 code passes ``wd * lr0`` to a kernel that uses it as is in the denominator, which bounds
+the ratio by ``eta / (beta * lr0)``: 3.85 at their 13.0 and 5e-5); the trainer sets it
+(``optim.apply_schedule``). ``m'`` is the momentum, or with ``momentum_correction`` the momentum
+times ``lr_t / lr_{t-1}`` (Goyal et al.'s correction, in NVIDIA's MLPerf LARS): the velocity
+holds the LR, so a changing LR would otherwise weight old gradients by old LRs.
 
 A parameter group with ``"lars_exclude": True`` (the trainer puts tensors with
 ``ndim <= 1`` there: BN gamma/beta and biases) gets no weight decay and trust 1,
 i.e. plain momentum SGD. The whole step is a fixed number of foreach calls per
 group and chunk (see ``dstrain/multitensor.py``), whatever the number of tensors.
+:meth:`LARS.trust_summary` gives the last step's per-tensor trust ratios (min, median, max) for
+the log; it reads them from the device only when called.
 
 timm's ``Lars`` applies the LR after the momentum (``v = m*v + trust*g; w -= lr*v``);
 this is the paper's form, with the LR inside the momentum. The two agree while the
@@ -23,6 +34,8 @@ import torch
 
 from dstrain.multitensor import GroupwiseOptimizer, chunks
 
+TRUST_DECAY = ("weight_decay", "weight_decay_x_peak_lr")
+
 
 class LARS(GroupwiseOptimizer):
     def __init__(
@@ -34,11 +47,17 @@ class LARS(GroupwiseOptimizer):
         trust_coefficient: float = 0.001,
         eps: float = 0.0,
         larc_clip: bool = False,
+        *,
+        trust_clip: float = 0.0,
+        trust_decay: str = "weight_decay",
+        momentum_correction: bool = False,
     ):
         if lr < 0 or momentum < 0 or weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
             raise ValueError(
                 "LARS: lr, momentum, weight_decay, eps must be >= 0 and trust_coefficient > 0"
             )
+        if trust_clip < 0 or trust_decay not in TRUST_DECAY:
+            raise ValueError(f"LARS: trust_clip must be >= 0, trust_decay one of {TRUST_DECAY}")
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -46,9 +65,29 @@ class LARS(GroupwiseOptimizer):
             trust_coefficient=trust_coefficient,
             eps=eps,
             larc_clip=larc_clip,
+            trust_clip=trust_clip,
+            trust_decay=trust_decay,
+            momentum_correction=momentum_correction,
             lars_exclude=False,
         )
         super().__init__(params, defaults)
+        self._trust: list[torch.Tensor] = []  # the last step's trust ratios, on the device
+
+    def step(self, closure=None):
+        self._trust = []
+        return super().step(closure)
+
+    def trust_summary(self) -> dict | None:
+        """min / median / max of the last step's per-tensor trust ratios (None before a step, or
+        when every tensor is excluded). One device-to-host copy: call it where the loop syncs."""
+        if not self._trust:
+            return None
+        t = torch.cat(self._trust).float().cpu()
+        return {
+            "trust_min": t.min().item(),
+            "trust_median": t.median().item(),
+            "trust_max": t.max().item(),
+        }
 
     def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
         bufs = []
@@ -58,21 +97,37 @@ class LARS(GroupwiseOptimizer):
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p)
                 bufs.append(state["momentum_buffer"])
+        momentum = group["momentum"]
+        if group["momentum_correction"]:
+            previous = group.get("previous_lr")
+            if previous:  # the velocity holds the LR: rescale it to the new one
+                momentum *= group["lr"] / previous
+            group["previous_lr"] = group["lr"]
         for lo, hi in chunks(params):
-            self._update(params[lo:hi], [p.grad for p in params[lo:hi]], bufs[lo:hi], group)
+            trust = self._update(
+                params[lo:hi], [p.grad for p in params[lo:hi]], bufs[lo:hi], group, momentum
+            )
+            if trust is not None:
+                self._trust.append(trust.detach())
 
     @staticmethod
-    def _update(params, grads, bufs, group: dict) -> None:
+    def _update(params, grads, bufs, group: dict, momentum: float) -> torch.Tensor | None:
         lr, wd = group["lr"], group["weight_decay"]
+        trust = None
         if group["lars_exclude"]:
             update = torch._foreach_mul(grads, lr)
         else:
             w_norm = torch.stack(torch._foreach_norm(params))
             g_norm = torch.stack(torch._foreach_norm(grads))
-            trust = group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm + group["eps"])
+            wd_trust = group.get("trust_weight_decay", wd)
+            trust = (
+                group["trust_coefficient"] * w_norm / (g_norm + wd_trust * w_norm + group["eps"])
+            )
             trust = torch.where((w_norm > 0) & (g_norm > 0), trust, torch.ones_like(trust))
             if group["larc_clip"] and lr > 0:
                 trust = torch.clamp(trust / lr, max=1.0)
+            if group["trust_clip"] > 0:
+                trust = torch.clamp(trust, max=group["trust_clip"])
             scale = (trust * lr).unbind(0)  # 0-d tensors: no host sync
             if wd:
                 update = torch._foreach_add(grads, params, alpha=wd)
@@ -80,7 +135,8 @@ class LARS(GroupwiseOptimizer):
             else:
                 update = torch._foreach_mul(grads, scale)
         if bufs:
-            torch._foreach_mul_(bufs, group["momentum"])
+            torch._foreach_mul_(bufs, momentum)
             torch._foreach_add_(bufs, update)
             update = bufs
         torch._foreach_sub_(params, update)
+        return trust

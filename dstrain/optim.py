@@ -26,7 +26,7 @@ import torch
 from dstrain import jsonspec
 from dstrain.errors import ConfigError
 from dstrain.lamb import LAMB
-from dstrain.lars import LARS
+from dstrain.lars import LARS, TRUST_DECAY
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ def param_groups(
     weight_decay: float,
     exclude_bn_bias: bool = True,
     layerwise: bool = False,
+    bn_bias_lr_factor: float = 1.0,
 ) -> list[dict]:
     """Two groups by tensor shape: ``ndim > 1`` (conv/FC weights) and ``ndim <= 1`` (BN, biases).
 
@@ -62,6 +63,8 @@ def param_groups(
         groups.append({"params": no_decay, "weight_decay": 0.0})
         if layerwise:
             groups[-1]["lars_exclude"] = True
+        if bn_bias_lr_factor != 1.0:  # the records' BN/bias parameters step at the full LR
+            groups[-1]["lr_factor"] = bn_bias_lr_factor
     return groups
 
 
@@ -80,15 +83,8 @@ def _adam(groups, lr, betas, eps, weight_decay):
 
 
 # weight_decay is accepted by every builder but already set per group by param_groups().
-def _lars(groups, lr, momentum, weight_decay, trust_coefficient, eps, larc_clip):
-    return LARS(
-        groups,
-        lr=lr,
-        momentum=momentum,
-        trust_coefficient=trust_coefficient,
-        eps=eps,
-        larc_clip=larc_clip,
-    )
+def _lars(groups, lr, weight_decay, **params):
+    return LARS(groups, lr=lr, **params)
 
 
 class OpBuildError(RuntimeError):
@@ -215,6 +211,8 @@ class Common:
     lr: float = S(LR)  # required: parse_spec says so by name
     weight_decay: float = S(jsonspec.non_negative(), 0.0)
     exclude_bn_bias: bool = S(jsonspec.boolean(), True)  # ndim <= 1: no decay, no trust ratio
+    # the BN/bias group's LR as a fraction of the scheduled LR (with exclude_bn_bias)
+    bn_bias_lr_factor: float = S(jsonspec.non_negative(), 1.0)
 
 
 @dataclass(frozen=True)
@@ -236,6 +234,10 @@ class LARSParams(Common):
     trust_coefficient: float = S(jsonspec.positive(), 0.001)
     eps: float = S(jsonspec.non_negative(), 0.0)
     larc_clip: bool = S(jsonspec.boolean(), False)
+    trust_clip: float = S(jsonspec.non_negative(), 0.0)  # cap on the trust ratio, 0 = none
+    # the weight decay inside the trust ratio: weight_decay, or (Fujitsu) weight_decay x peak LR
+    trust_decay: str = S(jsonspec.choice(*TRUST_DECAY), "weight_decay")
+    momentum_correction: bool = S(jsonspec.boolean(), False)  # momentum x lr_t / lr_(t-1)
 
 
 @dataclass(frozen=True)
@@ -338,27 +340,36 @@ def parse_spec(block: dict | None, source: str = "optimizer") -> OptimizerSpec:
 
 def build_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.Optimizer:
     """The client optimizer for ``model``: parameter groups by shape, then the spec's builder."""
+    params = dict(spec.params)
     groups = param_groups(
         model,
-        float(spec.params["weight_decay"]),
+        float(params["weight_decay"]),
         spec.exclude_bn_bias,
         layerwise=spec.layerwise,
+        bn_bias_lr_factor=params.pop("bn_bias_lr_factor"),
     )
     try:
-        return OPTIMIZERS[spec.kind](groups, **spec.params)
+        return OPTIMIZERS[spec.kind](groups, **params)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{spec.source}: optimizer.params for {spec.name}: {err}") from None
 
 
 def apply_schedule(
-    optimizer: torch.optim.Optimizer, lr: float, wd_factor: float | None = None
+    optimizer: torch.optim.Optimizer,
+    lr: float,
+    wd_factor: float | None = None,
+    peak_lr: float | None = None,
 ) -> None:
-    """Set this step's LR on every group; with ``wd_factor``, scale each group's initial weight decay."""
+    """Set this step's LR on every group (times the group's ``lr_factor``); with ``wd_factor``, scale
+    each group's initial weight decay; a LARS group with ``trust_decay: weight_decay_x_peak_lr``
+    gets its trust-ratio weight decay, the initial weight decay times ``peak_lr``."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_factor", 1.0)
+        initial = group.setdefault("initial_weight_decay", group["weight_decay"])
         if wd_factor is not None:
-            initial = group.setdefault("initial_weight_decay", group["weight_decay"])
             group["weight_decay"] = initial * wd_factor
+        if group.get("trust_decay") == "weight_decay_x_peak_lr" and peak_lr is not None:
+            group["trust_weight_decay"] = initial * peak_lr
 
 
 class StepCounter:

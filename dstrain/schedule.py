@@ -88,7 +88,8 @@ def lr_at(t: float, cfg: OptimConfig, *, base_lr: float, peak_lr: float, epochs:
     if cfg.decay == "step":
         # a step that ends exactly on a milestone still uses the LR before it
         return peak_lr * cfg.step_gamma ** bisect.bisect_left(list(cfg.step_milestones), t)
-    p = (t - cfg.warmup_epochs) / max(epochs - cfg.warmup_epochs, 1e-12)
+    length = cfg.decay_epochs or epochs - cfg.warmup_epochs  # then the end LR is held
+    p = (t - cfg.warmup_epochs) / max(length, 1e-12)
     return decay_lr(p, cfg, peak_lr=peak_lr)
 
 

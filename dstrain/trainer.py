@@ -234,7 +234,7 @@ class Trainer:
     def set_lr(self, progress: float, global_batch: int) -> float:
         """Set the LR (and, with optim.wd_follows_lr, the weight decay) of the step ending at ``progress``."""
         lr, wd_factor = self.schedule.at(progress, global_batch)
-        apply_schedule(self.optimizer, lr, wd_factor)
+        apply_schedule(self.optimizer, lr, wd_factor, self.schedule.peak(global_batch))
         return lr
 
     def train_micro_batch(
@@ -287,8 +287,14 @@ class Trainer:
                 "loss_scale": loss_scale_of(self.engine),
                 "comm_bytes_per_step": sent,
                 "skipped_steps": self.checks.skips.total or None,
+                # LARS: the per-tensor trust ratios of the last step (where instability shows)
+                **(self.trust_summary() or {}),
             },
         )
+
+    def trust_summary(self) -> dict | None:
+        summary = getattr(self.optimizer, "trust_summary", None)
+        return summary() if summary is not None else None
 
     # ------------------------------------------------------------ evaluation, checkpoints, polish
     def evaluate(self) -> dict:

@@ -524,3 +524,39 @@ def test_bench_holds_benchmarks_and_every_script_has_one_provenance_helper():
         assert re.search(r"\bprovenance\(|provenance_record\(|\brecord\(", text), path.name
         if path.parent.name == "bench":
             assert "results" in text, f"{path.name}: a benchmark writes a result file"
+
+
+@pytest.mark.parametrize("epochs", [30, 90])
+@pytest.mark.parametrize("grid", ["study", "target"])
+def test_every_study_row_would_start(grid, epochs, tmp_path, capfd):
+    """Each row's command as the study builds it (derived JSONs written), through the trainer's own
+    start-up checks (--check): a row whose schedule does not fit its epochs fails here, not after
+    hours (the Fujitsu rows' 52/90 decay at 30 epochs, the records-regime row's momentum JSON)."""
+    import struct
+
+    from dstrain.main import main
+
+    root = tmp_path / "fmnist"  # idx headers of Fashion-MNIST's sizes: all --check reads
+    root.mkdir()
+    for name, dims in {
+        "train-images-idx3-ubyte": (60000, 28, 28),
+        "train-labels-idx1-ubyte": (60000,),
+        "t10k-images-idx3-ubyte": (10000, 28, 28),
+        "t10k-labels-idx1-ubyte": (10000,),
+    }.items():
+        (root / name).write_bytes(struct.pack(f">HBB{len(dims)}I", 0, 8, len(dims), *dims))
+    study = load("accuracy_study")
+    args = study.parse_args(
+        ["--grid", grid, "--epochs", str(epochs), "--target", "0.9", "--extra", f"data.root={root}"]
+    )
+    rows = study.grid_rows(grid, epochs)
+    assert grid == "target" or {"goyal_4096", "lars_records", "lars_records_no_last_k"} <= set(rows)
+    for row in rows:
+        cmd = study.command(row, 0, args, tmp_path / "runs" / f"{row}-0")
+        argv = cmd[cmd.index("dstrain") + 1 :]
+        assert main([*argv, "--check", "--device", "cpu"]) == 0, (row, capfd.readouterr().err)
+        out = capfd.readouterr().out
+        assert "nothing was written" in out, (row, out)
+    derived = tmp_path / "runs" / "lars_m095_fp32.json"
+    if grid == "study":
+        assert json.loads(derived.read_text())["optimizer"]["params"]["momentum"] == 0.95

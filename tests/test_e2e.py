@@ -214,6 +214,14 @@ def test_lars_warmup_smoothing_and_ramp_follow_the_plan_on_two_ranks(fake_fmnist
                 expected_lr(epoch + (k + 1) / steps, batch), rel=1e-5
             ), step
     assert max(batches) == step == 40
+    # LARS's per-tensor trust ratios, every logged step: min <= median <= max, all positive
+    trust = {
+        key: {e.step: e.value for e in acc.Scalars(f"train/trust_{key}")}
+        for key in ("min", "median", "max")
+    }
+    assert sorted(trust["median"]) == list(range(1, 41))
+    assert all(0 < trust["min"][k] <= trust["median"][k] <= trust["max"][k] for k in range(1, 41))
+    assert "  trust " in proc.stdout  # and on the console line
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [h["global_batch"] for h in summary["history"]] == [32, 32, 64]
     assert [h["steps_per_epoch"] for h in summary["history"]] == [16, 16, 8]

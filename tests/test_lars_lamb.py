@@ -11,22 +11,30 @@ from dstrain.models import build_model
 from dstrain.optim import param_groups
 
 
-def _lars_reference(ws, gs_per_step, lr, m, wd, eta, eps, larc=False, exclude=False):
-    """METHODS.md sec. 2, one tensor at a time in float64."""
+def _lars_reference(ws, gs_per_step, lr, m, wd, eta, eps, larc=False, exclude=False, **extra):
+    """METHODS.md sec. 2, one tensor at a time in float64. ``extra``: ``lrs`` (one LR per step),
+    ``trust_wd`` (the weight decay inside the trust ratio), ``clip`` (a cap on it), ``correct``
+    (momentum x lr_t / lr_(t-1))."""
     ws = [w.double().clone() for w in ws]
     vs = [torch.zeros_like(w) for w in ws]
-    for gs in gs_per_step:
+    lrs = extra.get("lrs") or [lr] * len(gs_per_step)
+    trust_wd, clip = extra.get("trust_wd", wd), extra.get("clip", 0.0)
+    for step, gs in enumerate(gs_per_step):
+        lr = lrs[step]
+        mom = m * lr / lrs[step - 1] if extra.get("correct") and step > 0 else m
         for k, (w, g) in enumerate(zip(ws, gs)):
             g = g.double()
             if exclude:
                 trust, decay = 1.0, 0.0
             else:
                 wn, gn = w.norm().item(), g.norm().item()
-                trust = eta * wn / (gn + wd * wn + eps) if wn > 0 and gn > 0 else 1.0
+                trust = eta * wn / (gn + trust_wd * wn + eps) if wn > 0 and gn > 0 else 1.0
                 if larc:
                     trust = min(trust / lr, 1.0)
+                if clip:
+                    trust = min(trust, clip)
                 decay = wd
-            vs[k] = m * vs[k] + lr * trust * (g + decay * w)
+            vs[k] = mom * vs[k] + lr * trust * (g + decay * w)
             ws[k] = w - vs[k]
     return ws
 
@@ -72,6 +80,60 @@ def test_lars_matches_the_formula_on_hand_sized_tensors(larc):
         assert torch.allclose(g.double(), w, atol=1e-6), (g, w)
     # zero weights (third tensor) and a zero gradient (second tensor, step 2) take trust 1
     assert not torch.equal(got[2], HAND_W[2])
+
+
+def test_lars_trust_decay_cap_and_momentum_correction_match_the_formula():
+    """The records' settings (issue 33): the trust ratio's own weight decay (Fujitsu: wd x peak LR),
+    a cap on the ratio, and Goyal's momentum correction while the LR changes step by step."""
+    lrs = [0.5, 0.8, 0.2]
+    params = [torch.nn.Parameter(w.clone()) for w in HAND_W]
+    opt = LARS(
+        [{"params": params, "trust_weight_decay": 0.3}],
+        lr=lrs[0],
+        momentum=0.9,
+        weight_decay=0.01,
+        trust_coefficient=0.5,
+        eps=1e-9,
+        trust_clip=1.0,
+        momentum_correction=True,
+    )
+    trusts = []
+    for lr, gs in zip(lrs, HAND_G):
+        opt.param_groups[0]["lr"] = lr
+        for p, g in zip(params, gs):
+            p.grad = g.clone()
+        opt.step()
+        trusts.append(opt.trust_summary())
+    want = _lars_reference(
+        HAND_W,
+        HAND_G,
+        lr=None,
+        m=0.9,
+        wd=0.01,
+        eta=0.5,
+        eps=1e-9,
+        lrs=lrs,
+        trust_wd=0.3,
+        clip=1.0,
+        correct=True,
+    )
+    for g, w in zip(params, want):
+        assert torch.allclose(g.detach().double(), w, atol=1e-6), (g, w)
+    # without the three settings the same steps land elsewhere: each of them changes the result
+    for off in ({"trust_wd": 0.01}, {"clip": 0.0}, {"correct": False}):
+        other = _lars_reference(
+            HAND_W,
+            HAND_G,
+            lr=None,
+            m=0.9,
+            wd=0.01,
+            eta=0.5,
+            eps=1e-9,
+            **{"lrs": lrs, "trust_wd": 0.3, "clip": 1.0, "correct": True, **off},
+        )
+        assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(want, other)), off
+    # the logged trust ratios: the cap holds; a zero-norm tensor counts as trust 1
+    assert all(t["trust_max"] <= 1.0 and t["trust_min"] > 0 for t in trusts), trusts
 
 
 def test_lars_excluded_group_is_plain_momentum_sgd():
