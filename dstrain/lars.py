@@ -98,7 +98,8 @@ class LARS(GroupwiseOptimizer):
                     state["momentum_buffer"] = torch.zeros_like(p)
                 bufs.append(state["momentum_buffer"])
         momentum = group["momentum"]
-        if group["momentum_correction"]:
+        # .get: a checkpoint saved before these settings existed loads groups without them
+        if group.get("momentum_correction", False):
             previous = group.get("previous_lr")
             if previous:  # the velocity holds the LR: rescale it to the new one
                 momentum *= group["lr"] / previous
@@ -126,7 +127,7 @@ class LARS(GroupwiseOptimizer):
             trust = torch.where((w_norm > 0) & (g_norm > 0), trust, torch.ones_like(trust))
             if group["larc_clip"] and lr > 0:
                 trust = torch.clamp(trust / lr, max=1.0)
-            if group["trust_clip"] > 0:
+            if group.get("trust_clip", 0.0) > 0:
                 trust = torch.clamp(trust, max=group["trust_clip"])
             scale = (trust * lr).unbind(0)  # 0-d tensors: no host sync
             if wd:

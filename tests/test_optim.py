@@ -322,3 +322,22 @@ def test_exclude_bn_bias_false_gives_one_group_everywhere(kind, monkeypatch):
     optimizer = build_optimizer(model, parse_spec({"type": kind, "params": params}, "x.json"))
     everything = frozenset(id(p) for p in model.parameters())
     assert _group_options(optimizer) == [(everything, 0.01, False)]
+
+
+def test_bn_bias_lr_factor_sets_the_excluded_groups_lr_and_old_groups_still_step():
+    """A separate LR for the BN/bias group (issue 33), set with every step's LR; and a LARS whose
+    groups come from a checkpoint written before the newer settings existed still steps."""
+    from dstrain.lars import LARS
+    from dstrain.optim import apply_schedule, build_optimizer, parse_spec
+
+    spec = parse_spec({"type": "LARS", "params": {"lr": 1.0, "bn_bias_lr_factor": 0.1}})
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    opt = build_optimizer(model, spec)
+    apply_schedule(opt, 2.0, None, 2.0)
+    assert [g["lr"] for g in opt.param_groups] == [2.0, pytest.approx(0.2)]
+    old = LARS([{"params": [torch.nn.Parameter(torch.ones(3, 2))]}], lr=0.1)
+    for key in ("trust_clip", "trust_decay", "momentum_correction"):
+        del old.param_groups[0][key]
+    old.param_groups[0]["params"][0].grad = torch.ones(3, 2)
+    old.step()
+    assert old.trust_summary()["trust_median"] > 0
