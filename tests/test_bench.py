@@ -66,6 +66,7 @@ def test_study_table_mean_spread_and_reach_counts():
             "row": "baseline",
             "seed": 0,
             "final_top1": 0.90,
+            "final_train_top1": 0.95,
             "best_top1": 0.91,
             "time_to_90": 5.0,
         },
@@ -74,18 +75,21 @@ def test_study_table_mean_spread_and_reach_counts():
             "row": "baseline",
             "seed": 1,
             "final_top1": 0.92,
+            "final_train_top1": 0.93,
             "best_top1": 0.92,
             "time_to_90": None,
         },
     ]
-    records.append({**records[0], "row": "lars", "final_top1": 0.895})
+    records.append({**records[0], "row": "lars", "final_top1": 0.895, "final_train_top1": None})
     lines = study.table(records, ["baseline", "naive_4096", "lars"])
     assert len(lines) == 4  # header, rule, two rows: rows without runs are left out
     cells = [c.strip() for c in lines[2].split("|")[1:-1]]
     assert cells[0] == "baseline" and cells[1] == "91.00 ± 1.41" and cells[2] == "+0.00"
-    assert cells[3] == "91.50 ± 0.71"
-    assert cells[8] == "5 (1/2)" and cells[9] == "never (0/2)" and cells[10] == "2"
-    assert [c.strip() for c in lines[3].split("|")[1:-1]][2] == "-1.50"  # 89.5 vs 91.0
+    assert cells[3] == "94.00"  # training top-1 beside the test top-1: under- or over-fitting
+    assert cells[4] == "91.50 ± 0.71"
+    assert cells[9] == "5 (1/2)" and cells[10] == "never (0/2)" and cells[11] == "2"
+    lars = [c.strip() for c in lines[3].split("|")[1:-1]]
+    assert lars[2] == "-1.50" and lars[3] == "-"  # 89.5 vs 91.0; no training top-1 recorded
 
 
 def test_study_derived_no_refit_row_reads_the_recipe_runs_before_the_refit():
