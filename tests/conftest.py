@@ -53,6 +53,31 @@ def make_fake_fashion_mnist(
     return root
 
 
+PROCESS_ENV = (  # what the trainer sets in its own process (a world of one, DeepSpeed's device)
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "DS_ACCELERATOR",
+)
+
+
+@pytest.fixture(autouse=True)
+def process_env_restored():
+    """A test that runs the trainer's entry point in pytest's process (``main([...] + ["--check"])``)
+    leaves RANK, MASTER_PORT, DS_ACCELERATOR... behind; restore them, so that a later test's
+    subprocess does not inherit them (a dry run printed the leaked port instead of 29500)."""
+    saved = {var: os.environ.get(var) for var in PROCESS_ENV}
+    yield
+    for var, value in saved.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+
 @pytest.fixture(autouse=True)
 def fresh_compiler_state():
     """Each test compiles as a fresh process would: dynamo's caches and its per-function record
