@@ -89,9 +89,6 @@ class CommConfig:
     bucket_mb: float = jsonspec.setting(jsonspec.positive("MiB"), 25.0)  # gradient bucket size
 
 
-FIELDS = jsonspec.declaration(CommConfig)  # the block's keys, for the docs and the JSON checks
-
-
 @dataclass(frozen=True)
 class CommSpec:
     """Our gradient sync as a DeepSpeed JSON chose it: the block and ``communication_data_type``."""
