@@ -262,6 +262,12 @@ def _sweep(d: dict) -> str:
     return f"{len(d['runs'])} runs; best {pct(best['final_top1'], 2)} ({best['name']}); no commit recorded"
 
 
+# issue 33's peak-LR choices at the CPU study's budget: (file stem, study row, what, LRs run)
+TUNING_30EP = (
+    ("records", "lars_records", "LARS in the records' regime (peak LR)", ("4", "8", "16")),
+    ("fujitsu", "fujitsu_span32", "Fujitsu recipe (peak LR)", ("10", "25")),
+    ("goyal", "goyal_4096", "Goyal SGD (LR per 256 images)", ("0.05", "0.1", "0.2")),
+)
 R = "python bench/"  # a benchmark
 T = "python tools/"  # project tooling
 RESULTS = [
@@ -671,6 +677,31 @@ RESULTS = [
         )
         for lr in ("1.6", "4", "10")
     ],
+    *[
+        Result(
+            f"tuning_{stem}_lr{lr}_30ep",
+            f"{what}, LR {lr}, 30 epochs, on 6,000 held-out images",
+            R + f"accuracy_study.py --epochs 30 --holdout 6000 --rows {row} --seeds 0 "
+            f"--runs runs/accuracy_study/tune-{stem}-30ep-lr{lr} --out docs/results/tuning "
+            f"--name {stem}_lr{lr}_30ep_holdout6000 --extra optim.base_lr={lr}",
+            f"docs/results/tuning/{stem}_lr{lr}_30ep_holdout6000.json",
+            (*TRAINER, "bench/accuracy_study.py"),
+            _tuning,
+            rerun=False,
+        )
+        for stem, row, what, lrs in TUNING_30EP
+        for lr in lrs
+    ],
+    Result(
+        "goyal_lr0.4_30ep",
+        "Goyal SGD at the baseline's 0.4 per 256 images (6.4 at 4,096), 30 epochs, test set",
+        R + "accuracy_study.py --epochs 30 --rows goyal_4096 --seeds 0 "
+        "--runs runs/accuracy_study/goyal-lr0.4-30ep --name goyal_lr0.4_30ep --extra optim.base_lr=0.4",
+        "docs/results/goyal_lr0.4_30ep.json",
+        (*TRAINER, "bench/accuracy_study.py"),
+        _study,
+        rerun=False,
+    ),
 ]
 
 # Numbers README and the index quote that no result file of ours holds: published results and the
