@@ -186,10 +186,16 @@ def _throughput(d: dict) -> str:
     return f"dstrain {min(rs):.2f}x-{max(rs):.2f}x its bare PyTorch twin ({len(rs)} pairs)"
 
 
-def _study(d: dict) -> str:
+def _by_row(d: dict) -> dict[str, list[float]]:
+    """A study's final top-1 per row, one value per seed."""
     by_row: dict[str, list[float]] = {}
     for r in d["runs"]:
         by_row.setdefault(r["row"], []).append(r["final_top1"])
+    return by_row
+
+
+def _study(d: dict) -> str:
+    by_row = _by_row(d)
     n = max(len(v) for v in by_row.values())
     shown = [k for k in by_row if not k.endswith("_no_refit")][:6]
     body = ", ".join(f"{k} {100 * statistics.mean(by_row[k]):.2f}%" for k in shown)
@@ -229,9 +235,7 @@ def _records_quotes(d: dict) -> dict[str, list[str]]:
 
 
 def _seeds_quotes(d: dict) -> dict[str, list[str]]:
-    by_row: dict[str, list[float]] = {}
-    for r in d["runs"]:
-        by_row.setdefault(r["row"], []).append(r["final_top1"])
+    by_row = _by_row(d)
     return {"docs/results/README.md": [_mean_sd(by_row[k]) for k in ("baseline", "fujitsu_span32")]}
 
 
@@ -240,9 +244,7 @@ def _mean_sd(values: list[float]) -> str:
 
 
 def _study10_quotes(d: dict) -> dict[str, list[str]]:
-    by_row: dict[str, list[float]] = {}
-    for r in d["runs"]:
-        by_row.setdefault(r["row"], []).append(r["final_top1"])
+    by_row = _by_row(d)
     return {
         "docs/results/README.md": [
             _mean_sd(by_row[k]) for k in ("baseline", "recipe_lars", "recipe_lamb")
