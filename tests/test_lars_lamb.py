@@ -104,33 +104,14 @@ def test_lars_trust_decay_cap_and_momentum_correction_match_the_formula():
             p.grad = g.clone()
         opt.step()
         trusts.append(opt.trust_summary())
-    want = _lars_reference(
-        HAND_W,
-        HAND_G,
-        lr=None,
-        m=0.9,
-        wd=0.01,
-        eta=0.5,
-        eps=1e-9,
-        lrs=lrs,
-        trust_wd=0.3,
-        clip=1.0,
-        correct=True,
-    )
+    settings = {"lrs": lrs, "trust_wd": 0.3, "clip": 1.0, "correct": True}
+    fixed = {"lr": None, "m": 0.9, "wd": 0.01, "eta": 0.5, "eps": 1e-9}
+    want = _lars_reference(HAND_W, HAND_G, **fixed, **settings)
     for g, w in zip(params, want):
         assert torch.allclose(g.detach().double(), w, atol=1e-6), (g, w)
     # without the three settings the same steps land elsewhere: each of them changes the result
     for off in ({"trust_wd": 0.01}, {"clip": 0.0}, {"correct": False}):
-        other = _lars_reference(
-            HAND_W,
-            HAND_G,
-            lr=None,
-            m=0.9,
-            wd=0.01,
-            eta=0.5,
-            eps=1e-9,
-            **{"lrs": lrs, "trust_wd": 0.3, "clip": 1.0, "correct": True, **off},
-        )
+        other = _lars_reference(HAND_W, HAND_G, **fixed, **{**settings, **off})
         assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(want, other)), off
     # the logged trust ratios: the cap holds; a zero-norm tensor counts as trust 1
     assert all(t["trust_max"] <= 1.0 and t["trust_min"] > 0 for t in trusts), trusts
