@@ -6,7 +6,9 @@
 #   ./run.sh evidence                                                    fault tests -> docs/results/faults.md
 #   ./run.sh results [KEY ...] | --stale | --index                       rerun every CPU result + the index;
 #                                                                        which results are stale; the tables
-#   ./run.sh gpu [PART ...] [--budget PART=S] [--status]                 the GPU acceptance run, offline
+#   ./run.sh gpu-prepare [--python-version 3.12]                         build .gpu/ for a GPU node (here)
+#   ./run.sh gpu [PART ...] [--budget PART=S] [--status]                 one GPU job, offline (on the node)
+#   ./run.sh gpu-import FILE                                             a job's gpu_state.tar.gz, here
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv).
 set -euo pipefail
@@ -94,21 +96,25 @@ case "$cmd" in
             "tests/test_ds_config.py::test_bad_json_values_and_nested_keys_give_one_line_naming_file_and_key" \
             "tests/test_e2e.py::test_corrupt_image_stops_the_run_with_one_line" \
             --evidence docs/results/faults.md "$@" ;;
+    gpu-prepare)
+        # here, with the package index: the node's wheels, DALI in parts, Fashion-MNIST, the job list
+        setup_venv; setup_fashion_mnist
+        exec "$VENV/bin/python" tools/gpu_prepare.py "$@" ;;
     gpu)
-        # Offline (a compute node has no network): the venv if there is one, else this interpreter;
-        # wheels put in .whl/ are installed without network into .whl/site (tools/gpu_run.py, docs/gpu.md)
-        PY="$VENV/bin/python"; [[ -x "$PY" ]] || PY=$PYTHON
-        if compgen -G ".whl/*.whl" > /dev/null; then
-            stamp=$(ls .whl/*.whl | sha256sum | cut -d' ' -f1)
-            if [[ "$(cat .whl/site/.dstrain-wheels 2>/dev/null)" != "$stamp" ]]; then
-                say "installing .whl/*.whl into .whl/site (pip --no-index --no-deps)"
-                "$PY" -m pip install --quiet --no-index --no-deps --target .whl/site .whl/*.whl
-                echo "$stamp" > .whl/site/.dstrain-wheels
-            fi
-            export PYTHONPATH="$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}"
+        # On the node (no network): the job's clock starts now, install counted; what the job brought
+        # (.gpu/wheels, .gpu/dali-N) is installed into /tmp once (tools/gpu_node.py), then the parts
+        export DSTRAIN_GPU_JOB_START=${DSTRAIN_GPU_JOB_START:-$(date +%s.%N)}
+        BASE="$VENV/bin/python"; [[ -x "$BASE" ]] || BASE=$PYTHON
+        PY=$BASE
+        if [[ " $* " != *" --status "* ]]; then
+            assignments=$("$BASE" tools/gpu_node.py install) || exit 2
+            eval "$assignments"
         fi
-        # no apt-get here: offline, it could wait on the network; the accuracy part names what it lacks
         exec "$PY" tools/gpu_run.py "$@" ;;
+    gpu-import)
+        # here: a job's gpu_state.tar.gz -> runs/gpu (state) and bench/results (registered)
+        PY="$VENV/bin/python"; [[ -x "$PY" ]] || PY=$PYTHON
+        exec "$PY" tools/gpu_pack.py "$@" ;;
     results)
         # every CPU result README and docs/results quote (tools/evidence.py: the registry), then the index
         setup_venv
@@ -119,5 +125,5 @@ case "$cmd" in
         setup_fashion_mnist
         exec "$VENV/bin/python" tools/evidence.py run "$@" ;;
     *)
-        sed -n '2,10p' "$0"; exit 2 ;;
+        sed -n '2,12p' "$0"; exit 2 ;;
 esac

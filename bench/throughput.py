@@ -208,6 +208,12 @@ def markdown(result: dict) -> str:
         f"Failed: {f['row']}: {f['error'].strip().splitlines()[-1]}"
         for f in result.get("failed", [])
     ]
+    if len(result.get("git_shas", [])) > 1:
+        lines += [
+            "",
+            "Rows from commits " + ", ".join(result["git_shas"]) + " (each row's `git_sha` "
+            "in the JSON; a ratio compares a row with its twin of the same commit).",
+        ]
     if not result.get("complete", True):
         lines += ["", "Incomplete: `--resume` measures the rows missing from this table."]
     lines += [
@@ -277,7 +283,15 @@ def main() -> int:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="keep the rows already in --out (same model, batch, size) and measure the rest",
+        help="keep the rows already in --out (same model, batch, size) and measure the rest; a row "
+        "that failed is kept as failed, not retried (run without --resume to retry it)",
+    )
+    p.add_argument(
+        "--rows",
+        nargs="+",
+        metavar="PRECISION:LAYOUT:COMPILE",
+        help="only these rows, in this order, e.g. bf16:nhwc:on bf16:nchw:off (each with its bare "
+        "twin; LAYOUT nhwc = channels_last, nchw; COMPILE on/off); default: the whole grid",
     )
     p.add_argument(
         "--out",
@@ -302,6 +316,7 @@ def main() -> int:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     env = environment(device)
+    args.git_sha = env.get("git_sha")
     print(f"{env['device']}: {args.model}, batch {args.batch}, {args.image_size} px", flush=True)
     layouts = [c == "on" for c in args.channels_last]
     compiles = [c == "on" for c in args.compile]
@@ -328,19 +343,22 @@ def main() -> int:
     }
     if args.resume and out.is_file():
         result = resume_from(out, result)
+    grid = [(pr, cl, co) for pr in precisions for cl in layouts for co in compiles]
+    if args.rows:
+        grid = [parse_row(row, p) for row in args.rows]
     jobs = []  # in priority order: each dstrain row right after its bare twin
-    for precision in precisions:
-        for cl in layouts:
-            for compiled in compiles:
-                twin = ("bare PyTorch", "synthetic", PRECISIONS[precision][2], cl, compiled)
-                jobs += [twin] if twin not in jobs else []
-                jobs += [("dstrain", loader, precision, cl, compiled) for loader in loaders]
+    for precision, cl, compiled in grid:
+        twin = ("bare PyTorch", "synthetic", PRECISIONS[precision][2], cl, compiled)
+        jobs += [twin] if twin not in jobs else []
+        jobs += [("dstrain", loader, precision, cl, compiled) for loader in loaders]
     t_start, slowest = time.perf_counter(), 0.0
     with tempfile.TemporaryDirectory(prefix="dstrain-throughput-") as tmp:
         folder = None
         for job in jobs:
-            if any(row_key(r) == job for r in result["rows"]):
+            if done(job, jobs, result["rows"], env.get("git_sha")):
                 continue  # --resume: measured by an earlier call
+            if any(f["row"] == " ".join(map(str, job)) for f in result["failed"]):
+                continue  # --resume: failed in an earlier call, recorded; not retried
             elapsed = time.perf_counter() - t_start
             if args.budget_s and slowest and elapsed + slowest > args.budget_s:
                 result["not_run"].append(
@@ -364,7 +382,7 @@ def main() -> int:
                 result["failed"].append({"row": " ".join(map(str, job)), "error": str(err)[-3000:]})
                 print(f"FAILED   {' '.join(map(str, job))}: {str(err)[-500:]}", flush=True)
             else:
-                result["rows"].append(row)
+                result["rows"].append({**row, "git_sha": env.get("git_sha")})
             slowest = max(slowest, time.perf_counter() - t0)
             result["total_s"] = result.get("total_s", 0.0) + time.perf_counter() - t0
             write(out, result)  # every row ends in the file
@@ -379,10 +397,30 @@ def main() -> int:
         ]
         if twin:
             r["vs_synthetic"] = r["images_per_s"] / twin[0]
-    result["complete"] = all(any(row_key(r) == j for r in result["rows"]) for j in jobs)
+    result["complete"] = all(
+        any(row_key(r) == j for r in result["rows"])
+        or any(f["row"] == " ".join(map(str, j)) for f in result["failed"])
+        for j in jobs
+    )
+    result["git_shas"] = sorted({r["git_sha"] for r in result["rows"] if r.get("git_sha")})
     write(out, result)
     print(markdown(result))
     return 1 if result["failed"] else 0
+
+
+def done(job: tuple, jobs: list[tuple], rows: list[dict], sha: str | None) -> bool:
+    """Measured by an earlier call: a dstrain row at any commit (rows carry their SHA); a bare twin
+    only at this commit, unless no dstrain row still needs it (a ratio compares one commit's pair)."""
+    if job[0] != "bare PyTorch":
+        return any(row_key(r) == job for r in rows)
+    if any(row_key(r) == job and r.get("git_sha") == sha for r in rows):
+        return True
+    needing = [
+        j for j in jobs if j[0] == "dstrain" and PRECISIONS[j[2]][2] == job[2] and j[3:] == job[3:]
+    ]
+    return any(row_key(r) == job for r in rows) and all(
+        any(row_key(r) == j for r in rows) for j in needing
+    )
 
 
 def row_key(row: dict) -> tuple:
@@ -395,8 +433,26 @@ def resume_from(out: Path, fresh: dict) -> dict:
     same = all(old.get(k) == fresh[k] for k in ("model", "batch", "image_size", "compile_mode"))
     if not same:
         raise SystemExit(f"--resume: {out} measured other settings; choose another --out")
-    print(f"--resume: {len(old['rows'])} rows already in {out}", flush=True)
-    return {**fresh, "rows": old["rows"], "total_s": old.get("total_s", 0.0)}
+    failed = old.get("failed", [])
+    print(f"--resume: {len(old['rows'])} rows and {len(failed)} failed in {out}", flush=True)
+    return {**fresh, "rows": old["rows"], "failed": failed, "total_s": old.get("total_s", 0.0)}
+
+
+def parse_row(text: str, parser: argparse.ArgumentParser) -> tuple[str, bool, bool]:
+    """``bf16:nhwc:on`` -> ("bf16", True, True): a --rows entry."""
+    parts = text.split(":")
+    layouts, switches = {"nhwc": True, "nchw": False}, {"on": True, "off": False}
+    if (
+        len(parts) != 3
+        or parts[0] not in PRECISIONS
+        or parts[1] not in layouts
+        or parts[2] not in switches
+    ):
+        parser.error(
+            f"--rows {text}: expected PRECISION:LAYOUT:COMPILE with PRECISION one of "
+            f"{', '.join(PRECISIONS)}, LAYOUT nhwc or nchw, COMPILE on or off"
+        )
+    return parts[0], layouts[parts[1]], switches[parts[2]]
 
 
 def measure_row(job: tuple, args, device, folder, tmp: Path, rows: list[dict]) -> dict:
@@ -421,7 +477,15 @@ def measure_row(job: tuple, args, device, folder, tmp: Path, rows: list[dict]) -
         }
     r = dstrain_run(data, precision, cl, compiled, args, folder, tmp)
     twin = ("bare PyTorch", "synthetic", PRECISIONS[precision][2], cl, compiled)
-    bare = next((b["images_per_s"] for b in rows if row_key(b) == twin), None)
+    sha = args.git_sha
+    bare = next(
+        (
+            b["images_per_s"]
+            for b in reversed(rows)
+            if row_key(b) == twin and b.get("git_sha") == sha
+        ),
+        None,
+    )
     ratio = r["images_per_s"] / bare if bare else None
     print(
         f"dstrain  {data:9s} {precision} channels_last={cl} compile={compiled}: "

@@ -200,10 +200,10 @@ def init_process_group(timeout_s: float) -> None:
 
     import deepspeed
 
-    if not torch.cuda.is_available():
+    if not use_gpu():
         _skip_shm_op()
     deepspeed.init_distributed(
-        dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+        dist_backend="nccl" if use_gpu() else "gloo",
         timeout=timedelta(seconds=timeout_s),
     )
     init_host_group()
@@ -216,15 +216,23 @@ def shutdown() -> None:
         torch_dist.destroy_process_group()
 
 
+def use_gpu() -> bool:
+    """Whether this rank trains on a GPU: one is visible and DeepSpeed was not told to run on its CPU
+    accelerator. ``DS_ACCELERATOR=cpu`` (what ``DSTRAIN_CPU_RANKS`` and the tests give CPU ranks, and
+    what reaches remote ranks through DeepSpeed's env file where ``CUDA_VISIBLE_DEVICES`` does not)
+    means gloo on the CPU; a model put on a GPU beside it would not match DeepSpeed's device."""
+    return torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "").lower() != "cpu"
+
+
 def device() -> torch.device:
     """This rank's device: its local GPU, or the CPU (check :func:`rank_without_gpu` first)."""
-    return torch.device("cuda", local_rank()) if torch.cuda.is_available() else torch.device("cpu")
+    return torch.device("cuda", local_rank()) if use_gpu() else torch.device("cpu")
 
 
 def rank_without_gpu() -> str | None:
     """Why this rank cannot have a GPU of its own, or None. DeepSpeed 0.19 does not check: two ranks
     on a 1-GPU node would put rank 1 on a missing cuda:1 and fail deep inside."""
-    if not torch.cuda.is_available() or local_rank() < torch.cuda.device_count():
+    if not use_gpu() or local_rank() < torch.cuda.device_count():
         return None
     count = torch.cuda.device_count()
     return (

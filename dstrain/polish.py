@@ -145,7 +145,7 @@ def polish_run_dir(args: argparse.Namespace) -> dict:
     import torch.distributed as tdist
 
     if world > 1 and not tdist.is_initialized():
-        tdist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        tdist.init_process_group("nccl" if dist.use_gpu() else "gloo")
     if why := dist.rank_without_gpu():
         raise ConfigError(why)
     device = dist.device()

@@ -169,8 +169,11 @@ class Cluster:
 
     # ------------------------------------------------------------ use
     def env(self, **extra: str) -> dict:
-        """This environment with the harness's ssh first on PATH."""
-        return {**os.environ, "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}", **extra}
+        """This environment with the harness's ssh first on PATH, every rank on the CPU: the hosts
+        share this machine, and its GPUs (if any) are not one per rank of the test's jobs."""
+        path = f"{self.bin}{os.pathsep}{os.environ['PATH']}"
+        cpu = {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
+        return {**os.environ, "PATH": path, **cpu, **extra}
 
     def ssh(self, host: Host, command: str, check: bool = True, timeout: float = 30):
         return sh(str(self.bin / "ssh"), host.addr, command, check=check, timeout=timeout)

@@ -76,6 +76,19 @@ def test_a_rank_without_a_gpu_of_its_own_is_refused_naming_the_fix(monkeypatch, 
     assert dist.rank_without_gpu() is None and dist.device() == torch.device("cpu")
 
 
+def test_ranks_told_to_use_deepspeeds_cpu_accelerator_train_on_the_cpu(monkeypatch):
+    """DS_ACCELERATOR=cpu reaches remote ranks through DeepSpeed's env file (CUDA_VISIBLE_DEVICES
+    does not): with a GPU visible they still train on the CPU over gloo, as DeepSpeed does, and a
+    second local rank is not refused for want of a GPU."""
+    fake_gpus(monkeypatch, 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    assert not dist.use_gpu() and dist.device() == torch.device("cpu")
+    assert dist.rank_without_gpu() is None
+    monkeypatch.delenv("DS_ACCELERATOR")
+    assert dist.use_gpu() and dist.rank_without_gpu().startswith("local rank 1 has no GPU")
+
+
 def launch_args(**kw) -> argparse.Namespace:
     base = dict(gpus_per_node=None, iface="", trainer_args=["--config", "x"], launcher="auto")
     return argparse.Namespace(**{**base, **kw})

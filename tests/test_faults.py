@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY, run_cli
+from tests.conftest import REPO, TINY, rank_env, run_cli
 
 pytestmark = pytest.mark.slow
 FP32 = ["--deepspeed_config", "ds_configs/fp32.json"]
@@ -318,6 +318,7 @@ def start_ranks(args: list[str], world: int) -> list[subprocess.Popen]:
     procs = []
     for r in range(world):
         env = clean_env(
+            **rank_env(world),  # a GPU per rank where the node has them, else CPU ranks
             RANK=str(r),
             LOCAL_RANK=str(r),
             WORLD_SIZE=str(world),

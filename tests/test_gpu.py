@@ -63,6 +63,7 @@ def test_fused_lamb_builds_on_the_gpu_or_says_why():
 
 
 def test_dali_mixed_decode_gives_gpu_batches_with_the_right_labels(jpeg_folder):
+    pytest.importorskip("nvidia.dali", reason="needs DALI (on a GPU node: all of .gpu/dali-N)")
     from dstrain.config import DataConfig
     from dstrain.data import Shard, build_data
 

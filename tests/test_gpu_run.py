@@ -1,21 +1,29 @@
-"""``./run.sh gpu`` (tools/gpu_run.py): the orchestration of the GPU acceptance run, tested on a CPU.
+"""``./run.sh gpu`` (tools/gpu_run.py, gpu_node.py, gpu_pack.py, gpu_prepare.py), piece by piece.
 
-What only a GPU measures is not measured here; what is tested is what makes one short GPU slot
-count: every part ends in its file, budgets skip what does not fit and stop what overruns (a
-training run gets SIGTERM and checkpoints), a second call continues instead of redoing, a part's
-crash does not cost the next part, missing packages are named with where the wheels go.
+What makes a short GPU slot count, each checked here on a CPU: budgets and the job's own deadline,
+a command stopped with its whole process group (at the budget and on SIGTERM to the job), what
+comes home through ``$OUT`` within its limits, an import that never goes back to older state,
+wheels for the wrong Python refused before pip, DALI joined only from all of its parts. The whole
+pass, job after job as the node runs it: tests/test_gpu_node_play.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
-from tools import gpu_run
+from tools import gpu_node, gpu_pack, gpu_prepare, gpu_run
+from tools.suite import progress_outcomes, summarise_progress
 
 
 def test_result_files_are_named_after_the_gpu():
@@ -33,6 +41,16 @@ def test_a_command_past_its_budget_is_stopped_with_sigterm_and_recorded(tmp_path
     assert "started" in log and "checkpointed" in log
 
 
+def test_a_command_that_ignores_sigterm_is_killed_with_its_children(tmp_path):
+    marker = tmp_path / "child.pid"
+    script = f"trap '' TERM; sleep 60 & echo $! > {marker}; wait"
+    row = gpu_run.run_bounded(["bash", "-c", script], 1, tmp_path / "x.log", grace=1)
+    assert row["stopped_at_budget"] and row["exit"] == -signal.SIGKILL and row["seconds"] < 10
+    child = int(marker.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text()
+
+
 def test_the_budget_fits_the_slowest_item_seen():
     budget = gpu_run.Budget(100)
     assert budget.fits(60)
@@ -41,11 +59,49 @@ def test_the_budget_fits_the_slowest_item_seen():
     assert not gpu_run.Budget(30).fits(60)
 
 
-def test_missing_packages_are_named_with_where_the_wheels_go(monkeypatch, capfd):
+def _run(tmp_path, monkeypatch, deadline=560, start=None, **env) -> gpu_run.Run:
+    monkeypatch.setenv("DSTRAIN_GPU_JOB_START", str(start or time.time()))
+    monkeypatch.delenv("OUT", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    args = gpu_run.parse_args(
+        ["--state", str(tmp_path / "state"), "--work", str(tmp_path / "work"), "--slug", "cpu"]
+        + ["--deadline", str(deadline)]
+    )
+    return gpu_run.Run(args, {"device": "CPU", "gpus": 0, "git_sha": "new"})
+
+
+def test_a_part_gets_the_smaller_of_its_budget_and_the_jobs_time_left(tmp_path, monkeypatch):
+    run = _run(tmp_path, monkeypatch, deadline=560, start=time.time() - 400)
+    # 560 - 400 s gone, less the SIGTERM grace and the last pack
+    left = 560 - 400 - gpu_run.GRACE_S - gpu_run.PACK_S
+    assert abs(run.budget(480).seconds - left) < 2
+    assert run.budget(60).seconds == 60
+    late = _run(tmp_path, monkeypatch, deadline=560, start=time.time() - 600)
+    assert late.budget(480).seconds == 0
+    assert gpu_run.run_part(late, "smoke") == 1  # nothing started, the next job continues
+    assert "no time left" in late.record["parts"]["smoke"]["not_run"]
+
+
+def test_items_of_another_commit_are_kept_with_their_sha(tmp_path, monkeypatch, capsys):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "gpu_run_cpu.json").write_text(
+        json.dumps(
+            {"environment": {"git_sha": "old"}, "jobs": 3, "parts": {"smoke": {"complete": True}}}
+        )
+    )
+    run = _run(tmp_path, monkeypatch)
+    assert run.record["parts"]["smoke"]["complete"] and run.record["jobs"] == 4
+    assert "kept, each with its SHA" in capsys.readouterr().out
+    assert gpu_run.run_part(run, "smoke") == 0  # not rerun
+
+
+def test_missing_packages_are_named_with_what_to_bring(monkeypatch, capfd):
     monkeypatch.setattr(gpu_run, "NEEDED", ("torch", "no_such_package_dstrain"))
     assert gpu_run.main(["smoke"]) == 2
     err = capfd.readouterr().err
-    assert "no_such_package_dstrain" in err and ".whl/" in err and "pip --no-index" in err
+    assert "no_such_package_dstrain" in err and ".gpu/wheels" in err and "gpu-prepare" in err
 
 
 def test_bad_arguments_are_refused(capfd):
@@ -57,84 +113,218 @@ def test_bad_arguments_are_refused(capfd):
     assert "PART=SECONDS" in capfd.readouterr().err
 
 
-def test_a_result_from_other_code_is_started_over(tmp_path):
-    (tmp_path / "gpu_run_cpu.json").write_text(
-        json.dumps({"environment": {"git_sha": "old"}, "parts": {"smoke": {"complete": True}}})
+def test_sigterm_to_the_job_stops_the_running_command_and_saves(tmp_path):
+    """The job gets SIGTERM while a part's command runs: the command's process group is stopped,
+    the record saved and packed into $OUT, exit 143, and no process of it is left."""
+    out, state = tmp_path / "out", tmp_path / "state"
+    code = f"""
+import sys, time
+sys.path.insert(0, {str(REPO)!r})
+from tools import gpu_run
+def smoke(self, budget):
+    self.bounded(["bash", "-c", "sleep 120 & echo $! > {tmp_path}/child.pid; wait"], budget, "s.log")
+    return {{"complete": True}}
+gpu_run.Run.smoke = smoke
+gpu_run.environment = lambda: {{"device": "CPU", "gpus": 0, "git_sha": "x", "torch": "t",
+    "cuda_runtime": None, "deepspeed": None, "dali": None}}
+sys.exit(gpu_run.main(["smoke", "--tiny", "--state", {str(state)!r}, "--slug", "cpu"]))
+"""
+    env = {**os.environ, "OUT": str(out), "DSTRAIN_GPU_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True
     )
-    ns = type("A", (), {"fresh": False, "slug": "cpu", "results": str(tmp_path)})()
-    run = gpu_run.Run(ns, {"device": "CPU", "gpus": 0, "git_sha": "new"})
-    assert run.record["parts"] == {}  # the old SHA's record is not trusted
-    same = gpu_run.Run(ns, {"device": "CPU", "gpus": 0, "git_sha": "old"})
-    assert same.record["parts"]["smoke"]["complete"]
+    pid_file = tmp_path / "child.pid"
+    for _ in range(200):
+        if pid_file.is_file() and pid_file.read_text().strip():
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stdout
+    child = int(pid_file.read_text())
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text()
+    record = json.loads((state / "gpu_run_cpu.json").read_text())
+    assert record["parts"]["smoke"]["not_run"] == "stopped by SIGTERM"
+    with tarfile.open(out / "gpu_state.tar.gz") as tar:
+        assert "gpu_run_cpu.json" in tar.getnames()
 
 
-def gpu(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "tools/gpu_run.py", "--tiny", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def test_the_pack_fits_out_and_keeps_the_state_small(tmp_path):
+    state = tmp_path / "state"
+    (state / "logs").mkdir(parents=True)
+    (state / "results").mkdir()
+    (state / "gpu_run_h100.json").write_text(json.dumps({"jobs": 2, "parts": {}}))
+    (state / "results" / "smoke_h100.json").write_text("{}")
+    for n in range(40):  # 40 logs of 200 KiB: cut to 64 KiB each, then the largest dropped
+        (state / "logs" / f"run{n}.log").write_bytes(os.urandom(100 << 10).hex().encode())
+    (state / "work" / "checkpoints").mkdir(parents=True)
+    (state / "work" / "checkpoints" / "model.pt").write_bytes(b"x" * 1000)
+    out = tmp_path / "out"
+    gpu_pack.pack(state, out, "status line\n")
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_state.tar.gz", "gpu_status.txt"]
+    with tarfile.open(out / "gpu_state.tar.gz") as tar:
+        names = tar.getnames()
+        sizes = sum(m.size for m in tar.getmembers())
+        logs = [m.size for m in tar.getmembers() if m.name.endswith(".log")]
+        note = json.load(tar.extractfile("PACK.json"))
+    assert "gpu_run_h100.json" in names and "results/smoke_h100.json" in names
+    assert not any(n.endswith(".pt") for n in names)
+    assert sizes <= gpu_pack.STATE_LIMIT + 4096 and note["dropped"]
+    assert logs and all(size <= gpu_pack.LOG_TAIL + 100 for size in logs)
 
 
-@pytest.mark.slow
-def test_every_part_ends_in_its_file_and_a_second_call_continues(tmp_path):
-    results = tmp_path / "results"
-    common = ["--results", str(results), "--test-files", "tests/test_gpu.py", "tests/test_ramp.py"]
-    # a budget nothing fits: every smoke row is listed as not run, the part incomplete, exit 1
-    proc = gpu("smoke", "--budget", "smoke=1", *common)
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    smoke = json.loads((results / "smoke_cpu.json").read_text())
-    assert smoke["rows"] == {}
-    assert sum("did not fit the budget" in why for why in smoke["not_run"].values()) == 4
-    assert "CUDA-only" in smoke["not_run"]["fp16_native.json channels_last=false"]
+def test_import_copies_complete_parts_and_never_goes_back(tmp_path):
+    def pack_of(jobs: int, complete: bool) -> Path:
+        state = tmp_path / f"state{jobs}-{complete}"
+        (state / "results").mkdir(parents=True, exist_ok=True)
+        (state / "results" / "smoke_h100.json").write_text(json.dumps({"rows": {}, "jobs": jobs}))
+        record = {
+            "jobs": jobs,
+            "parts": {"smoke": {"complete": complete, "files": ["results/smoke_h100.json"]}},
+        }
+        (state / "gpu_run_h100.json").write_text(json.dumps(record))
+        return gpu_pack.pack(state, tmp_path / f"out{jobs}-{complete}")
 
-    proc = gpu(*common)  # every part
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    record = json.loads((results / "gpu_run_cpu.json").read_text())
-    assert set(record["parts"]) == set(gpu_run.PARTS)
-    assert all(part["complete"] for part in record["parts"].values()), record["parts"]
-    assert record["environment"]["git_sha"] and record["environment"]["torch"]
-    smoke = json.loads((results / "smoke_cpu.json").read_text())
-    assert set(smoke["rows"]) == {
-        "fp16.json channels_last=true",
-        "bf16.json channels_last=true",
-        "lamb_fp16.json channels_last=true",
-        "lars_bf16.json channels_last=true",
+    repo = tmp_path / "repo"
+    (repo / "bench/results").mkdir(parents=True)
+    assert gpu_pack.import_pack(pack_of(1, False), repo, index=False) == []  # not finished
+    assert (repo / "runs/gpu/gpu_run_h100.json").is_file()
+    copied = gpu_pack.import_pack(pack_of(2, True), repo, index=False)
+    assert copied == ["bench/results/smoke_h100.json"]
+    registry = json.loads((repo / "bench/results/gpu_imports.json").read_text())
+    assert registry["results"][0]["file"] == "bench/results/smoke_h100.json"
+    gpu_pack.import_pack(pack_of(1, False), repo, index=False)  # an older pack, imported late
+    assert json.loads((repo / "runs/gpu/gpu_run_h100.json").read_text())["jobs"] == 2
+
+
+def test_progress_lines_continue_a_cut_run_and_count_a_skipped_file(tmp_path):
+    progress = tmp_path / "p.jsonl"
+    lines = [
+        {"event": "start", "nodeid": "t.py::a"},
+        {
+            "event": "report",
+            "nodeid": "t.py::a",
+            "when": "call",
+            "outcome": "passed",
+            "duration": 1,
+        },
+        {"event": "finish", "nodeid": "t.py::a"},
+        {"event": "collect", "nodeid": "d.py", "outcome": "skipped", "message": "no nvidia.dali"},
+        {"event": "start", "nodeid": "t.py::b"},  # the job's limit came here
+    ]
+    progress.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"event": "rep')
+    finished, running = progress_outcomes([progress])
+    assert finished["t.py::a"]["outcome"] == "passed" and running == ["t.py::b"]
+    summary = summarise_progress([progress], cut=["t.py::b"])
+    assert summary["counts"] == {
+        "passed": 1,
+        "failed": 0,
+        "error": 0,
+        "skipped": 1,
+        "cut": 1,
+        "total": 3,
     }
-    assert all(r["exit"] == 0 and r["images_per_s"] > 0 for r in smoke["rows"].values())
-    throughput = json.loads((results / "throughput_cpu.json").read_text())
-    assert throughput["complete"] and {r["loop"] for r in throughput["rows"]} == {
-        "bare PyTorch",
-        "dstrain",
-    }
-    fed = json.loads((results / "throughput_dali_cpu.json").read_text())
-    assert {r["data"] for r in fed["rows"] if r["loop"] == "dstrain"} == {"synthetic", "dali"}
-    assert json.loads((results / "loader_cpu.json").read_text())["rows"]
-    suite = json.loads((results / "suite_cpu.json").read_text())
-    assert suite["counts"]["passed"] > 0 and suite["counts"]["failed"] == 0
-    gpu_only = json.loads((results / "suite_gpu_only_cpu.json").read_text())
-    assert gpu_only["counts"]["passed"] == 0 and "needs a CUDA GPU" in gpu_only["skipped"]
-    study = json.loads((results / "accuracy_study_2ep_cpu.json").read_text())
-    assert study
-
-    proc = gpu(*common)  # again: nothing rerun
-    assert proc.returncode == 0
-    assert proc.stdout.count("complete in an earlier call") == len(gpu_run.PARTS)
-    proc = gpu("--status", *common)
-    assert proc.returncode == 0 and proc.stdout.count(" complete") == len(gpu_run.PARTS)
+    assert summary["skipped"] == {"no nvidia.dali": ["d.py"]}
 
 
-def test_run_sh_gpu_runs_offline_with_the_interpreter_present(tmp_path):
-    """`./run.sh gpu` installs nothing from the network: the venv's (or this) interpreter, --status
-    reads the record and runs nothing."""
-    import os
-    from pathlib import Path
+def _wheel(folder: Path, name: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("x.txt", "x")
+    return path
 
+
+def test_a_wheel_for_another_python_is_refused_before_pip(tmp_path):
+    other = "cp39" if sys.version_info[:2] != (3, 9) else "cp310"
+    wheel = _wheel(tmp_path, f"pydantic_core-2.50.5-{other}-{other}-manylinux_2_17_x86_64.whl")
+    with pytest.raises(gpu_node.NodeError, match="--python-version"):
+        gpu_node.check_wheels([wheel])
+    gpu_node.check_wheels([_wheel(tmp_path, "hjson-3.1.0-py3-none-any.whl")])  # any Python
+
+
+def test_dali_is_installed_only_from_all_its_parts(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSTRAIN_GPU_HOME", str(tmp_path / "home"))
+    wheel = _wheel(tmp_path / "wheels", "nvidia_dali_cuda130-2.4.0-py3-none-any.whl")
+    made = tmp_path / "made"
+    made.mkdir()
+    gpu_prepare.repack_dali([wheel], made, 100, "3.12")
+    parts = sorted(made.glob("dali-*"))
+    assert len(parts) >= 2
+    meta = json.loads((parts[0] / "PART.json").read_text())
+    assert meta["parts"] == len(parts) and meta["whole"]["sha256"]
+    installed = []
+    monkeypatch.setattr(gpu_node, "pip_install", lambda python, wheels: installed.extend(wheels))
+    monkeypatch.setattr(gpu_node, "check_wheels", lambda wheels: None)
+    venv = tmp_path / "home" / "venv"
+    venv.mkdir(parents=True)
+    job = tmp_path / "job" / ".gpu"
+    job.mkdir(parents=True)
+    # the first part only: kept, the rest named
+    (job / parts[0].name).symlink_to(parts[0])
+    line = gpu_node.install_dali(Path(sys.executable), venv, job)
+    assert "missing 2" in line and not installed
+    # a damaged part is not kept
+    (job / parts[0].name).unlink()
+    bad = job / parts[1].name
+    bad.mkdir()
+    (bad / "PART.json").write_text((parts[1] / "PART.json").read_text())
+    (bad / meta["file"].replace("part1", "part2")).write_bytes(b"garbage")
+    assert "missing 2" in gpu_node.install_dali(Path(sys.executable), venv, job)
+    # then every part, over later jobs: joined, checked, installed once
+    for p in parts[1:]:
+        for f in job.iterdir():
+            subprocess.run(["rm", "-rf", str(f)], check=True)
+        (job / p.name).symlink_to(p)
+        line = gpu_node.install_dali(Path(sys.executable), venv, job)
+    assert line == "DALI: installed from its parts"
+    assert [w.name for w in installed] == [wheel.name]
+    assert gpu_node.install_dali(Path(sys.executable), venv, job) == "DALI: installed"
+
+
+def test_without_git_the_sha_comes_from_source_json(tmp_path):
+    (tmp_path / ".gpu" / "wheels").mkdir(parents=True)
+    (tmp_path / "a.py").write_text("print(1)\n")
+    digest = gpu_node.sha256(tmp_path / "a.py")
+    source = {"git_sha": "abc123", "files": {"a.py": digest}}
+    (tmp_path / ".gpu" / "wheels" / "SOURCE.json").write_text(json.dumps(source))
+    assert gpu_node.source_sha(tmp_path) == "abc123"
+    (tmp_path / "a.py").write_text("print(2)\n")
+    assert gpu_node.source_sha(tmp_path) == "abc123-modified"
+    (tmp_path / ".git").mkdir()
+    assert gpu_node.source_sha(tmp_path) is None  # git answers
+
+
+def test_the_pins_file_is_read_by_section(tmp_path):
+    pins = gpu_prepare.read_pins()
+    names = {n for n, _ in pins["small"]}
+    assert {"deepspeed", "omegaconf", "timm", "typing-extensions"} <= names
+    assert "nvidia-dali-cuda130" in {n for n, _ in pins["dali"]}
+    assert "nvidia-libnvcomp-cu13" not in {n for n, _ in pins["dali"]}
+    bad = tmp_path / "pins.txt"
+    bad.write_text("# [small]\ndeepspeed>=0.19\n# [dali]\n")
+    with pytest.raises(gpu_prepare.PrepareError, match="pins.txt:2.*NAME==VERSION"):
+        gpu_prepare.read_pins(bad)
+
+
+def test_throughput_rows_are_chosen_by_name():
+    sys.path.insert(0, str(REPO / "bench"))
+    import argparse
+
+    from bench.throughput import parse_row
+
+    parser = argparse.ArgumentParser()
+    assert parse_row("bf16:nhwc:on", parser) == ("bf16", True, True)
+    assert parse_row("fp16_native:nchw:off", parser) == ("fp16_native", False, False)
+    with pytest.raises(SystemExit):
+        parse_row("bf16:nhwc", parser)
+
+
+def test_run_sh_gpu_status_runs_offline_and_writes_nothing(tmp_path):
+    """`./run.sh gpu --status` installs nothing and runs nothing: it reads the record."""
     env = {**os.environ, "DSTRAIN_VENV": str(Path(sys.executable).parent.parent)}
     proc = subprocess.run(
-        [str(REPO / "run.sh"), "gpu", "--status", "--results", str(tmp_path)],
+        [str(REPO / "run.sh"), "gpu", "--status", "--state", str(tmp_path)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -142,5 +332,5 @@ def test_run_sh_gpu_runs_offline_with_the_interpreter_present(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "installing" not in proc.stdout and "smoke      not run" in proc.stdout
+    assert "installing" not in proc.stderr and "smoke      not run" in proc.stdout
     assert list(tmp_path.iterdir()) == []  # --status writes nothing

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests import multihost
-from tests.conftest import REPO, TINY, deepspeed_launcher, error_lines, run_cli
+from tests.conftest import CPU_ONLY, REPO, TINY, deepspeed_launcher, error_lines, run_cli
 
 WHY_NOT = multihost.unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
@@ -64,7 +64,12 @@ def rank_records(run_dir: Path) -> list[dict]:
 
 
 def local_run(fake_fmnist, run_dir: Path, ranks: int, *extra: str) -> dict:
-    proc = run_cli(trainer_args(fake_fmnist, run_dir, *extra), launcher=deepspeed_launcher(ranks))
+    # on the CPU, as the harness's hosts run (Cluster.env): the weights compared come from one device
+    proc = run_cli(
+        trainer_args(fake_fmnist, run_dir, *extra),
+        launcher=deepspeed_launcher(ranks),
+        env=CPU_ONLY,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -77,7 +82,9 @@ def test_deepspeed_hostfile_on_two_hosts_trains_as_two_local_ranks(cluster, fake
     """`deepspeed --hostfile` (2 hosts, slots=1) over pdsh: a rank on each host, the environment a
     remote rank needs given through DeepSpeed's env file, the same weights as 2 local ranks."""
     env_file = tmp_path / "ds_env"  # what a user puts in ~/.deepspeed_env or $DS_ENV_FILE
-    env_file.write_text("GLOO_SOCKET_IFNAME=eth0\nDSTRAIN_PROBE=arrived\n")
+    # DS_ACCELERATOR=cpu: the remote ranks on the CPU on a GPU node too (DeepSpeed's launcher sets
+    # CUDA_VISIBLE_DEVICES from the hostfile's slots; this reaches them through the env file)
+    env_file.write_text("GLOO_SOCKET_IFNAME=eth0\nDSTRAIN_PROBE=arrived\nDS_ACCELERATOR=cpu\n")
     h0 = cluster.hosts[0]
     run_dir = tmp_path / "hosts"
     cmd = [

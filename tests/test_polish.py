@@ -17,7 +17,7 @@ from dstrain.data.fashion_mnist import TensorLoader
 from dstrain.dist import free_port
 from dstrain.models import build_model
 from dstrain.schedule import augment_at
-from tests.conftest import TINY, deepspeed_launcher, run_cli
+from tests.conftest import TINY, deepspeed_launcher, rank_env, run_cli
 
 BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
@@ -307,8 +307,8 @@ def test_standalone_polish_two_ranks_equals_one(fake_fmnist, tmp_path):
             "50",
             f"data.root={fake_fmnist}",
         ]
-        if ranks == 1:
-            cmd = run_cli(args, module="dstrain.polish")
+        if ranks == 1:  # on the devices the 2 ranks get (a 1-GPU node: both on the CPU)
+            cmd = run_cli(args, module="dstrain.polish", env=rank_env(2))
         else:
             cmd = run_cli(args, launcher=deepspeed_launcher(2), script="dstrain/polish.py")
         assert cmd.returncode == 0, cmd.stdout[-3000:] + cmd.stderr[-3000:]

@@ -46,8 +46,10 @@ README = REPO / "README.md"
 BEGIN, END = "<!-- evidence:index begin -->", "<!-- evidence:index end -->"
 README_BEGIN, README_END = "<!-- evidence:readme begin -->", "<!-- evidence:readme end -->"
 RESULT_DIRS = ("bench/results", "docs/results")  # every .json here is a registered result
+GPU_IMPORTS = "bench/results/gpu_imports.json"  # written by ./run.sh gpu-import (tools/gpu_pack.py)
 NOT_RESULTS = {
-    "docs/results/results_run.txt": "the log of the last `./run.sh results`: steps and times"
+    "docs/results/results_run.txt": "the log of the last `./run.sh results`: steps and times",
+    GPU_IMPORTS: "the GPU result files ./run.sh gpu-import brought in, each registered from it",
 }
 
 TRAINER = ("dstrain", "ds_configs")  # the code a training run measures: the package and its JSONs
@@ -745,6 +747,44 @@ RESULTS = [
     ),
 ]
 
+
+def _gpu(d: dict) -> str:
+    """A headline for any file of ``./run.sh gpu`` (tools/gpu_run.py), by what it holds."""
+    if "counts" in d:
+        return suite_headline(d)
+    rows = d.get("rows")
+    if isinstance(rows, dict):  # smoke: one run per shipped JSON
+        ok = sum(1 for r in rows.values() if r.get("exit") == 0)
+        return f"{ok} of {len(rows)} runs exited 0"
+    ratios = [r["vs_bare"] for r in rows or [] if isinstance(r, dict) and r.get("vs_bare")]
+    if ratios:
+        return f"dstrain vs its bare twin {ratio(min(ratios))} to {ratio(max(ratios))} ({len(ratios)} rows)"
+    if "median_step_ms" in d:
+        return f"{len(d['median_step_ms'])} optimizer steps timed"
+    if "runs" in d:
+        return f"{len(d['runs'])} training runs"
+    return f"{len(rows or [])} rows"
+
+
+def gpu_results(registry: Path = REPO / GPU_IMPORTS) -> list[Result]:
+    """One Result per GPU file ``./run.sh gpu-import`` brought in: registered by data, not code."""
+    entries = json.loads(registry.read_text())["results"] if registry.is_file() else []
+    return [
+        Result(
+            "gpu_" + Path(e["file"]).stem,
+            f"GPU `{e['part']}` part" + ("" if e["complete"] else " (partial)"),
+            f"./run.sh gpu {e['part']}",
+            e["file"],
+            (*TRAINER, "bench/*.py", "tools/gpu_run.py"),
+            _gpu,
+            rerun=False,
+        )
+        for e in entries
+    ]
+
+
+RESULTS += gpu_results()
+
 # Numbers README and the index quote that no result file of ours holds: published results and the
 # arithmetic of the recipes. Each with where it comes from.
 PUBLISHED = {
@@ -1079,7 +1119,7 @@ def unregistered(results: list[Result]) -> list[str]:
         str(p.relative_to(REPO))
         for d in RESULT_DIRS
         for p in (REPO / d).rglob("*.json")
-        if str(p.relative_to(REPO)) not in files
+        if str(p.relative_to(REPO)) not in files and str(p.relative_to(REPO)) not in NOT_RESULTS
     )
 
 

@@ -1,38 +1,43 @@
-"""The GPU acceptance run: every question only a GPU answers, in one offline pass, part by part.
+"""The GPU acceptance run: every question only a GPU answers, in jobs of under 10 minutes, part by part.
 
-    ./run.sh gpu                          # every part, in priority order
-    ./run.sh gpu smoke throughput         # some parts (a 10-minute slot: one part a call)
-    ./run.sh gpu --budget dali=300 dali   # a part's time budget, seconds
-    ./run.sh gpu --status                 # what is done, what is left, nothing run
+    ./run.sh gpu                        # one job: the parts in priority order, until its deadline
+    ./run.sh gpu smoke throughput       # some parts
+    ./run.sh gpu --budget dali=300      # a part's own time budget, seconds
+    ./run.sh gpu --status               # what is done, what is left; nothing run
 
-Parts, in priority order (``PARTS``), each with its own time budget (``--budget PART=S``):
+Made for a node with no network, jobs of at most 10 minutes, and files coming home only through
+``$OUT`` (docs/gpu.md: the job table). ``./run.sh gpu`` installs what the job brought
+(tools/gpu_node.py), then runs this; each job continues where the last one stopped.
+
+Parts, in priority order (``PARTS``), each with a budget (``--budget PART=S``):
 
   smoke       a short synthetic ResNet-50 run per shipped ImageNet JSON as a user runs it (fp16,
-              fp16_native in NCHW, bf16, lamb_fp16 and lars_bf16 in channels_last): exit status,
-              images/s of the second epoch, the error line when one fails -> smoke_<gpu>.json
-  throughput  dstrain against its bare PyTorch twin, bf16/fp16/fp16_native x channels_last x
-              torch.compile, each pair as it finishes (bench/throughput.py --resume)
-              -> throughput_<gpu>.json
-  dali        ImageNet-like JPEGs made in parallel (or ``--jpegs DIR``, kept between calls), DaliLoader
-              against the plain DALI pipeline with ``mixed`` decode (bench/loader.py)
-              -> loader_<gpu>.json, and DALI-fed against synthetic training -> throughput_dali_<gpu>.json
-  tests       the GPU-only tests (tests/test_gpu.py) -> suite_gpu_only_<gpu>.json, then the whole
-              suite one test file at a time (junit XML kept per file) -> suite_<gpu>.json
+              fp16_native in NCHW, bf16, lamb_fp16 and lars_bf16 in channels_last) -> smoke_<gpu>.json
+  throughput  dstrain against its bare PyTorch twin, the priority rows: bf16 channels_last compiled
+              and eager, bf16 NCHW compiled -> throughput_<gpu>.json
+  micro       the LARS, LAMB and FusedLamb steps on ResNet-50's parameters, and BN span's cost
+              -> optimizer_step_<gpu>.json, bn_span_<gpu>.json
+  dali        once DALI's parts have all arrived: DaliLoader against the plain DALI pipeline
+              (``mixed`` decode) -> loader_<gpu>.json, DALI-fed against synthetic training
+              -> throughput_dali_<gpu>.json
+  tests       tests/test_gpu.py, then the whole suite, continued test by test across jobs
+              -> suite_gpu_only_<gpu>.json, suite_<gpu>.json
+  grid        the rest of the throughput grid (fp16, fp16_native, every layout and compile)
   accuracy    the 90-epoch large-batch grid (3 seeds) and the epochs-to-target grid
-              (bench/accuracy_study.py; its runs resume from their checkpoints)
+              -> accuracy_study_90ep_<gpu>.json, epochs_to_target_90ep_<gpu>.json
 
-Nothing is wasted: an item starts only if the part's budget still holds the slowest item seen so far
-(else it is listed as not run, with why), a command still running at the end of the budget is
-stopped (SIGTERM: a training run checkpoints) and recorded, and every item ends in a file before the
-next starts. Calling again continues: finished items are read, not rerun (``--fresh`` reruns).
-What was run, with exit statuses, durations and log files, is kept in gpu_run_<gpu>.json; logs in
-gpu_run_<gpu>/. Every file records the device, torch/CUDA/cuDNN/DeepSpeed/DALI versions and the git
-SHA (``DSTRAIN_GIT_SHA`` where the tree was copied without .git).
+A job ends by itself: ``--deadline`` (default 560 s, counted from ``$DSTRAIN_GPU_JOB_START``, which
+``./run.sh gpu`` sets before installing) gives each part the smaller of its budget and the time left;
+a command still running then gets SIGTERM (a training run checkpoints) and SIGKILL 20 s later. A
+SIGTERM to this job stops the running command's process group the same way and saves. Every
+finished item is in the state folder (``runs/gpu``, ``--state``) before the next starts, and with
+``$OUT`` set the state is packed into ``$OUT/gpu_state.tar.gz`` after each (tools/gpu_pack.py).
+What failed is recorded and not retried (``--fresh`` reruns everything); items finished at another
+commit are kept, each with its SHA. Heavy files (JPEGs, checkpoints, run folders) go to
+``$DSTRAIN_GPU_HOME/work``, never into the pack.
 
-Offline: it uses this interpreter and the packages present. What is missing is named with where the
-wheels go (``.whl/``: ``./run.sh gpu`` installs them with ``pip --no-index``; docs/gpu.md).
-``--tiny`` shrinks every part (resnet18, 32 px, a few steps) so the orchestration itself is tested on
-a CPU (tests/test_gpu_run.py); it is not a measurement.
+``--tiny`` shrinks every part (resnet18, 32 px, a few steps) so the orchestration runs on a CPU
+(tests/test_gpu_run.py, tests/test_gpu_node_play.py); it is not a measurement.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,8 +59,22 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-PARTS = ("smoke", "throughput", "dali", "tests", "accuracy")
-BUDGET_S = {"smoke": 480, "throughput": 540, "dali": 540, "tests": 540, "accuracy": 540}
+from tools import gpu_pack  # noqa: E402
+from tools.suite import headline, progress_outcomes, summarise_progress  # noqa: E402
+
+PARTS = ("smoke", "throughput", "micro", "dali", "tests", "grid", "accuracy")
+BUDGET_S = {
+    "smoke": 300,
+    "throughput": 480,
+    "micro": 240,
+    "dali": 480,
+    "tests": 540,
+    "grid": 540,
+    "accuracy": 540,
+}
+DEADLINE_S = 560  # a job's own end, inside the node's 600-s limit
+GRACE_S = 20  # after SIGTERM, before SIGKILL: a training run's checkpoint
+PACK_S = 10  # kept for the last save and pack
 NEEDED = ("torch", "torchvision", "deepspeed", "omegaconf", "tensorboard")
 # JSON, channels_last: the shipped ImageNet precisions and optimizers, in the layouts issue 29 names
 SMOKE = (
@@ -64,7 +84,17 @@ SMOKE = (
     ("lamb_fp16.json", True),
     ("lars_bf16.json", True),
 )
-GRACE_S = 60  # after SIGTERM, before SIGKILL: a run's checkpoint on preemption
+PRIORITY_ROWS = ("bf16:nhwc:on", "bf16:nhwc:off", "bf16:nchw:on")
+DALI_SKIP = re.compile(r"dali", re.IGNORECASE)  # a skip reason a test gives without DALI
+
+
+class Stopped(Exception):
+    """This job got SIGTERM: the running command was stopped; save and end."""
+
+
+def on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop; the saving is not interrupted
+    raise Stopped(f"signal {signum}")
 
 
 def gpu_slug(name: str | None) -> str:
@@ -121,40 +151,76 @@ class Budget:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Atomically: a call cut off mid-write leaves the previous file."""
+    """Atomically: a job cut off mid-write leaves the previous file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(path)
 
 
-def run_bounded(cmd: list[str], seconds: float, log: Path, env: dict | None = None) -> dict:
-    """Run ``cmd`` from the repository root for at most ``seconds``, output to ``log``; at the limit
-    SIGTERM to its process group (a training run saves a checkpoint), SIGKILL ``GRACE_S`` later."""
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _stop_group(proc: subprocess.Popen, grace: float) -> int:
+    """SIGTERM to the command's process group, SIGKILL ``grace`` seconds later; its exit status."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.wait()
+
+
+def run_bounded(
+    cmd: list[str],
+    seconds: float,
+    log: Path,
+    env: dict | None = None,
+    tick=None,
+    grace: float = GRACE_S,
+) -> dict:
+    """Run ``cmd`` from the repository root for at most ``seconds``, output to ``log``; then SIGTERM
+    to its process group (a training run saves a checkpoint), SIGKILL ``grace`` s later. The command
+    gets its own process group in this job's session: the node ends it with the job, and a SIGTERM
+    to this job (:class:`Stopped`) stops the group before it propagates. ``tick()`` runs every 30 s."""
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with open(log, "w") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
         proc = subprocess.Popen(
             cmd,
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            start_new_session=True,
+            **group,
         )
-        stopped = False
+        stopped, code = False, None
         try:
-            code = proc.wait(timeout=max(seconds, 1))
-        except subprocess.TimeoutExpired:
-            stopped = True
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                code = proc.wait(timeout=GRACE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                code = proc.wait()
+            while code is None:
+                left = seconds - (time.monotonic() - t0)
+                if left <= 0:
+                    stopped = True
+                    code = _stop_group(proc, grace)
+                    break
+                try:
+                    code = proc.wait(timeout=min(left, 30))
+                except subprocess.TimeoutExpired:
+                    if tick:
+                        tick()
+        finally:
+            if code is None:  # Stopped (or any error) while it ran: stop it before going on
+                _stop_group(proc, 5)
     text = log.read_text(errors="replace")
     errors = [  # what a reader of the record needs: the error lines, not the progress
         line
@@ -174,65 +240,91 @@ def run_bounded(cmd: list[str], seconds: float, log: Path, env: dict | None = No
 
 
 class Run:
-    """One call of the acceptance run: where results go, what an earlier call finished."""
+    """One job of the acceptance run: its deadline, the state an earlier job left, where files go."""
 
     def __init__(self, args: argparse.Namespace, env: dict):
         self.args, self.env = args, env
         self.slug = args.slug or gpu_slug(env["device"] if env["gpus"] else None)
-        self.results = Path(args.results)
-        self.logs = self.results / f"gpu_run_{self.slug}"
-        self.record_path = self.results / f"gpu_run_{self.slug}.json"
-        self.record = self._load(self.record_path) or {"parts": {}}
-        self.record["environment"] = env
-        self.cuda = env["gpus"] > 0
-
-    def _load(self, path: Path) -> dict | None:
-        """An earlier call's file, unless ``--fresh`` or it ran other code (then it is started over)."""
-        if self.args.fresh or not path.is_file():
-            return None
-        old = json.loads(path.read_text())
-        sha = old.get("environment", {}).get("git_sha")
-        if sha != self.env["git_sha"]:
+        self.state = Path(args.state).resolve()
+        self.results = self.state / "results"
+        self.logs = self.state / "logs"
+        work = os.environ.get("DSTRAIN_GPU_HOME") or "/tmp/dstrain-gpu"
+        self.work = Path(args.work or Path(work) / "work").resolve()
+        self.record_path = self.state / f"gpu_run_{self.slug}.json"
+        old = None if args.fresh else read_json(self.record_path)
+        if old and old.get("environment", {}).get("git_sha") != env["git_sha"]:
             print(
-                f"[gpu] {path.name}: from git {sha}, this is {self.env['git_sha']}: starting over"
+                f"[gpu] {self.record_path.name}: items finished at {old['environment']['git_sha']} "
+                f"are kept, each with its SHA (this is {env['git_sha']}; --fresh reruns them)",
+                flush=True,
             )
-            return None
-        return old
+        self.record = old or {"parts": {}, "jobs": 0}
+        self.record["environment"] = env
+        self.record["jobs"] = self.record.get("jobs", 0) + 1
+        self.cuda = env["gpus"] > 0
+        start = float(os.environ.get("DSTRAIN_GPU_JOB_START") or time.time())
+        self.deadline = start + args.deadline
+        self.out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+
+    def left(self) -> float:
+        """Seconds this job may still give a command (its grace and the last pack kept apart)."""
+        return self.deadline - time.time() - GRACE_S - PACK_S
+
+    def budget(self, part_budget: float) -> Budget:
+        return Budget(max(0.0, min(part_budget, self.left())))
 
     def path(self, name: str) -> Path:
         return self.results / f"{name}_{self.slug}.json"
 
-    def save(self) -> None:
+    def rel(self, path: Path) -> str:
+        return str(path.relative_to(self.state))
+
+    def save(self, status: str = "") -> None:
+        """The record, then the pack in ``$OUT``: after every finished item."""
         write_json(self.record_path, self.record)
+        if self.out:
+            gpu_pack.pack(self.state, self.out, status or self.status())
+
+    def status(self) -> str:
+        lines = [f"{self.env['device']}, git {self.env['git_sha']}, job {self.record['jobs']}"]
+        for name in PARTS:
+            part = self.record["parts"].get(name)
+            state = (
+                "not run" if part is None else "complete" if part.get("complete") else "incomplete"
+            )
+            why = (part or {}).get("not_run", "")
+            lines.append(f"  {name:10s} {state}{': ' + why if why and state != 'complete' else ''}")
+        return "\n".join(lines) + "\n"
 
     def python(self, *args: str) -> list[str]:
         return [sys.executable, *args]
+
+    def bounded(self, cmd: list[str], budget: Budget, log: str, **kw) -> dict:
+        row = run_bounded(cmd, budget.left(), self.logs / log, tick=self.save, **kw)
+        budget.took(row["seconds"])
+        return row
 
     # ------------------------------------------------------------ parts
 
     def smoke(self, budget: Budget) -> dict:
         out = self.path("smoke")
-        result = self._load(out) or {"environment": self.env, "rows": {}}
+        result = (None if self.args.fresh else read_json(out)) or {"rows": {}}
         result.update(environment=self.env, not_run={})
         tiny = self.args.tiny
         batch, steps = (8, 4) if tiny else (256, 20)
         for json_name, channels_last in SMOKE:
             key = f"{json_name} channels_last={str(channels_last).lower()}"
-            if result["rows"].get(key, {}).get("exit") == 0:
-                continue
+            if key in result["rows"]:
+                continue  # finished or failed in an earlier job: recorded, not retried
             if json_name == "fp16_native.json" and not self.cuda:
                 result["not_run"][key] = "needs a GPU: DeepSpeed's native fp16 engine is CUDA-only"
                 continue
             if not budget.fits(5 if tiny else 60):
                 result["not_run"][key] = f"did not fit the budget ({budget.left():.0f} s left)"
                 continue
-            run_dir = (
-                self.logs / "smoke" / key.replace(".json", "").replace(" channels_last=", "_cl_")
-            )
-            if run_dir.exists():
-                import shutil
-
-                shutil.rmtree(run_dir)
+            name = key.replace(".json", "").replace(" channels_last=", "_cl_")
+            run_dir = self.work / "smoke" / name
+            shutil.rmtree(run_dir, ignore_errors=True)
             cmd = self.python(
                 "-m",
                 "dstrain",
@@ -259,8 +351,8 @@ class Run:
                     else []
                 ),
             )
-            row = run_bounded(cmd, budget.left(), run_dir.parent / (run_dir.name + ".log"))
-            budget.took(row["seconds"])
+            row = self.bounded(cmd, budget, f"smoke/{name}.log")
+            row.update(git_sha=self.env["git_sha"], job=self.record["jobs"])
             summary = run_dir / "summary.json"
             if row["exit"] == 0 and summary.is_file():
                 s = json.loads(summary.read_text())
@@ -271,195 +363,288 @@ class Run:
                 row["final_top1"] = s.get("final_top1")
             result["rows"][key] = row
             write_json(out, result)
+            self.save()
             print(
                 f"[gpu] smoke {key}: exit {row['exit']}"
                 + (f", {row['images_per_s']:.0f} img/s" if "images_per_s" in row else ""),
                 flush=True,
             )
         write_json(out, result)
-        done = all(r.get("exit") == 0 for r in result["rows"].values()) and not any(
-            "budget" in why for why in result["not_run"].values()
-        )
         return {
-            "file": str(out),
-            "complete": done,
+            "files": [self.rel(out)],
+            "complete": not any("budget" in why for why in result["not_run"].values()),
             "failed": [k for k, r in result["rows"].items() if r.get("exit") != 0],
-            "not_run": result["not_run"],
+            "not_run": "; ".join(f"{k}: {v}" for k, v in result["not_run"].items()),
         }
 
-    def throughput(self, budget: Budget) -> dict:
-        out = self.path("throughput")
-        grid = (
-            ["--precisions", "bf16", "fp16", "fp16_native"]
-            if self.cuda
-            else ["--precisions", "fp32"]
-        )
-        cmd = self.python(
+    def _throughput_cmd(self, out: Path, budget: Budget, *select: str) -> list[str]:
+        return self.python(
             "bench/throughput.py",
-            *grid,
+            *select,
             "--loaders",
             "synthetic",
-            "--channels-last",
-            "on",
-            "off",
-            "--compile",
-            *(["off"] if self.args.tiny else ["on", "off"]),
             *self._tiny_throughput(),
-            "--resume",
+            *([] if self.args.fresh else ["--resume"]),
             "--budget-s",
             str(max(budget.left() - GRACE_S, 1)),
             "--out",
             str(out),
         )
+
+    def throughput(self, budget: Budget) -> dict:
+        """The priority rows first: bf16 channels_last compiled and eager, NCHW compiled."""
+        out = self.path("throughput")
+        rows = PRIORITY_ROWS if self.cuda else ("fp32:nhwc:off", "fp32:nchw:off")
+        cmd = self._throughput_cmd(out, budget, "--rows", *rows)
         return self._bench_file(cmd, budget, out, "throughput")
+
+    def grid(self, budget: Budget) -> dict:
+        """The rest of the throughput grid, into the same file."""
+        out = self.path("throughput")
+        grid = (
+            ["--precisions", "bf16", "fp16", "fp16_native", "--compile", "on", "off"]
+            if self.cuda
+            else ["--precisions", "fp32", "--compile", "off"]
+        )
+        cmd = self._throughput_cmd(out, budget, *grid, "--channels-last", "on", "off")
+        return self._bench_file(cmd, budget, out, "grid")
 
     def _tiny_throughput(self) -> list[str]:
         if not self.args.tiny:
             return []
         return [
-            "--model",
-            "resnet18",
-            "--batch",
-            "4",
-            "--image-size",
-            "32",
-            "--images",
-            "16",
-            "--dali-images",
-            "16",
-            "--bare-steps",
-            "2",
-            "--bare-warmup",
-            "1",
-            "--epochs",
-            "2",
+            *("--model", "resnet18", "--batch", "4", "--image-size", "32", "--images", "16"),
+            *("--dali-images", "16", "--bare-steps", "2", "--bare-warmup", "1", "--epochs", "2"),
         ]
 
     def _bench_file(self, cmd: list[str], budget: Budget, out: Path, name: str) -> dict:
-        row = run_bounded(cmd, budget.left(), self.logs / f"{name}.log")
-        budget.took(row["seconds"])
-        complete = out.is_file() and json.loads(out.read_text()).get("complete", False)
-        return {**row, "file": str(out), "complete": bool(complete and row["exit"] == 0)}
+        row = self.bounded(cmd, budget, f"{name}.log")
+        data = read_json(out) or {}
+        return {
+            **row,
+            "files": [self.rel(out)] if out.is_file() else [],
+            "complete": bool(data.get("complete")),
+            "failed": [f["row"] for f in data.get("failed", [])],
+        }
+
+    def micro(self, budget: Budget) -> dict:
+        """One optimizer step (SGD, LARS, LAMB, FusedLamb, timm's Lars) and BN span's cost."""
+        device = "cuda" if self.cuda else "cpu"
+        items = {
+            "optimizer_step": [
+                "bench/optimizer_step.py",
+                *("--device", device, "--rounds", "2" if self.args.tiny else "30"),
+            ],
+            "bn_span": [
+                "bench/bn_span.py",
+                *("--device", device),
+                *(
+                    ("--steps", "1", "--rounds", "1", "--batch", "64")
+                    if self.args.tiny
+                    else ("--model", "resnet50", "--image-size", "224", "--batch", "128")
+                ),
+            ],
+        }
+        part = self.record["parts"].get("micro", {})
+        part.setdefault("items", {})
+        for name, cmd in items.items():
+            out = self.path(name)
+            if name in part["items"]:
+                continue  # finished or failed in an earlier job
+            if not budget.fits(10 if self.args.tiny else 60):
+                part["not_run"] = f"{name}: did not fit the budget ({budget.left():.0f} s left)"
+                break
+            row = self.bounded(self.python(*cmd, "--out", str(out)), budget, f"{name}.log")
+            if row["stopped_at_budget"]:
+                part["not_run"] = f"{name}: stopped at the budget"
+                break
+            part["items"][name] = {
+                **row,
+                "git_sha": self.env["git_sha"],
+                "job": self.record["jobs"],
+            }
+            self.record["parts"]["micro"] = part
+            self.save()
+        else:
+            part.pop("not_run", None)
+        part["files"] = [self.rel(self.path(n)) for n in items if self.path(n).is_file()]
+        part["complete"] = all(n in part["items"] for n in items)
+        part["failed"] = [n for n, r in part["items"].items() if r["exit"] != 0]
+        return part
 
     def dali(self, budget: Budget) -> dict:
         if importlib.util.find_spec("nvidia.dali") is None:
-            return {
-                "complete": False,
-                "not_run": "nvidia.dali is not installed: put its wheel "
-                "(and nvidia-nvimgcodec, nvidia-libnvcomp, nvidia-nvjpeg) in .whl/",
-            }
+            why = os.environ.get("DSTRAIN_GPU_DALI") or "nvidia.dali is not installed"
+            return {"complete": False, "not_run": why, "waiting": True}
         from bench.loader import make_folder_parallel
 
         tiny = self.args.tiny
         n = 64 if tiny else 6400
-        jpegs = Path(self.args.jpegs or self.results / f"gpu_run_{self.slug}" / "jpegs")
+        jpegs = Path(self.args.jpegs or self.work / "jpegs")
         have = len(list((jpegs / "train").rglob("*.JPEG"))) if (jpegs / "train").is_dir() else 0
         t0 = time.monotonic()
         if have < n:
             make_folder_parallel(jpegs, n, classes=16 if tiny else 100, start=have)
-        part = {
-            "jpegs": str(jpegs),
-            "jpegs_made": n - min(have, n),
-            "jpegs_s": round(time.monotonic() - t0, 1),
-        }
+        part = self.record["parts"].get("dali", {})
+        part.update(jpegs=str(jpegs), jpegs_s=round(time.monotonic() - t0, 1))
         loader_out = self.path("loader")
-        if not (loader_out.is_file() and not self.args.fresh and self._same_sha(loader_out)):
+        if "loader" not in part or self.args.fresh:
             small = ["--batch", "4", "--batches-per-epoch", "2", "--threads", "1", "--epochs", "1"]
             cmd = self.python(
                 "bench/loader.py",
-                "--root",
-                str(jpegs),
-                "--devices",
-                "cuda" if self.cuda else "cpu",
+                *("--root", str(jpegs), "--devices", "cuda" if self.cuda else "cpu"),
                 *(small if tiny else ["--batches-per-epoch", "25", "100"]),
-                "--out",
-                str(loader_out),
+                *("--out", str(loader_out)),
             )
-            part["loader"] = run_bounded(cmd, budget.left(), self.logs / "loader.log")
-            budget.took(part["loader"]["seconds"])
+            part["loader"] = self.bounded(cmd, budget, "loader.log")
+            self.record["parts"]["dali"] = part
+            self.save()
         fed_out = self.path("throughput_dali")
         if budget.fits(10 if tiny else 120):
             cmd = self.python(
                 "bench/throughput.py",
-                "--loaders",
-                "synthetic",
-                "dali",
-                "--dali-root",
-                str(jpegs),
-                "--precisions",
-                "bf16" if self.cuda else "fp32",
-                "--channels-last",
-                "on",
-                "--compile",
-                "off",
+                *("--loaders", "synthetic", "dali", "--dali-root", str(jpegs)),
+                *("--precisions", "bf16" if self.cuda else "fp32"),
+                *("--channels-last", "on", "--compile", "off"),
                 *self._tiny_throughput(),
-                "--resume",
-                "--budget-s",
-                str(max(budget.left() - GRACE_S, 1)),
-                "--out",
-                str(fed_out),
+                *([] if self.args.fresh else ["--resume"]),
+                *("--budget-s", str(max(budget.left() - GRACE_S, 1)), "--out", str(fed_out)),
             )
             part["fed"] = self._bench_file(cmd, budget, fed_out, "throughput_dali")
+        part.pop("not_run", None)
+        part.pop("waiting", None)
+        part["files"] = [self.rel(p) for p in (loader_out, fed_out) if p.is_file()]
         part["complete"] = (
-            loader_out.is_file()
-            and part.get("loader", {}).get("exit", 0) == 0
+            "loader" in part
+            and not part["loader"]["stopped_at_budget"]
             and part.get("fed", {}).get("complete", False)
         )
+        part["failed"] = [
+            k for k in ("loader", "fed") if part.get(k, {}).get("exit") not in (0, None)
+        ]
         return part
 
-    def _same_sha(self, path: Path) -> bool:
-        d = json.loads(path.read_text())
-        return (d.get("git_sha") or d.get("environment", {}).get("git_sha")) == self.env["git_sha"]
-
     def tests(self, budget: Budget) -> dict:
-        part: dict = {}
-        gpu_only = self.path("suite_gpu_only")
-        if not (gpu_only.is_file() and self._same_sha(gpu_only)) or self.args.fresh:
-            cmd = self.python(
-                "tools/suite.py", "--out", str(gpu_only), "--", "tests/test_gpu.py", "-q"
-            )
-            part["gpu_only"] = run_bounded(cmd, budget.left(), self.logs / "suite_gpu_only.log")
-            budget.took(part["gpu_only"]["seconds"])
-        junits = self.logs / "junit"
+        """tests/test_gpu.py, then the rest of the suite, continued test by test across jobs."""
+        part = self.record["parts"].get("tests", {})
+        tests_dir = self.state / "tests"
+        tests_dir.mkdir(parents=True, exist_ok=True)
+        dali_here = importlib.util.find_spec("nvidia.dali") is not None
+        gpu_only = tests_dir / "gpu_only.jsonl"
         files = self.args.test_files or sorted(
             str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
         )
-        part["files"] = {}
-        for f in files:
-            xml = junits / (Path(f).stem + ".xml")
-            if xml.is_file() and not self.args.fresh:
-                part["files"][f] = "done (an earlier call)"
+        rest = [f for f in files if Path(f).name != "test_gpu.py"]
+        items = [("gpu_only", ["tests/test_gpu.py"], gpu_only)]
+        items.append(("suite", rest, tests_dir / "suite.jsonl"))
+        for name, targets, progress in items:
+            item = part.setdefault(name, {"cut": {}, "given_up": [], "runs": 0})
+            if self.args.fresh and not item.get("fresh_done"):
+                progress.unlink(missing_ok=True)
+                item.update(cut={}, given_up=[], runs=0, fresh_done=True)
+            finished, _ = progress_outcomes([progress])
+            if dali_here and not item.get("ran_with_dali") and item["runs"]:
+                # DALI arrived after these ran: its skipped tests run once more
+                rerun = [
+                    t
+                    for t, o in finished.items()
+                    if o["outcome"] == "skipped" and DALI_SKIP.search(o["message"])
+                ]
+                if rerun:
+                    print(
+                        f"[gpu] tests: DALI is here now: {len(rerun)} DALI tests again", flush=True
+                    )
+                    keep = [
+                        line
+                        for line in progress.read_text().splitlines()
+                        if not any(f'"nodeid": {json.dumps(t)}' in line for t in rerun)
+                    ]
+                    progress.write_text("".join(line + "\n" for line in keep))
+                    finished, _ = progress_outcomes([progress])
+                item["ran_with_dali"] = True
+            skip = sorted(set(finished) | set(item["given_up"]))
+            if item["runs"] and not self._left_to_run(targets, skip):
                 continue
-            if not budget.fits(30):
-                part["files"][f] = f"not run: {budget.left():.0f} s left in the budget"
-                continue
-            tmp = xml.with_suffix(".partial.xml")
+            if not budget.fits(10 if self.args.tiny else 60):
+                part["not_run"] = f"{name}: did not fit the budget ({budget.left():.0f} s left)"
+                break
             cmd = self.python(
-                "-m", "pytest", f, "-q", "-p", "no:cacheprovider", f"--junitxml={tmp}"
+                "-m",
+                "pytest",
+                *targets,
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "tools.pytest_progress",
+                *[a for t in skip for a in ("--deselect", t)],
             )
-            row = run_bounded(cmd, budget.left(), self.logs / "tests" / (Path(f).stem + ".log"))
-            if row["stopped_at_budget"] or not tmp.is_file():
-                part["files"][f] = f"stopped at the budget after {row['seconds']:.0f} s: rerun"
-                tmp.unlink(missing_ok=True)
-            else:
-                tmp.replace(xml)
-                part["files"][f] = f"exit {row['exit']} in {row['seconds']:.0f} s"
-                budget.took(row["seconds"])
-        done = sorted(junits.glob("*.xml")) if junits.is_dir() else []
-        done = [x for x in done if not x.name.endswith(".partial.xml")]
-        if done:
-            cmd = self.python(
-                "tools/suite.py",
-                "--junit",
-                *map(str, done),
-                "--ran",
-                "./run.sh gpu tests (one pytest per test file)",
-                "--out",
-                str(self.path("suite")),
-            )
-            part["summary"] = run_bounded(cmd, 120, self.logs / "suite_summary.log")
-        part["complete"] = len(done) == len(files) and part.get("gpu_only", {}).get("exit", 0) == 0
+            env = {"DSTRAIN_PYTEST_PROGRESS": str(progress), "PYTHONPATH": str(REPO)}
+            row = self.bounded(cmd, budget, f"tests/{name}.log", env=env)
+            item["runs"] += 1
+            item["ran_with_dali"] = item.get("ran_with_dali") or dali_here
+            item["last"] = {**row, "git_sha": self.env["git_sha"]}
+            _, running = progress_outcomes([progress])
+            if row["stopped_at_budget"] and running:
+                test = running[-1]  # the test the job's limit stopped: once more, then given up
+                item["cut"][test] = item["cut"].get(test, 0) + 1
+                if item["cut"][test] >= 2:
+                    item["given_up"].append(test)
+                    print(f"[gpu] tests: {test} was cut twice: given up", flush=True)
+            out = self.path("suite_gpu_only" if name == "gpu_only" else "suite")
+            self._summarise(progress, item, out, targets)
+            part[name] = item
+            self.record["parts"]["tests"] = part
+            self.save()
+            if row["stopped_at_budget"]:
+                part["not_run"] = f"{name}: stopped at the budget; the next job continues"
+                break
+        else:
+            part.pop("not_run", None)
+        skipped_for_dali = [
+            test
+            for progress in (gpu_only, tests_dir / "suite.jsonl")
+            for test, o in progress_outcomes([progress])[0].items()
+            if o["outcome"] == "skipped" and DALI_SKIP.search(o["message"])
+        ]
+        # tests skipped for want of DALI run again once its parts have all arrived
+        part["dali_pending"] = bool(skipped_for_dali) and not dali_here
+        outs = [self.path("suite_gpu_only"), self.path("suite")]
+        part["files"] = [self.rel(p) for p in outs if p.is_file()]
+        part["complete"] = "not_run" not in part and all(
+            part.get(n, {}).get("runs") for n in ("gpu_only", "suite")
+        )
         return part
+
+    def _left_to_run(self, targets: list[str], skip: list[str]) -> bool:
+        """Whether pytest would still collect a test of ``targets`` outside ``skip``."""
+        cmd = self.python(
+            "-m", "pytest", *targets, "--collect-only", "-q", "-p", "no:cacheprovider"
+        )
+        proc = subprocess.run(
+            cmd,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        collected = [line for line in proc.stdout.splitlines() if "::" in line]
+        return bool(set(collected) - set(skip))
+
+    def _summarise(self, progress: Path, item: dict, out: Path, targets: list[str]) -> None:
+        from dstrain.provenance import record as provenance_record
+
+        summary = {
+            **provenance_record(
+                f"./run.sh gpu tests ({' '.join(targets[:3])}{' ...' if len(targets) > 3 else ''})"
+            ),
+            "environment": self.env,
+            "ran": f"python -m pytest -p tools.pytest_progress, in {item['runs']} job(s), continued "
+            "test by test (tools/gpu_run.py)",
+            **summarise_progress([progress], item["given_up"]),
+        }
+        write_json(out, summary)
+        print(f"[gpu] tests: {headline(summary)} -> {out.name}", flush=True)
 
     def accuracy(self, budget: Budget) -> dict:
         common = ["--precision", "bf16", "--jobs", "6", "--epochs", "90"]
@@ -481,34 +666,56 @@ class Run:
         if lacking:
             return {
                 "complete": False,
-                "not_run": f"Fashion-MNIST not found in {root} (no "
-                f"{', '.join(lacking)}): copy its idx files there or pass --fmnist DIR",
+                "not_run": f"Fashion-MNIST not found in {root} (no {', '.join(lacking)}): bring "
+                ".gpu/fmnist (./run.sh gpu-prepare) or pass --fmnist DIR",
             }
-        part: dict = {"grids": []}
+        part = self.record["parts"].get("accuracy", {})
+        part.setdefault("grids", {})
         for name, grid in grids.items():
-            if not budget.fits(10 if self.args.tiny else 120):
-                part["grids"].append({"name": name, "not_run": "did not fit the budget"})
+            if part["grids"].get(name, {}).get("exit") == 0:
                 continue
+            if not budget.fits(10 if self.args.tiny else 120):
+                part["not_run"] = f"{name}: did not fit the budget"
+                break
+            runs = self.work / f"runs_{name}"  # checkpoints stay on the node
+            kept = self.state / "accuracy" / name  # finished runs' summaries travel
+            self._copy_summaries(kept, runs)  # a bare node: the finished runs are not retrained
             cmd = self.python(
                 "bench/accuracy_study.py",
                 *grid,
-                "--name",
-                name,
-                "--out",
-                str(self.results),
-                "--runs",
-                str(self.logs / f"runs_{name}"),  # kept: the next call resumes them
-                "--extra",
-                f"data.root={root}",
+                *("--name", name, "--out", str(self.results), "--runs", str(runs)),
+                *("--extra", f"data.root={root}"),
             )
-            row = run_bounded(cmd, budget.left(), self.logs / f"{name}.log")
-            budget.took(row["seconds"])
-            part["grids"].append(row)
-        part["complete"] = all(g.get("exit") == 0 for g in part["grids"])
+            row = self.bounded(cmd, budget, f"{name}.log")
+            self._copy_summaries(runs, kept)
+            part["grids"][name] = {**row, "git_sha": self.env["git_sha"]}
+            self.record["parts"]["accuracy"] = part
+            self.save()
+            if row["exit"] != 0:
+                part["not_run"] = f"{name}: exit {row['exit']}; the next job continues its runs"
+                break
+        else:
+            part.pop("not_run", None)
+        part["files"] = [
+            self.rel(self.results / f"{n}.json")
+            for n in grids
+            if (self.results / f"{n}.json").is_file()
+        ]
+        part["complete"] = all(part["grids"].get(n, {}).get("exit") == 0 for n in grids)
         return part
 
+    @staticmethod
+    def _copy_summaries(src: Path, dst: Path) -> None:
+        for summary in src.glob("*/summary.json") if src.is_dir() else []:
+            for name in ("summary.json", "meta.json"):
+                f = summary.parent / name
+                target = dst / summary.parent.name / name
+                if f.is_file() and not target.is_file():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(f, target)
 
-def main(argv: list[str] | None = None) -> int:
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "parts",
@@ -523,16 +730,28 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PART=S",
         help=f"a part's time budget in seconds (defaults: {BUDGET_S})",
     )
-    p.add_argument("--results", default=str(REPO / "bench/results"), help="where result files go")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=float(os.environ.get("DSTRAIN_GPU_DEADLINE_S") or DEADLINE_S),
+        help=f"seconds after the job's start ($DSTRAIN_GPU_JOB_START) by which it ends (default "
+        f"{DEADLINE_S}, or $DSTRAIN_GPU_DEADLINE_S)",
+    )
+    p.add_argument("--state", default=str(REPO / "runs/gpu"), help="the state folder (runs/gpu)")
+    p.add_argument(
+        "--work", help="heavy files: JPEGs, run folders (default $DSTRAIN_GPU_HOME/work)"
+    )
     p.add_argument("--slug", help="result files' suffix (default: from the GPU's name, e.g. h100)")
     p.add_argument("--jpegs", help="dali: an ImageNet-like JPEG folder to use (and complete)")
     p.add_argument(
         "--fmnist",
-        default="/usr/share/datasets/fashion-mnist",
-        help="accuracy: the Fashion-MNIST idx files (a compute node has no download)",
+        default=os.environ.get("DSTRAIN_GPU_FMNIST") or "/usr/share/datasets/fashion-mnist",
+        help="accuracy: the Fashion-MNIST idx files (default .gpu/fmnist when a job brought it)",
     )
     p.add_argument("--test-files", nargs="+", help="tests: these files instead of tests/test_*.py")
-    p.add_argument("--fresh", action="store_true", help="rerun what an earlier call finished")
+    p.add_argument(
+        "--fresh", action="store_true", help="rerun what an earlier job finished or failed"
+    )
     p.add_argument(
         "--tiny",
         action="store_true",
@@ -543,43 +762,50 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.parts:
         if name not in PARTS:
             p.error(f"unknown part {name!r}: choose from {' '.join(PARTS)}")
-    budgets = dict(BUDGET_S)
+    args.budgets = dict(BUDGET_S)
     for item in args.budget:
         name, _, seconds = item.partition("=")
         if name not in PARTS or not re.fullmatch(r"\d+(\.\d+)?", seconds):
             p.error(f"--budget {item}: expected PART=SECONDS with PART one of {', '.join(PARTS)}")
-        budgets[name] = float(seconds)
+        args.budgets[name] = float(seconds)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     missing = missing_packages()
     if missing:
         print(
-            f"[gpu] missing Python packages: {', '.join(missing)}. Without network, download "
-            "their wheels on a machine with network for this Python "
-            f"({sys.version_info.major}.{sys.version_info.minor}) into .whl/ (docs/gpu.md: 'Wheels "
-            "for an offline node') and rerun ./run.sh gpu: it installs .whl/*.whl with pip --no-index",
+            f"[gpu] missing Python packages: {', '.join(missing)}. Without network: run "
+            "./run.sh gpu-prepare where there is one and bring .gpu/wheels with the job; "
+            "./run.sh gpu installs them with pip --no-index (docs/gpu.md)",
             file=sys.stderr,
         )
         return 2
-    run = Run(args, environment())
-    env = run.env
-    print(
-        f"[gpu] {env['device']}, torch {env['torch']} (CUDA {env['cuda_runtime']}), DeepSpeed "
-        f"{env['deepspeed']}, DALI {env['dali']}, git {env['git_sha']} -> {run.results}/*_{run.slug}.json",
-        flush=True,
-    )
+    env = environment()
     if args.status:
+        state = Path(args.state)
+        slug = args.slug or gpu_slug(env["device"] if env["gpus"] else None)
+        record = read_json(state / f"gpu_run_{slug}.json") or {"parts": {}}
+        print(f"[gpu] {state}/gpu_run_{slug}.json, job {record.get('jobs', 0)}")
         for name in PARTS:
-            part = run.record["parts"].get(name)
+            part = record["parts"].get(name)
+            state_word = (
+                "not run" if part is None else "complete" if part.get("complete") else "incomplete"
+            )
             print(
-                f"  {name:10s} "
-                + (
-                    "not run"
-                    if part is None
-                    else "complete"
-                    if part.get("complete")
-                    else "incomplete: rerun to continue"
-                )
+                f"  {name:10s} {state_word}"
+                + (f": {part['not_run']}" if part and part.get("not_run") else "")
             )
         return 0
+    run = Run(args, env)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    print(
+        f"[gpu] job {run.record['jobs']}: {env['device']}, torch {env['torch']} (CUDA "
+        f"{env['cuda_runtime']}), DeepSpeed {env['deepspeed']}, DALI {env['dali']}, git "
+        f"{env['git_sha']}; {run.left():.0f} s to spend -> {run.state}",
+        flush=True,
+    )
     if not run.cuda and not args.tiny:
         print(
             "[gpu] no CUDA device here: the parts run on the CPU, which measures nothing a GPU "
@@ -587,36 +813,52 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     code = 0
-    for name in args.parts or PARTS:
-        previous = run.record["parts"].get(name, {})
-        if previous.get("complete") and not args.fresh:
-            print(
-                f"[gpu] {name}: complete in an earlier call ({run.record_path.name}); --fresh redoes it"
-            )
-            continue
-        print(f"[gpu] {name}: budget {budgets[name]:.0f} s", flush=True)
-        t0 = time.monotonic()
-        budget = Budget(budgets[name])
-        try:
-            part = (
-                getattr(run, name)(budget)
-                if budgets[name] > 0
-                else {"complete": False, "not_run": "budget 0"}
-            )
-        except Exception as err:  # one part's crash must not cost the others their slot
-            part = {"complete": False, "error": f"{type(err).__name__}: {err}"}
-            code = 1
-        part["seconds"] = round(time.monotonic() - t0, 1)
-        part["budget_s"] = budgets[name]
-        run.record["parts"][name] = part
-        run.save()  # before the next part starts
-        state = (
-            "complete" if part.get("complete") else "incomplete (rerun ./run.sh gpu to continue)"
+    try:
+        for name in args.parts or PARTS:
+            code = max(code, run_part(run, name))
+    except Stopped as stop:
+        print(
+            f"[gpu] stopped by {stop}: the running command was stopped, the state saved", flush=True
         )
-        print(f"[gpu] {name}: {state} in {part['seconds']:.0f} s", flush=True)
-        if not part.get("complete"):
-            code = code or 1
+        run.save()
+        return 143
+    run.save()
+    print(run.status(), end="", flush=True)
     return code
+
+
+def run_part(run: Run, name: str) -> int:
+    """One part, its record saved before the next starts; 0 complete, 1 not (yet)."""
+    args = run.args
+    previous = run.record["parts"].get(name, {})
+    dali_arrived = previous.get("dali_pending") and importlib.util.find_spec("nvidia.dali")
+    if previous.get("complete") and not args.fresh and not dali_arrived:
+        print(
+            f"[gpu] {name}: complete in an earlier job ({run.record_path.name}); --fresh redoes it"
+        )
+        return 0
+    budget = run.budget(args.budgets[name])
+    if budget.seconds < 5:
+        previous["not_run"] = "no time left in this job: the next job continues"
+        run.record["parts"][name] = previous
+        print(f"[gpu] {name}: no time left in this job", flush=True)
+        return 1
+    print(f"[gpu] {name}: {budget.seconds:.0f} s", flush=True)
+    t0 = time.monotonic()
+    try:
+        part = getattr(run, name)(budget)
+    except Stopped:
+        run.record["parts"][name] = {**previous, "complete": False, "not_run": "stopped by SIGTERM"}
+        raise
+    except Exception as err:  # one part's crash must not cost the others their time
+        part = {**previous, "complete": False, "error": f"{type(err).__name__}: {err}"}
+    part["seconds"] = round(previous.get("seconds", 0) + time.monotonic() - t0, 1)
+    part["git_sha"] = run.env["git_sha"]
+    run.record["parts"][name] = part
+    run.save()
+    state = "complete" if part.get("complete") else "incomplete (the next job continues)"
+    print(f"[gpu] {name}: {state} in {time.monotonic() - t0:.0f} s", flush=True)
+    return 0 if part.get("complete") else 1
 
 
 if __name__ == "__main__":

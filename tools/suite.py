@@ -85,6 +85,73 @@ def summarise(junits: list[Path]) -> dict:
     }
 
 
+def progress_outcomes(paths: list[Path]) -> tuple[dict[str, dict], list[str]]:
+    """Each finished test's last outcome from tools/pytest_progress.py's lines, and the tests that
+    started but never finished (a run cut off while they ran), in order."""
+    finished: dict[str, dict] = {}
+    running: dict[str, list[dict]] = {}
+    for path in paths:
+        if not path.is_file():
+            continue
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill
+                continue
+            nodeid = event["nodeid"]
+            if event["event"] == "start":
+                running[nodeid] = []
+            elif event["event"] == "report":
+                running.setdefault(nodeid, []).append(event)
+            elif event["event"] == "finish":
+                reports = running.pop(nodeid, [])
+                finished[nodeid] = _outcome(reports)
+            elif event["event"] == "collect":  # a whole file skipped, or not importable
+                kind = "skipped" if event["outcome"] == "skipped" else "error"
+                finished[nodeid] = {"outcome": kind, "message": event["message"], "duration": 0.0}
+    return finished, list(running)
+
+
+def _outcome(reports: list[dict]) -> dict:
+    duration = sum(r["duration"] for r in reports)
+    properties = {k: v for r in reports for k, v in r.get("properties", {}).items()}
+    for r in reports:
+        if r["outcome"] == "failed":
+            kind = "failed" if r["when"] == "call" else "error"
+            return {"outcome": kind, "message": r["message"], "duration": duration}
+    for r in reports:
+        if r["outcome"] == "skipped":
+            return {"outcome": "skipped", "message": r["message"], "duration": duration}
+    return {"outcome": "passed", "message": "", "duration": duration, "properties": properties}
+
+
+def summarise_progress(paths: list[Path], cut: list[str] = ()) -> dict:
+    """:func:`summarise`'s shape from progress lines; ``cut``: tests given up on (a job's limit
+    stopped them twice), counted apart."""
+    finished, _ = progress_outcomes(paths)
+    counts = dict.fromkeys(OUTCOMES, 0)
+    skipped: dict[str, list[str]] = {}
+    failed, measured = [], {}
+    for test, o in finished.items():
+        counts[o["outcome"]] += 1
+        if o["outcome"] == "skipped":
+            skipped.setdefault(o["message"] or "no reason given", []).append(test)
+        elif o["outcome"] != "passed":
+            failed.append({"test": test, "outcome": o["outcome"], "message": o["message"]})
+        if o.get("properties"):
+            measured[test] = o["properties"]
+    slowest = sorted(finished.items(), key=lambda item: -item[1]["duration"])[:15]
+    return {
+        "counts": {**counts, "cut": len(cut), "total": sum(counts.values()) + len(cut)},
+        "wall_s": round(sum(o["duration"] for o in finished.values()), 1),
+        "skipped": skipped,
+        "failed": failed,
+        "cut": list(cut),
+        "slowest": [[test, round(o["duration"], 1)] for test, o in slowest],
+        "measured": measured,
+    }
+
+
 def headline(d: dict) -> str:
     """``750 passed, 6 skipped, 0 failed in 19 min 31 s``: how README quotes a suite result."""
     c = d["counts"]

@@ -1,0 +1,434 @@
+"""``./run.sh gpu-prepare``: everything a GPU node without network needs, built here, in jobs that fit.
+
+    ./run.sh gpu-prepare                        # for the node's Python 3.12 (requirements-gpu.txt)
+    ./run.sh gpu-prepare --python-version 3.11  # for another Python
+    ./run.sh gpu-prepare --plan                 # only the job list, from what .gpu/ holds
+
+It writes, under ``.gpu/`` (ignored by git; a job brings folders of it with the device tool's
+``carry``):
+
+  .gpu/wheels/    the small wheels (DeepSpeed built from its sdist without ops, OmegaConf, pydantic,
+                  timm, ...), ``MANIFEST.json`` (names, sizes, SHA-256, the Python they are for) and
+                  ``SOURCE.json`` (the git SHA and a digest of every tracked file: the node has no
+                  ``.git``); brought by every job
+  .gpu/dali-N/    DALI's wheels, repacked (one xz tar) and split into parts that fit beside the tree
+                  and the small wheels, each with ``PART.json`` (its number, the part count, sizes
+                  and SHA-256 of the part and of the whole); one part per job
+  .gpu/fmnist/    Fashion-MNIST's idx files (the accuracy part)
+  .gpu/cache/     downloads, kept between calls (never brought)
+
+and prints each job's payload against the 64 MiB a job may bring, and the job list: folders to
+bring, command, minutes. Downloads and the DALI repack are skipped when their outputs are there and
+match the pins; ``SOURCE.json`` is rewritten every call (run it again after a commit, seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import lzma
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PINS = REPO / "requirements-gpu.txt"
+GPU_DIR = REPO / ".gpu"
+MIB = 1 << 20
+JOB_LIMIT = 64 * MIB  # what one job may bring: the tree plus every carried folder
+SMALL_LIMIT = 10 * MIB  # the small wheels travel with every job
+STATE_ALLOWANCE = 2 * MIB  # runs/gpu, brought back to a bare node
+HEADROOM = 1 * MIB
+JOB_MINUTES = 10  # one job's limit on the node; ./run.sh gpu ends its own work at ~560 s
+FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(17, 40)] + [
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+]
+
+
+class PrepareError(Exception):
+    """A step that cannot go on: one line naming what and the fix."""
+
+
+def say(message: str) -> None:
+    print(f"[gpu-prepare] {message}", flush=True)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def read_pins(path: Path = PINS) -> dict[str, list[tuple[str, str]]]:
+    """``{"small": [(name, version), ...], "dali": [...]}`` from requirements-gpu.txt's sections."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    group = None
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        header = re.fullmatch(r"#\s*\[(\w+)\]\s*", raw)
+        if header:
+            group = groups.setdefault(header.group(1), [])
+            continue
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([\w.\-+]+)", line)
+        if not m or group is None:
+            raise PrepareError(
+                f"{path.name}:{number}: {raw.strip()!r}: expected NAME==VERSION under a "
+                "'# [small]' or '# [dali]' header"
+            )
+        group.append((m.group(1), m.group(2)))
+    for needed in ("small", "dali"):
+        if needed not in groups:
+            raise PrepareError(f"{path.name}: no '# [{needed}]' section")
+    return groups
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def cached_wheel(cache: Path, name: str, version: str) -> Path | None:
+    found = [
+        p
+        for p in cache.glob("*.whl")
+        if normalise(p.name.split("-")[0]) == normalise(name) and p.name.split("-")[1] == version
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def pip(*args: str, env: dict | None = None) -> None:
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise PrepareError(f"{' '.join(cmd[3:])} failed: {' | '.join(tail)}")
+
+
+def fetch(name: str, version: str, python_version: str, cache: Path) -> Path:
+    """The wheel of ``name==version`` for the node's Python, downloaded once into ``cache``."""
+    tag = python_version.replace(".", "")
+    cache = cache / f"cp{tag}"
+    cache.mkdir(parents=True, exist_ok=True)
+    wheel = cached_wheel(cache, name, version)
+    if wheel:
+        return wheel
+    if name == "deepspeed":  # an sdist only: build a pure-Python wheel without its CUDA ops
+        sdists = cache / "sdist"
+        say(f"building {name}=={version} from its sdist (DS_BUILD_OPS=0)")
+        pip("download", "--no-deps", "--no-binary=:all:", "-d", str(sdists), f"{name}=={version}")
+        sdist = next(sdists.glob(f"{name}-{version}.tar.gz"))
+        pip(
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",  # its setup.py imports torch: this venv's
+            "-w",
+            str(cache),
+            str(sdist),
+            env={"DS_BUILD_OPS": "0", "PIP_FIND_LINKS": ""},
+        )
+    else:
+        say(f"downloading {name}=={version} for Python {python_version}")
+        platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+        pip(
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            python_version,
+            "--implementation",
+            "cp",
+            *platforms,
+            "-d",
+            str(cache),
+            f"{name}=={version}",
+            env={"PIP_FIND_LINKS": ""},
+        )
+    wheel = cached_wheel(cache, name, version)
+    if wheel is None:
+        raise PrepareError(f"{name}=={version}: pip left no single wheel in {cache}")
+    return wheel
+
+
+def wheel_entry(path: Path) -> dict:
+    return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256(path)}
+
+
+def prepare_small(wheels: list[Path], out: Path, python_version: str) -> dict:
+    """Copy the small wheels into ``out`` (only those: stale ones removed) with their manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    keep = {w.name for w in wheels}
+    for old in out.glob("*.whl"):
+        if old.name not in keep:
+            old.unlink()
+    for wheel in wheels:
+        target = out / wheel.name
+        if not target.is_file() or target.stat().st_size != wheel.stat().st_size:
+            shutil.copy2(wheel, target)
+    manifest = {
+        "python": python_version,
+        "wheels": [wheel_entry(out / w.name) for w in sorted(wheels)],
+    }
+    total = sum(w["bytes"] for w in manifest["wheels"])
+    if total > SMALL_LIMIT:
+        raise PrepareError(
+            f"the small wheels are {total / MIB:.1f} MiB, over {SMALL_LIMIT // MIB} MiB: move the "
+            "largest to requirements-gpu.txt's [dali] section (it is split into parts)"
+        )
+    write_json(out / "MANIFEST.json", manifest)
+    return manifest
+
+
+def repack_dali(wheels: list[Path], parts_root: Path, part_bytes: int, python_version: str) -> dict:
+    """DALI's wheels, stored uncompressed in one xz tar, split into ``.gpu/dali-N/`` folders of at
+    most ``part_bytes`` each.
+
+    Skipped when the existing parts were made from the same wheels and part size."""
+    source = [wheel_entry(w) for w in sorted(wheels)]
+    key = {
+        "wheels": source,
+        "part_bytes": part_bytes,
+        "python": python_version,
+        "format": "stored-zips.tar.xz",
+    }
+    existing = sorted(parts_root.glob("dali-*/PART.json"))
+    if existing:
+        old = json.loads(existing[0].read_text())
+        if old.get("made_from") == key and len(existing) == old["parts"]:
+            if all((p.parent / json.loads(p.read_text())["file"]).is_file() for p in existing):
+                say(f"DALI: {old['parts']} parts already made from these wheels")
+                return old
+    for folder in parts_root.glob("dali-*"):
+        shutil.rmtree(folder)
+    total = sum(w["bytes"] for w in source)
+    say(f"DALI: repacking {len(wheels)} wheels ({total / MIB:.0f} MiB) into one xz tar")
+    with tempfile.TemporaryDirectory(dir=parts_root, prefix="dali-repack-") as tmp:
+        packed = Path(tmp) / "dali.tar.xz"
+        # a wheel is a deflated zip: rewritten uncompressed (the same files, the same RECORD; pip
+        # installs a stored zip as it is), xz then compresses the contents ~30% better than deflate
+        tar_path = Path(tmp) / "dali.tar"
+        with tarfile.open(tar_path, "w") as tar:
+            for wheel in sorted(wheels):
+                stored = Path(tmp) / wheel.name
+                with (
+                    zipfile.ZipFile(wheel) as src,
+                    zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as dst,
+                ):
+                    for info in src.infolist():
+                        data = src.read(info)
+                        info.compress_type = zipfile.ZIP_STORED
+                        dst.writestr(info, data)
+                tar.add(stored, arcname=wheel.name)
+                stored.unlink()
+        if shutil.which("xz"):
+            subprocess.run(["xz", "-T0", "-6", "-k", str(tar_path)], check=True)
+        else:
+            with open(tar_path, "rb") as src, lzma.open(packed, "wb", preset=6) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        whole = {"bytes": packed.stat().st_size, "sha256": sha256(packed)}
+        count = -(-whole["bytes"] // part_bytes)
+        say(
+            f"DALI: {whole['bytes'] / MIB:.0f} MiB packed, {count} parts of at most "
+            f"{part_bytes / MIB:.1f} MiB"
+        )
+        with open(packed, "rb") as src:
+            for n in range(1, count + 1):
+                folder = parts_root / f"dali-{n}"
+                folder.mkdir(parents=True, exist_ok=True)
+                name = f"dali.tar.xz.part{n}"
+                with open(folder / name, "wb") as dst:
+                    dst.write(src.read(part_bytes))
+                meta = {
+                    "part": n,
+                    "parts": count,
+                    "file": name,
+                    "bytes": (folder / name).stat().st_size,
+                    "sha256": sha256(folder / name),
+                    "whole": whole,
+                    "wheels": [w["file"] for w in source],
+                    "made_from": key,
+                }
+                write_json(folder / "PART.json", meta)
+    return json.loads((parts_root / "dali-1" / "PART.json").read_text())
+
+
+def tree_files(repo: Path = REPO) -> list[str]:
+    """What a job brings of the work tree: tracked files and untracked ones git does not ignore."""
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise PrepareError(f"git ls-files failed in {repo}: {proc.stderr.strip()}")
+    return sorted({f for f in proc.stdout.split("\0") if f and (repo / f).is_file()})
+
+
+def source_record(repo: Path = REPO) -> dict:
+    """The git SHA and each tracked file's SHA-256: the node, without .git, checks its copy against
+    them (tools/gpu_node.py: the SHA it records, with ``-modified`` where a file differs)."""
+    sys.path.insert(0, str(repo))
+    from dstrain.provenance import git_sha
+
+    tracked = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, text=True
+    ).stdout.split("\0")
+    files = {f: sha256(repo / f) for f in sorted(tracked) if f and (repo / f).is_file()}
+    return {"git_sha": git_sha(), "files": files}
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
+def plan(gpu_dir: Path, repo: Path = REPO) -> list[dict]:
+    """The job list: what each job brings, its payload against the limit, the command, minutes."""
+    tree = sum((repo / f).stat().st_size for f in tree_files(repo))
+    small = folder_bytes(gpu_dir / "wheels")
+    state = max(folder_bytes(repo / "runs/gpu"), STATE_ALLOWANCE)
+    rel = lambda p: f".gpu/{p.name}"  # noqa: E731  (where a job's carry names it, from the repo root)
+    parts = sorted(gpu_dir.glob("dali-*"), key=lambda p: int(p.name.split("-")[1]))
+    items = [(p, folder_bytes(p)) for p in parts]
+    if (gpu_dir / "fmnist").is_dir():
+        items.append((gpu_dir / "fmnist", folder_bytes(gpu_dir / "fmnist")))
+    room = JOB_LIMIT - tree - small - state - HEADROOM
+    bins: list[
+        list[tuple[Path, int]]
+    ] = []  # first fit, largest first: DALI's last part rides along
+    for item in sorted(items, key=lambda i: -i[1]):
+        target = next((b for b in bins if sum(s for _, s in b) + item[1] <= room), None)
+        if target is None:
+            bins.append([item])
+        else:
+            target.append(item)
+    jobs = []
+    for n, folders in enumerate(bins, 1):
+        folders.sort(key=lambda i: i[0].name)
+        payload = tree + small + state + sum(s for _, s in folders)
+        jobs.append(
+            {
+                "job": n,
+                "carry": [rel(gpu_dir / "wheels"), *(rel(f) for f, _ in folders), "runs/gpu"],
+                "command": "./run.sh gpu",
+                "brings": ", ".join(f.name for f, _ in folders),
+                "payload_bytes": payload,
+                "fits": payload <= JOB_LIMIT,
+                "minutes": JOB_MINUTES,
+            }
+        )
+    return jobs
+
+
+def print_plan(jobs: list[dict]) -> None:
+    print(
+        "\nJobs (device tool: run with carry=FOLDERS, command; each ends by itself within ~9.5 min):"
+    )
+    print(f"  {'job':>3}  {'payload':>16}  {'carry':52}  command")
+    for j in jobs:
+        flag = "" if j["fits"] else "  OVER THE LIMIT"
+        payload = f"{j['payload_bytes'] / MIB:5.1f}/{JOB_LIMIT // MIB} MiB"
+        print(f"  {j['job']:>3}  {payload:>16}  {' '.join(j['carry']):52}  {j['command']}{flag}")
+    print(
+        "  then again with .gpu/wheels .gpu/fmnist runs/gpu until `./run.sh gpu --status` says every "
+        "part is complete.\n"
+        "  After each job: ./run.sh gpu-import <the files it brought back> (results into "
+        "bench/results, state into runs/gpu for a bare node).\n"
+        "  DALI's parts must all arrive while the node stays warm (30 s between jobs); a bare node "
+        "needs them again."
+    )
+
+
+def part_size(gpu_dir: Path, repo: Path = REPO) -> int:
+    """The largest DALI part that fits one job beside the tree, the small wheels and the state."""
+    tree = sum((repo / f).stat().st_size for f in tree_files(repo))
+    room = JOB_LIMIT - tree - folder_bytes(gpu_dir / "wheels") - STATE_ALLOWANCE - HEADROOM
+    if room < 4 * MIB:
+        raise PrepareError(
+            f"the work tree ({tree / MIB:.1f} MiB) and the small wheels leave "
+            f"{room / MIB:.1f} MiB for a DALI part: make the tree smaller"
+        )
+    return room
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--python-version", default="3.12", help="the node's Python (default 3.12)")
+    p.add_argument("--out", default=str(GPU_DIR), help="where the folders go (default .gpu)")
+    p.add_argument("--pins", default=str(PINS), help="the pins file (default requirements-gpu.txt)")
+    p.add_argument(
+        "--dali-wheels",
+        help="take the [dali] wheels from this folder instead of downloading them "
+        "(a stand-in set for tests)",
+    )
+    p.add_argument("--part-mib", type=float, help="DALI part size (default: what fits a job)")
+    p.add_argument("--fmnist", default=str(FMNIST_DIR), help="Fashion-MNIST's idx files")
+    p.add_argument("--cache", help="where downloads are kept (default .gpu/cache)")
+    p.add_argument("--plan", action="store_true", help="print the job list only")
+    args = p.parse_args(argv)
+    if not re.fullmatch(r"3\.\d+", args.python_version):
+        p.error(f"--python-version {args.python_version}: expected 3.N, e.g. 3.12")
+    gpu_dir = Path(args.out).resolve()
+    try:
+        if not args.plan:
+            prepare(args, gpu_dir)
+        jobs = plan(gpu_dir)
+    except PrepareError as err:
+        print(f"[gpu-prepare] error: {err}", file=sys.stderr)
+        return 2
+    print_plan(jobs)
+    write_json(gpu_dir / "JOBS.json", {"jobs": jobs})
+    return 0 if all(j["fits"] for j in jobs) else 1
+
+
+def prepare(args: argparse.Namespace, gpu_dir: Path) -> None:
+    pins = read_pins(Path(args.pins))
+    gpu_dir.mkdir(parents=True, exist_ok=True)
+    cache = Path(args.cache) if args.cache else gpu_dir / "cache"
+    small = [fetch(n, v, args.python_version, cache) for n, v in pins["small"]]
+    manifest = prepare_small(small, gpu_dir / "wheels", args.python_version)
+    total = sum(w["bytes"] for w in manifest["wheels"])
+    say(f"small wheels: {len(small)} in .gpu/wheels, {total / MIB:.1f} MiB")
+    write_json(gpu_dir / "wheels" / "SOURCE.json", source_record())
+    if args.dali_wheels:
+        folder = Path(args.dali_wheels)
+        dali = [w for n, v in pins["dali"] if (w := cached_wheel(folder, n, v)) is not None]
+        if not dali:
+            raise PrepareError(f"--dali-wheels {folder}: none of {pins['dali']} is there")
+    else:
+        dali = [fetch(n, v, args.python_version, cache) for n, v in pins["dali"]]
+    size = int(args.part_mib * MIB) if args.part_mib else part_size(gpu_dir)
+    repack_dali(dali, gpu_dir, size, args.python_version)
+    fmnist_src, fmnist = Path(args.fmnist), gpu_dir / "fmnist"
+    files = sorted(fmnist_src.glob("*-ubyte*")) if fmnist_src.is_dir() else []
+    if files:
+        fmnist.mkdir(exist_ok=True)
+        for f in files:
+            if not (fmnist / f.name).is_file():
+                shutil.copy2(f, fmnist / f.name)
+        say(f"Fashion-MNIST: {len(files)} idx files in .gpu/fmnist")
+    else:
+        say(
+            f"Fashion-MNIST not found in {fmnist_src}: ./run.sh setup installs it (the accuracy part needs it)"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
