@@ -130,6 +130,8 @@ gpu_run.environment = lambda: {{"device": "CPU", "gpus": 0, "git_sha": "x", "tor
 sys.exit(gpu_run.main(["smoke", "--tiny", "--state", {str(state)!r}, "--slug", "cpu"]))
 """
     env = {**os.environ, "OUT": str(out), "DSTRAIN_GPU_HOME": str(tmp_path / "home")}
+    env["DSTRAIN_GPU_JOB_START"] = str(time.time())  # not the clock of a job this suite runs in
+    env.pop("DSTRAIN_GPU_DEADLINE_S", None)
     proc = subprocess.Popen(
         [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True
     )
@@ -334,3 +336,35 @@ def test_run_sh_gpu_status_runs_offline_and_writes_nothing(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "installing" not in proc.stderr and "smoke      not run" in proc.stdout
     assert list(tmp_path.iterdir()) == []  # --status writes nothing
+
+
+def test_tests_skipped_for_want_of_dali_run_again_once_it_arrives(tmp_path, monkeypatch):
+    """The tests part is complete without DALI, but its DALI tests were skipped: once DALI's parts
+    have all arrived, a later job runs those again (and only those)."""
+    fake = tmp_path / "test_fake_dali.py"
+    fake.write_text(
+        "import os, pytest\n"
+        "def test_plain():\n    pass\n"
+        "def test_needs_dali():\n"
+        "    if os.environ.get('FAKE_DALI') != '1':\n"
+        "        pytest.skip('needs nvidia.dali')\n"
+    )
+    run = _run(tmp_path, monkeypatch)
+    run.args.test_files = [str(fake)]
+    run.args.tiny = True
+    monkeypatch.setattr(gpu_run, "dali_installed", lambda: False)
+    assert gpu_run.run_part(run, "tests") == 0
+    part = run.record["parts"]["tests"]
+    assert part["complete"] and part["dali_pending"]
+    suite = json.loads(run.path("suite").read_text())
+    assert suite["counts"]["passed"] == 1 and suite["counts"]["skipped"] == 1
+    assert list(suite["skipped"]) == ["needs nvidia.dali"]
+    monkeypatch.setattr(gpu_run, "dali_installed", lambda: True)
+    monkeypatch.setenv("FAKE_DALI", "1")
+    assert gpu_run.run_part(run, "tests") == 0
+    suite = json.loads(run.path("suite").read_text())
+    assert suite["counts"]["passed"] == 2 and suite["counts"]["skipped"] == 0
+    assert not run.record["parts"]["tests"]["dali_pending"]
+    log = (run.logs / "tests" / "suite.log").read_text()
+    assert "--deselect" in log and "test_plain" in log.split("--deselect", 1)[1]  # not rerun
+    assert gpu_run.run_part(run, "tests") == 0  # and then nothing more to do

@@ -45,7 +45,7 @@ MIB = 1 << 20
 JOB_LIMIT = 64 * MIB  # what one job may bring: the tree plus every carried folder
 SMALL_LIMIT = 10 * MIB  # the small wheels travel with every job
 STATE_ALLOWANCE = 2 * MIB  # runs/gpu, brought back to a bare node
-HEADROOM = 1 * MIB
+HEADROOM = 3 * MIB  # the tree grows with commits made after gpu-prepare
 JOB_MINUTES = 10  # one job's limit on the node; ./run.sh gpu ends its own work at ~560 s
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(17, 40)] + [
@@ -197,31 +197,17 @@ def prepare_small(wheels: list[Path], out: Path, python_version: str) -> dict:
     return manifest
 
 
-def repack_dali(wheels: list[Path], parts_root: Path, part_bytes: int, python_version: str) -> dict:
-    """DALI's wheels, stored uncompressed in one xz tar, split into ``.gpu/dali-N/`` folders of at
-    most ``part_bytes`` each.
-
-    Skipped when the existing parts were made from the same wheels and part size."""
+def pack_dali(wheels: list[Path], cache: Path) -> Path:
+    """DALI's wheels, rewritten uncompressed, in one xz tar in ``cache``: made once per set."""
     source = [wheel_entry(w) for w in sorted(wheels)]
-    key = {
-        "wheels": source,
-        "part_bytes": part_bytes,
-        "python": python_version,
-        "format": "stored-zips.tar.xz",
-    }
-    existing = sorted(parts_root.glob("dali-*/PART.json"))
-    if existing:
-        old = json.loads(existing[0].read_text())
-        if old.get("made_from") == key and len(existing) == old["parts"]:
-            if all((p.parent / json.loads(p.read_text())["file"]).is_file() for p in existing):
-                say(f"DALI: {old['parts']} parts already made from these wheels")
-                return old
-    for folder in parts_root.glob("dali-*"):
-        shutil.rmtree(folder)
+    key = hashlib.sha256(json.dumps([source, "stored-zips.tar.xz"]).encode()).hexdigest()[:16]
+    packed = cache / f"dali-{key}.tar.xz"
+    if packed.is_file():
+        return packed
+    cache.mkdir(parents=True, exist_ok=True)
     total = sum(w["bytes"] for w in source)
-    say(f"DALI: repacking {len(wheels)} wheels ({total / MIB:.0f} MiB) into one xz tar")
-    with tempfile.TemporaryDirectory(dir=parts_root, prefix="dali-repack-") as tmp:
-        packed = Path(tmp) / "dali.tar.xz"
+    say(f"DALI: repacking {len(wheels)} wheels ({total / MIB:.0f} MiB) into one xz tar (minutes)")
+    with tempfile.TemporaryDirectory(dir=cache, prefix="dali-repack-") as tmp:
         # a wheel is a deflated zip: rewritten uncompressed (the same files, the same RECORD; pip
         # installs a stored zip as it is), xz then compresses the contents ~30% better than deflate
         tar_path = Path(tmp) / "dali.tar"
@@ -238,35 +224,61 @@ def repack_dali(wheels: list[Path], parts_root: Path, part_bytes: int, python_ve
                         dst.writestr(info, data)
                 tar.add(stored, arcname=wheel.name)
                 stored.unlink()
-        if shutil.which("xz"):
-            subprocess.run(["xz", "-T0", "-6", "-k", str(tar_path)], check=True)
+        done = Path(tmp) / "dali.tar.xz"
+        if shutil.which("xz"):  # its own threads, on every core
+            subprocess.run(["xz", "-T0", "-6", str(tar_path)], check=True)
         else:
-            with open(tar_path, "rb") as src, lzma.open(packed, "wb", preset=6) as dst:
+            with open(tar_path, "rb") as src, lzma.open(done, "wb", preset=6) as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
-        whole = {"bytes": packed.stat().st_size, "sha256": sha256(packed)}
-        count = -(-whole["bytes"] // part_bytes)
-        say(
-            f"DALI: {whole['bytes'] / MIB:.0f} MiB packed, {count} parts of at most "
-            f"{part_bytes / MIB:.1f} MiB"
-        )
-        with open(packed, "rb") as src:
-            for n in range(1, count + 1):
-                folder = parts_root / f"dali-{n}"
-                folder.mkdir(parents=True, exist_ok=True)
-                name = f"dali.tar.xz.part{n}"
-                with open(folder / name, "wb") as dst:
-                    dst.write(src.read(part_bytes))
-                meta = {
-                    "part": n,
-                    "parts": count,
-                    "file": name,
-                    "bytes": (folder / name).stat().st_size,
-                    "sha256": sha256(folder / name),
-                    "whole": whole,
-                    "wheels": [w["file"] for w in source],
-                    "made_from": key,
-                }
-                write_json(folder / "PART.json", meta)
+        done.replace(packed)
+    return packed
+
+
+def repack_dali(
+    wheels: list[Path],
+    parts_root: Path,
+    part_bytes: int,
+    python_version: str,
+    cache: Path | None = None,
+) -> dict:
+    """DALI's wheels as one xz tar (:func:`pack_dali`) split into ``.gpu/dali-N/`` folders of at
+    most ``part_bytes`` each, with their checksums and the part count. Skipped when the existing
+    parts were cut from the same pack at the same size."""
+    packed = pack_dali(wheels, cache or parts_root / "cache")
+    whole = {"bytes": packed.stat().st_size, "sha256": sha256(packed)}
+    key = {"whole": whole, "part_bytes": part_bytes, "python": python_version}
+    existing = sorted(parts_root.glob("dali-*/PART.json"))
+    if existing:
+        old = json.loads(existing[0].read_text())
+        if old.get("made_from") == key and len(existing) == old["parts"]:
+            if all((p.parent / json.loads(p.read_text())["file"]).is_file() for p in existing):
+                say(f"DALI: {old['parts']} parts already cut from this pack")
+                return old
+    for folder in parts_root.glob("dali-*"):
+        shutil.rmtree(folder)
+    count = -(-whole["bytes"] // part_bytes)
+    say(
+        f"DALI: {whole['bytes'] / MIB:.0f} MiB packed, {count} parts of at most "
+        f"{part_bytes / MIB:.1f} MiB"
+    )
+    with open(packed, "rb") as src:
+        for n in range(1, count + 1):
+            folder = parts_root / f"dali-{n}"
+            folder.mkdir(parents=True, exist_ok=True)
+            name = f"dali.tar.xz.part{n}"
+            with open(folder / name, "wb") as dst:
+                dst.write(src.read(part_bytes))
+            meta = {
+                "part": n,
+                "parts": count,
+                "file": name,
+                "bytes": (folder / name).stat().st_size,
+                "sha256": sha256(folder / name),
+                "whole": whole,
+                "wheels": [w.name for w in sorted(wheels)],
+                "made_from": key,
+            }
+            write_json(folder / "PART.json", meta)
     return json.loads((parts_root / "dali-1" / "PART.json").read_text())
 
 
@@ -341,11 +353,14 @@ def print_plan(jobs: list[dict]) -> None:
     print(
         "\nJobs (device tool: run with carry=FOLDERS, command; each ends by itself within ~9.5 min):"
     )
-    print(f"  {'job':>3}  {'payload':>16}  {'carry':52}  command")
+    print(f"  {'job':>3}  {'payload':>16}  {'carry':52}  {'command':13}  minutes")
     for j in jobs:
         flag = "" if j["fits"] else "  OVER THE LIMIT"
         payload = f"{j['payload_bytes'] / MIB:5.1f}/{JOB_LIMIT // MIB} MiB"
-        print(f"  {j['job']:>3}  {payload:>16}  {' '.join(j['carry']):52}  {j['command']}{flag}")
+        carry = " ".join(j["carry"])
+        print(
+            f"  {j['job']:>3}  {payload:>16}  {carry:52}  {j['command']:13}  <= {j['minutes']}{flag}"
+        )
     print(
         "  then again with .gpu/wheels .gpu/fmnist runs/gpu until `./run.sh gpu --status` says every "
         "part is complete.\n"
@@ -415,7 +430,7 @@ def prepare(args: argparse.Namespace, gpu_dir: Path) -> None:
     else:
         dali = [fetch(n, v, args.python_version, cache) for n, v in pins["dali"]]
     size = int(args.part_mib * MIB) if args.part_mib else part_size(gpu_dir)
-    repack_dali(dali, gpu_dir, size, args.python_version)
+    repack_dali(dali, gpu_dir, size, args.python_version, cache)
     fmnist_src, fmnist = Path(args.fmnist), gpu_dir / "fmnist"
     files = sorted(fmnist_src.glob("*-ubyte*")) if fmnist_src.is_dir() else []
     if files:

@@ -129,6 +129,11 @@ def environment() -> dict:
     }
 
 
+def dali_installed() -> bool:
+    """DALI is importable: all of its parts arrived and were installed (tools/gpu_node.py)."""
+    return importlib.util.find_spec("nvidia.dali") is not None
+
+
 def missing_packages() -> list[str]:
     return [m for m in NEEDED if importlib.util.find_spec(m) is None]
 
@@ -455,7 +460,9 @@ class Run:
                 part["not_run"] = f"{name}: did not fit the budget ({budget.left():.0f} s left)"
                 break
             row = self.bounded(self.python(*cmd, "--out", str(out)), budget, f"{name}.log")
-            if row["stopped_at_budget"]:
+            cuts = part.setdefault("cuts", {})
+            if row["stopped_at_budget"] and cuts.get(name, 0) < 1:
+                cuts[name] = cuts.get(name, 0) + 1  # once more in the next job, then given up
                 part["not_run"] = f"{name}: stopped at the budget"
                 break
             part["items"][name] = {
@@ -473,7 +480,7 @@ class Run:
         return part
 
     def dali(self, budget: Budget) -> dict:
-        if importlib.util.find_spec("nvidia.dali") is None:
+        if not dali_installed():
             why = os.environ.get("DSTRAIN_GPU_DALI") or "nvidia.dali is not installed"
             return {"complete": False, "not_run": why, "waiting": True}
         from bench.loader import make_folder_parallel
@@ -529,7 +536,7 @@ class Run:
         part = self.record["parts"].get("tests", {})
         tests_dir = self.state / "tests"
         tests_dir.mkdir(parents=True, exist_ok=True)
-        dali_here = importlib.util.find_spec("nvidia.dali") is not None
+        dali_here = dali_installed()
         gpu_only = tests_dir / "gpu_only.jsonl"
         files = self.args.test_files or sorted(
             str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
@@ -577,6 +584,7 @@ class Run:
                 "no:cacheprovider",
                 "-p",
                 "tools.pytest_progress",
+                "--continue-on-collection-errors",  # a file that cannot import is counted, not a stop
                 *[a for t in skip for a in ("--deselect", t)],
             )
             env = {"DSTRAIN_PYTEST_PROGRESS": str(progress), "PYTHONPATH": str(REPO)}
@@ -672,8 +680,9 @@ class Run:
         part = self.record["parts"].get("accuracy", {})
         part.setdefault("grids", {})
         for name, grid in grids.items():
-            if part["grids"].get(name, {}).get("exit") == 0:
-                continue
+            earlier = part["grids"].get(name, {})
+            if earlier.get("exit") == 0 or earlier.get("failures", 0) >= 2:
+                continue  # done, or failed twice (not stopped by a budget): given up, recorded
             if not budget.fits(10 if self.args.tiny else 120):
                 part["not_run"] = f"{name}: did not fit the budget"
                 break
@@ -688,7 +697,9 @@ class Run:
             )
             row = self.bounded(cmd, budget, f"{name}.log")
             self._copy_summaries(runs, kept)
-            part["grids"][name] = {**row, "git_sha": self.env["git_sha"]}
+            failed = row["exit"] != 0 and not row["stopped_at_budget"]
+            failures = earlier.get("failures", 0) + failed
+            part["grids"][name] = {**row, "git_sha": self.env["git_sha"], "failures": failures}
             self.record["parts"]["accuracy"] = part
             self.save()
             if row["exit"] != 0:
@@ -701,7 +712,11 @@ class Run:
             for n in grids
             if (self.results / f"{n}.json").is_file()
         ]
-        part["complete"] = all(part["grids"].get(n, {}).get("exit") == 0 for n in grids)
+        given_up = [n for n in grids if part["grids"].get(n, {}).get("failures", 0) >= 2]
+        part["failed"] = given_up
+        part["complete"] = all(
+            part["grids"].get(n, {}).get("exit") == 0 or n in given_up for n in grids
+        )
         return part
 
     @staticmethod
@@ -831,7 +846,7 @@ def run_part(run: Run, name: str) -> int:
     """One part, its record saved before the next starts; 0 complete, 1 not (yet)."""
     args = run.args
     previous = run.record["parts"].get(name, {})
-    dali_arrived = previous.get("dali_pending") and importlib.util.find_spec("nvidia.dali")
+    dali_arrived = previous.get("dali_pending") and dali_installed()
     if previous.get("complete") and not args.fresh and not dali_arrived:
         print(
             f"[gpu] {name}: complete in an earlier job ({run.record_path.name}); --fresh redoes it"

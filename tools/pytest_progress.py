@@ -32,7 +32,7 @@ def pytest_runtest_logreport(report):
         return
     message = ""
     if report.skipped and isinstance(report.longrepr, tuple):
-        message = str(report.longrepr[2])
+        message = str(report.longrepr[2]).removeprefix("Skipped: ")
     elif report.failed:
         message = (str(report.longrepr).strip().splitlines() or [""])[-1]
     _write(
@@ -54,7 +54,7 @@ def pytest_collectreport(report):
     if report.outcome == "passed" or not report.nodeid:
         return
     if report.skipped and isinstance(report.longrepr, tuple):
-        message = str(report.longrepr[2])
+        message = str(report.longrepr[2]).removeprefix("Skipped: ")
     else:
         message = (str(report.longrepr).strip().splitlines() or [""])[-1]
     _write(
