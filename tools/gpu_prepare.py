@@ -397,11 +397,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fmnist", default=str(FMNIST_DIR), help="Fashion-MNIST's idx files")
     p.add_argument("--cache", help="where downloads are kept (default .gpu/cache)")
     p.add_argument("--plan", action="store_true", help="print the job list only")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="join the DALI parts here as the node does, check them and install the wheels with "
+        "pip into a temporary folder for the node's Python (pip --target --python-version)",
+    )
     args = p.parse_args(argv)
     if not re.fullmatch(r"3\.\d+", args.python_version):
         p.error(f"--python-version {args.python_version}: expected 3.N, e.g. 3.12")
     gpu_dir = Path(args.out).resolve()
     try:
+        if args.verify:
+            verify(gpu_dir, args.python_version)
+            return 0
         if not args.plan:
             prepare(args, gpu_dir)
         jobs = plan(gpu_dir)
@@ -411,6 +420,52 @@ def main(argv: list[str] | None = None) -> int:
     print_plan(jobs)
     write_json(gpu_dir / "JOBS.json", {"jobs": jobs})
     return 0 if all(j["fits"] for j in jobs) else 1
+
+
+def verify(gpu_dir: Path, python_version: str) -> None:
+    """The node's DALI install, here: every part's and the whole's SHA-256, the tar, each wheel's
+    zip, and pip installing all of them (``--target``, for ``python_version``)."""
+    metas = [json.loads(p.read_text()) for p in sorted(gpu_dir.glob("dali-*/PART.json"))]
+    if not metas:
+        raise PrepareError(f"no DALI parts in {gpu_dir}: run ./run.sh gpu-prepare first")
+    count = metas[0]["parts"]
+    if sorted(m["part"] for m in metas) != list(range(1, count + 1)):
+        raise PrepareError(f"{gpu_dir}: parts {sorted(m['part'] for m in metas)} of {count}")
+    with tempfile.TemporaryDirectory(prefix="dali-verify-") as tmp:
+        whole = Path(tmp) / "dali.tar.xz"
+        with open(whole, "wb") as out:
+            for n in range(1, count + 1):
+                part = gpu_dir / f"dali-{n}" / f"dali.tar.xz.part{n}"
+                meta = next(m for m in metas if m["part"] == n)
+                if sha256(part) != meta["sha256"]:
+                    raise PrepareError(f"{part}: SHA-256 differs from its PART.json")
+                out.write(part.read_bytes())
+        if sha256(whole) != metas[0]["whole"]["sha256"]:
+            raise PrepareError("the joined parts' SHA-256 differs from the pack's")
+        with tarfile.open(whole, "r:xz") as tar:
+            tar.extractall(tmp, filter="data")
+        wheels = [Path(tmp) / name for name in metas[0]["wheels"]]
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as z:
+                bad = z.testzip()
+                if bad:
+                    raise PrepareError(f"{wheel.name}: {bad} is damaged")
+        platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+        pip(
+            "install",
+            "--quiet",
+            *("--no-index", "--no-deps", "--only-binary=:all:", "--no-compile"),
+            *("--python-version", python_version, "--implementation", "cp", *platforms),
+            *("--target", str(Path(tmp) / "site")),
+            *map(str, wheels),
+        )
+        files = sum(1 for _ in (Path(tmp) / "site").rglob("*"))
+        if not (Path(tmp) / "site" / "nvidia" / "dali" / "__init__.py").is_file():
+            raise PrepareError("pip installed the wheels but nvidia/dali/__init__.py is not there")
+    say(
+        f"verified: {count} parts, the whole's SHA-256, {len(wheels)} wheels' zips, and pip "
+        f"installed them for Python {python_version} ({files} files)"
+    )
 
 
 def prepare(args: argparse.Namespace, gpu_dir: Path) -> None:
