@@ -480,9 +480,10 @@ class Run:
         return part
 
     def dali(self, budget: Budget) -> dict:
+        earlier = self.record["parts"].get("dali", {})
         if not dali_installed():
             why = os.environ.get("DSTRAIN_GPU_DALI") or "nvidia.dali is not installed"
-            return {"complete": False, "not_run": why, "waiting": True}
+            return {**earlier, "complete": False, "not_run": why, "waiting": True}
         from bench.loader import make_folder_parallel
 
         tiny = self.args.tiny
@@ -491,6 +492,12 @@ class Run:
         have = len(list((jpegs / "train").rglob("*.JPEG"))) if (jpegs / "train").is_dir() else 0
         t0 = time.monotonic()
         if have < n:
+            if not budget.fits(10 if tiny else 120):  # making them is not bounded: start in time
+                return {
+                    **earlier,
+                    "complete": False,
+                    "not_run": "no time for the JPEGs in this job",
+                }
             make_folder_parallel(jpegs, n, classes=16 if tiny else 100, start=have)
         part = self.record["parts"].get("dali", {})
         part.update(jpegs=str(jpegs), jpegs_s=round(time.monotonic() - t0, 1))
@@ -570,11 +577,11 @@ class Run:
                     finished, _ = progress_outcomes([progress])
                 item["ran_with_dali"] = True
             skip = sorted(set(finished) | set(item["given_up"]))
-            if item["runs"] and not self._left_to_run(targets, skip):
-                continue
             if not budget.fits(10 if self.args.tiny else 60):
                 part["not_run"] = f"{name}: did not fit the budget ({budget.left():.0f} s left)"
                 break
+            if item["runs"] and not self._left_to_run(targets, skip):
+                continue
             cmd = self.python(
                 "-m",
                 "pytest",
