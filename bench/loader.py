@@ -484,6 +484,7 @@ def main() -> int:
                 REPO / "bench" / "results" / f"loader_{'gpu' if device == 'cuda' else 'cpu'}.json"
             )
         )
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**common, "device": device, **res}, indent=2) + "\n")
         print(f"{device}: {len(res['rows'])} rows -> {path}")
     return 0

@@ -256,6 +256,7 @@ class Run:
         work = os.environ.get("DSTRAIN_GPU_HOME") or "/tmp/dstrain-gpu"
         self.work = Path(args.work or Path(work) / "work").resolve()
         self.record_path = self.state / f"gpu_run_{self.slug}.json"
+        self.results.mkdir(parents=True, exist_ok=True)  # the benches write into it, not all mkdir
         old = None if args.fresh else read_json(self.record_path)
         if old and old.get("environment", {}).get("git_sha") != env["git_sha"]:
             print(
