@@ -300,9 +300,15 @@ def test_throughput_bench_writes_each_row_records_failures_and_resumes(tmp_path)
     proc = bench("throughput.py", *TINY_TP, "--images", "2", "--out", str(failing))
     assert proc.returncode == 1
     result = json.loads(failing.read_text())
-    assert [r["loop"] for r in result["rows"]] == ["bare PyTorch"] and not result["complete"]
+    # every row ran or failed: complete, the failure recorded with its error
+    assert [r["loop"] for r in result["rows"]] == ["bare PyTorch"] and result["complete"]
     assert "less than one global batch" in result["failed"][0]["error"]
     assert "Failed: dstrain synthetic fp32 True False" in failing.with_suffix(".md").read_text()
+    assert result["rows"][0]["git_sha"] == result["environment"]["git_sha"]  # each row's commit
+    # --resume does not retry a failed row (a GPU job would, every job); a fresh run does
+    proc = bench("throughput.py", *TINY_TP, "--images", "2", "--resume", "--out", str(failing))
+    assert "rows and 1 failed" in proc.stdout and "FAILED" not in proc.stdout
+    assert json.loads(failing.read_text())["failed"] == result["failed"]
 
 
 @pytest.mark.slow
