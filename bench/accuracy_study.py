@@ -234,6 +234,38 @@ def command(row: str, seed: int, args, run_dir: Path) -> list[str]:
     ]
 
 
+# where a run lives and reads its data: not part of a row's definition (a GPU job's tree moves)
+LOCATIONS = ("run_dir=", "data.root=")
+
+
+def trainer_args(cmd: list[str]) -> list[str]:
+    """The trainer's own arguments in a command: what follows ``dstrain`` or a script path."""
+    start = next(i for i, a in enumerate(cmd) if a == "dstrain" or a.endswith(".py"))
+    return [a for a in cmd[start + 1 :] if not a.startswith(LOCATIONS)]
+
+
+def stored_differs(run_dir: Path, cmd: list[str]) -> str | None:
+    """Why the run kept in ``run_dir`` is not this row as now defined (its command differs), or
+    None: a finished run is read, an interrupted one resumed, only if it is the same row."""
+    meta = run_dir / "meta.json"
+    if not meta.is_file():
+        return None
+    stored = json.loads(meta.read_text()).get("command") or []
+    if not stored:
+        return None
+    old = [a for a in stored[1:] if not a.startswith(LOCATIONS)]
+    new = trainer_args(cmd)
+    if old == new:
+        return None
+    gone = [a for a in old if a not in new]
+    added = [a for a in new if a not in old]
+    return (
+        f"{run_dir}: kept from a run started with other settings ({' '.join(gone) or 'none'} -> "
+        f"{' '.join(added) or 'none'}, or another order); the row is defined differently now. "
+        f"Remove {run_dir} to train it again, or pass --runs DIR to keep both"
+    )
+
+
 def train(row: str, seed: int, args, run_dir: Path, gpu: str | None = None) -> dict:
     """The run's summary: read from run_dir when it finished before, else trained now (on ``gpu``,
     as CUDA_VISIBLE_DEVICES, when given)."""
@@ -292,6 +324,7 @@ def run_record(row: str, seed: int, s: dict) -> dict:
         "time_to_90": time_to(hist, 0.90),
         "time_to_92": time_to(hist, 0.92),
         "top1_per_epoch": [h.get("val_top1") for h in hist],
+        "train_top1_per_epoch": [h.get("train_top1") for h in hist],
         "command": s["command"],
         "git_sha": s.get("git_sha"),
         **({"before_polish": s["polish"]["before"]["val_top1"]} if "polish" in s else {}),
@@ -415,39 +448,69 @@ def goal_lines(records: list[dict], grid: str, target: float | None) -> list[str
 
 
 def plots(records: list[dict], out: Path, name: str, rows: list[str]) -> None:
+    """Top-1 per epoch, one line per seed (a row's seeds share a colour), test beside training
+    top-1; the y-axis reaches the lowest value shown, so a diverged seed is seen, not clipped.
+    The rows chart: mean +- sd bars with every seed as a dot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for row in rows:
-        rs = [r for r in records if r["row"] == row and row not in DERIVED]
-        if not rs:
-            continue
-        curves = [[t for t in r["top1_per_epoch"]] for r in rs]
-        n = min(len(c) for c in curves)
-        mean = [100 * statistics.mean(c[i] for c in curves) for i in range(n)]
-        ax.plot(range(1, n + 1), mean, label=f"{row} ({len(rs)} seeds)")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("test top-1 (%)")
-    ax.set_ylim(80, 95)
-    ax.set_title("Fashion-MNIST: batch 128 vs 4,096")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    shown: list[float] = []
+    for colour, row in enumerate(r for r in rows if r not in DERIVED):
+        rs = [r for r in records if r["row"] == row]
+        for n, r in enumerate(rs):
+            for ax, key in zip(axes, ("top1_per_epoch", "train_top1_per_epoch"), strict=True):
+                curve = [100 * v for v in r.get(key) or [] if v is not None]
+                if not curve:
+                    continue
+                shown += curve[1:]  # the first epoch's low start does not set the scale
+                label = f"{row} ({len(rs)} seeds)" if n == 0 else None
+                ax.plot(
+                    range(1, len(curve) + 1),
+                    curve,
+                    color=f"C{colour}",
+                    lw=1,
+                    alpha=0.8,
+                    label=label,
+                )
+    for ax, what in zip(axes, ("test top-1 (%)", "training top-1 (%, augmented)"), strict=True):
+        ax.set_xlabel("epoch")
+        ax.set_title(what, fontsize=9)
+        ax.grid(alpha=0.3)
+    if not axes[1].lines:  # records written before the study kept it
+        axes[1].text(
+            0.5,
+            0.5,
+            "no per-epoch training top-1\nin these records",
+            ha="center",
+            va="center",
+            transform=axes[1].transAxes,
+            fontsize=9,
+        )
+    axes[0].set_ylabel("top-1 (%)")
+    axes[0].set_ylim(max(0, min(shown, default=80) - 2), min(100, max(shown, default=95) + 1))
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Fashion-MNIST: one line per seed", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / f"{name}_curves.png", dpi=120)
     plt.close(fig)
 
     present = [r for r in rows if any(x["row"] == r for x in records)]
-    stats = [mean_sd([100 * x["final_top1"] for x in records if x["row"] == r]) for r in present]
+    finals = {r: [100 * x["final_top1"] for x in records if x["row"] == r] for r in present}
+    stats = [mean_sd(finals[r]) for r in present]
     fig, ax = plt.subplots(figsize=(8, 4.2))
-    ax.bar(range(len(present)), [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3)
+    ax.bar(
+        range(len(present)), [m for m, _ in stats], yerr=[s for _, s in stats], capsize=3, alpha=0.6
+    )
+    for i, r in enumerate(present):
+        ax.plot([i] * len(finals[r]), finals[r], "k.", ms=5)
     ax.set_xticks(range(len(present)), present, rotation=35, ha="right", fontsize=7)
-    lo = min(m for m, _ in stats)
-    ax.set_ylim(max(0, lo - 2), min(100, max(m for m, _ in stats) + 1))
+    every = [v for vs in finals.values() for v in vs]
+    ax.set_ylim(max(0, min(every) - 2), min(100, max(every) + 1))
     ax.set_ylabel("final test top-1 (%)")
-    ax.set_title("Rows and ablations (mean ± sd over seeds)")
+    ax.set_title("Rows and ablations (mean ± sd over seeds; dots: each seed)")
     fig.tight_layout()
     fig.savefig(out / f"{name}_ablation.png", dpi=120)
     plt.close(fig)
@@ -546,8 +609,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return rec
 
+    jobs = [(row, seed) for row in args.rows for seed in args.seeds]
+    for row, seed in jobs:  # before anything trains: a kept run must be the row as defined now
+        run_dir = args.runs / f"{row}-{seed}"
+        why = stored_differs(run_dir, command(row, seed, args, run_dir))
+        if why:
+            print(f"accuracy_study: error: {why}", file=sys.stderr)
+            return 2
     with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process
-        jobs = [(row, seed) for row in args.rows for seed in args.seeds]
         records = list(pool.map(one, enumerate(jobs)))
     records += derived(records)
     rows = [*args.rows, *[d for d in DERIVED if any(r["row"] == d for r in records)]]

@@ -57,6 +57,34 @@ def test_time_to_target_counts_epoch_times_until_first_reach():
     assert study.time_to(hist, 0.95) is None
 
 
+def test_the_study_refuses_a_kept_run_of_another_definition(tmp_path):
+    """A row's LR changed after its run was kept: the study stops before training anything,
+    naming the run and the fix, instead of reading the old run as the new row (exit 2)."""
+    study = load("accuracy_study")
+    runs = tmp_path / "runs"
+    args = study.parse_args(
+        ["--epochs", "2", "--rows", "baseline", "--seeds", "0", "--runs", str(runs)]
+    )
+    run_dir = runs / "baseline-0"
+    run_dir.mkdir(parents=True)
+    stored = [
+        "/x/dstrain/__main__.py",
+        *study.trainer_args(study.command("baseline", 0, args, run_dir)),
+    ]
+    stored += [f"run_dir={run_dir}", "data.root=/elsewhere"]  # locations are not the definition
+    (run_dir / "meta.json").write_text(json.dumps({"command": stored}))
+    assert study.stored_differs(run_dir, study.command("baseline", 0, args, run_dir)) is None
+    proc = bench(
+        "accuracy_study.py",
+        *("--epochs", "2", "--rows", "baseline", "--seeds", "0", "--runs", str(runs)),
+        *("--out", str(tmp_path / "out"), "--extra", "optim.base_lr=0.3"),
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert str(run_dir) in line and "none -> optim.base_lr=0.3" in line and "--runs DIR" in line
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
 def test_study_table_mean_spread_and_reach_counts():
     study = load("accuracy_study")
     base = {"epochs": 3, "steps": 30, "wall_s": 10.0, "gpu_time_s": 10.0, "time_to_92": None}
