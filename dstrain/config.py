@@ -206,6 +206,12 @@ class LogConfig:
         10, "console and TensorBoard step scalars every N optimizer steps (steps)"
     )
     tensorboard: bool = setting(True, "write TensorBoard events to RUN_DIR/tb (bool)")
+    lars_tensors: bool = setting(
+        False,
+        "LARS diagnosis: every log step, each tensor's trust ratio and step size relative to its "
+        "norm, ||step|| / ||w||, in TensorBoard (lars_trust/*, lars_step/*) and the largest step "
+        "on the console; costs a copy of the parameters a step (bool)",
+    )
 
 
 @dataclass

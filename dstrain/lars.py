@@ -72,10 +72,25 @@ class LARS(GroupwiseOptimizer):
         )
         super().__init__(params, defaults)
         self._trust: list[torch.Tensor] = []  # the last step's trust ratios, on the device
+        # diagnosis (log.lars_tensors): each tensor's trust and step size of the last step
+        self.record_tensors = False
+        self._tensors: list[tuple[list[torch.Tensor], torch.Tensor | None, torch.Tensor]] = []
 
     def step(self, closure=None):
         self._trust = []
+        self._tensors = []
         return super().step(closure)
+
+    def tensor_stats(self) -> list[tuple[torch.Tensor, float | None, float]]:
+        """The last step, per tensor (with ``record_tensors`` on): the parameter, its trust ratio
+        (None for BN/bias, which take plain SGD steps) and ``||step|| / ||w||``, the relative
+        size of its update, where a blow-up starts. Copies from the device: call where the loop
+        syncs."""
+        out = []
+        for params, trust, ratio in self._tensors:
+            trusts = trust.float().cpu().tolist() if trust is not None else [None] * len(params)
+            out += zip(params, trusts, ratio.float().cpu().tolist(), strict=True)
+        return out
 
     def trust_summary(self) -> dict | None:
         """min / median / max of the last step's per-tensor trust ratios (None before a step, or
@@ -105,11 +120,16 @@ class LARS(GroupwiseOptimizer):
                 momentum *= group["lr"] / previous
             group["previous_lr"] = group["lr"]
         for lo, hi in chunks(params):
-            trust = self._update(
-                params[lo:hi], [p.grad for p in params[lo:hi]], bufs[lo:hi], group, momentum
-            )
+            chunk = params[lo:hi]
+            before = torch._foreach_mul(chunk, 1.0) if self.record_tensors else None
+            trust = self._update(chunk, [p.grad for p in chunk], bufs[lo:hi], group, momentum)
             if trust is not None:
                 self._trust.append(trust.detach())
+            if before is not None:
+                w_norm = torch.stack(torch._foreach_norm(before))
+                step = torch.stack(torch._foreach_norm(torch._foreach_sub(before, chunk)))
+                ratio = torch.where(w_norm > 0, step / w_norm, step)
+                self._tensors.append((chunk, None if trust is None else trust.detach(), ratio))
 
     @staticmethod
     def _update(params, grads, bufs, group: dict, momentum: float) -> torch.Tensor | None:

@@ -149,6 +149,11 @@ class Monitor:
             )
         log.info("%s", line)
 
+    def note(self, line: str) -> None:
+        """One console line (rank 0)."""
+        if self.enabled:
+            log.info("%s", line)
+
     def epoch(self, epoch: int, epochs: int, metrics: dict) -> None:
         if not self.enabled:
             return

@@ -88,6 +88,8 @@ class Trainer:
             fault_cfg.stall_timeout_s, fault_cfg.signal_grace_s, self.checks.signals
         )
         self.injected_stall = InjectedStall.from_env(dist.rank())
+        if self.cfg.log.lars_tensors and hasattr(self.optimizer, "record_tensors"):
+            self.optimizer.record_tensors = True
 
     # ------------------------------------------------------------ the epochs
     def fit(self) -> None:
@@ -291,10 +293,32 @@ class Trainer:
                 **(self.trust_summary() or {}),
             },
         )
+        self.log_lars_tensors()
 
     def trust_summary(self) -> dict | None:
         summary = getattr(self.optimizer, "trust_summary", None)
         return summary() if summary is not None else None
+
+    def log_lars_tensors(self) -> None:
+        """log.lars_tensors: the last step's trust and relative step of every tensor, by name."""
+        stats = self.optimizer.tensor_stats() if self.optimizer_records_tensors() else []
+        if not stats:
+            return
+        names = {id(p): name for name, p in self.engine.module.named_parameters()}
+        named = [(names.get(id(p), "?"), trust, ratio) for p, trust, ratio in stats]
+        trusts = {n: t for n, t, _ in named if t is not None}
+        self.monitor.scalars("lars_trust", trusts, self.state.step)
+        self.monitor.scalars("lars_step", {n: r for n, _, r in named}, self.state.step)
+        largest = sorted(named, key=lambda item: -item[2])[:3]
+        self.monitor.note(
+            "largest relative steps: "
+            + ", ".join(
+                f"{n} {r:.3g}" + ("" if t is None else f" (trust {t:.3g})") for n, t, r in largest
+            )
+        )
+
+    def optimizer_records_tensors(self) -> bool:
+        return bool(getattr(self.optimizer, "record_tensors", False))
 
     # ------------------------------------------------------------ evaluation, checkpoints, polish
     def evaluate(self) -> dict:

@@ -247,3 +247,26 @@ def test_cpu_chunking_gives_the_same_step(monkeypatch):
     chunked_lamb = _run(LAMB, HAND_W, HAND_G, lr=0.1, weight_decay=0.01)
     for a, b in zip(whole_lars + whole_lamb, chunked_lars + chunked_lamb):
         assert torch.equal(a, b)
+
+
+def test_lars_tensor_stats_give_each_tensors_trust_and_relative_step():
+    """log.lars_tensors' numbers: per tensor, the trust ratio (None for the BN/bias group, which
+    takes plain steps) and ||w_before - w_after|| / ||w_before||, checked against the weights."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    opt = LARS(param_groups(model, 1e-4, layerwise=True), lr=2.0, momentum=0.9)
+    assert opt.tensor_stats() == []  # off by default: nothing recorded, no copies
+    opt.record_tensors = True
+    before = {id(p): p.detach().clone() for p in model.parameters()}
+    model(torch.randn(8, 4)).pow(2).sum().backward()
+    opt.step()
+    stats = opt.tensor_stats()
+    assert {id(p) for p, _, _ in stats} == set(before)
+    for p, trust, ratio in stats:
+        w0 = before[id(p)]
+        step = (w0 - p.detach()).norm()
+        want = step / w0.norm() if w0.norm() > 0 else step  # a zero tensor (BN bias): the step
+        assert ratio == pytest.approx(want.item(), rel=1e-4)
+        assert (trust is None) == (p.ndim <= 1)  # BN weight/bias and the Linear bias: excluded
+    adapted = [t for p, t, _ in stats if p.ndim > 1]
+    assert adapted and all(0 < t for t in adapted)
