@@ -601,3 +601,26 @@ def test_every_study_row_would_start(grid, epochs, tmp_path, capfd):
     derived = tmp_path / "runs" / "lars_m095_fp32.json"
     if grid == "study":
         assert json.loads(derived.read_text())["optimizer"]["params"]["momentum"] == 0.95
+
+
+def test_lars_tensors_finds_the_jump_and_the_tensors_that_moved_most():
+    """bench/lars_tensors.py on hand-made scalars: the loss jumps at step 3; the BN bias that took
+    a step of 5x its norm just before is named first, kind bn/bias (it has no trust ratio)."""
+    lt = load("lars_tensors")
+    scalars = {
+        "train/loss": [(1, 2.0), (2, 1.9), (3, 4.5), (4, 4.0)],
+        "train/lr": [(s, 10.0) for s in range(1, 5)],
+        "lars_trust/conv.weight": [(s, 0.02) for s in range(1, 5)],
+        "lars_step/conv.weight": [(1, 0.01), (2, 0.02), (3, 0.03), (4, 0.02)],
+        "lars_step/bn.bias": [(1, 0.1), (2, 5.0), (3, 0.4), (4, 0.2)],
+        "epoch/val_top1": [(1, 0.5)],
+    }
+    result = lt.analyse(scalars, around=1)
+    assert result["worst_step"] == 3 and result["tensors"] == {"lars_adapted": 1, "bn_bias": 1}
+    before = result["before_the_jump"][0]
+    assert before["step"] == 2 and before["largest"][0]["tensor"] == "bn.bias"
+    assert before["largest"][0]["kind"] == "bn/bias" and before["largest"][0]["trust"] is None
+    step2 = next(r for r in result["steps"] if r["step"] == 2)
+    assert step2["max_step_bn_bias"] == 5.0 and step2["max_step_lars"] == 0.02
+    with pytest.raises(SystemExit, match="log.lars_tensors=true"):
+        lt.analyse({"train/loss": [(1, 1.0)]})
