@@ -210,6 +210,17 @@ def _tuning(d: dict) -> str:
     return f"LR {lr}, {d['epochs']} epochs: {pct(run['final_top1'], 2)} held-out top-1"
 
 
+def _lars_tensors(d: dict) -> str:
+    rises = [b["loss"] - a["loss"] for a, b in zip(d["steps"], d["steps"][1:])]
+    lars = max(r["max_step_lars"] for r in d["steps"][20:])
+    bn = max(r["max_step_bn_bias"] for r in d["steps"][20:])
+    return (
+        f"{len(d['top1_per_epoch'])} epochs; largest one-step loss rise {max(rises):.2f} (step "
+        f"{d['worst_step']}); after step 20, relative steps up to {bn:.2f} (BN/bias) vs "
+        f"{lars:.3f} (LARS weights)"
+    )
+
+
 def _faults(d: dict) -> str:
     rows = [line for line in d["text"].splitlines() if line.startswith("| ") and "---" not in line]
     return f"{len(rows) - 1} bad inputs and faults, each with its exit status and message"
@@ -707,6 +718,19 @@ RESULTS = [
         )
         for e in (20, 30)
     ],
+    Result(
+        "lars_tensors_fujitsu_seed2",
+        "Fujitsu recipe, seed 2, 30-epoch row rerun with log.lars_tensors (the run of "
+        "`accuracy_study.py --epochs 30 --rows fujitsu_span32 --seeds 2 --runs "
+        "runs/accuracy_study/diag-30ep --extra log.tensorboard=true log.lars_tensors=true "
+        "log.every_steps=1`), read while it ran: its epochs are in the file",
+        R + "lars_tensors.py runs/accuracy_study/diag-30ep/fujitsu_span32-2 "
+        "--name lars_tensors_fujitsu_span32_seed2_partial",
+        "docs/results/stability/lars_tensors_fujitsu_span32_seed2_partial.json",
+        (*TRAINER, "bench/accuracy_study.py", "bench/lars_tensors.py"),
+        _lars_tensors,
+        rerun=False,
+    ),
     *[
         Result(
             f"tuning_fujitsu_lr{lr}",
