@@ -270,3 +270,42 @@ def test_lars_tensor_stats_give_each_tensors_trust_and_relative_step():
         assert (trust is None) == (p.ndim <= 1)  # BN weight/bias and the Linear bias: excluded
     adapted = [t for p, t, _ in stats if p.ndim > 1]
     assert adapted and all(0 < t for t in adapted)
+
+
+def test_a_run_with_lars_tensors_logs_every_tensor_by_name(fake_fmnist, tmp_path):
+    """log.lars_tensors through the trainer: per log step a trust ratio for every LARS-adapted
+    weight and a relative step for every tensor, named as the model names them, and the three
+    largest steps on the console; bench/lars_tensors.py reads the run back."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, TINY, run_cli
+    from tests.test_e2e import tb_scalars
+
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        [
+            *("--deepspeed_config", "ds_configs/lars_fp32.json"),
+            *TINY,
+            *("epochs=1", f"data.root={fake_fmnist}", f"run_dir={run_dir}"),
+            *("log.lars_tensors=true", "log.every_steps=4"),
+        ]
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "largest relative steps: " in proc.stdout + proc.stderr
+    scalars = tb_scalars(run_dir)
+    trust = {t for t in scalars if t.startswith("lars_trust/")}
+    step = {t for t in scalars if t.startswith("lars_step/")}
+    assert "lars_trust/stem.0.weight" in trust and "lars_step/fc.bias" in step
+    assert trust and {t.replace("lars_trust/", "lars_step/") for t in trust} < step  # BN/bias too
+    assert all(len(scalars[t]) == 4 for t in step)  # 16 steps, every 4th logged
+    out = tmp_path / "out"
+    read = subprocess.run(
+        [sys.executable, "bench/lars_tensors.py", str(run_dir), "--out", str(out), "--name", "r"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert read.returncode == 0, read.stderr[-2000:]
+    assert json.loads((out / "r.json").read_text())["tensors"]["lars_adapted"] == len(trust)
