@@ -723,10 +723,10 @@ RESULTS = [
         "Fujitsu recipe, seed 2, 30-epoch row rerun with log.lars_tensors (the run of "
         "`accuracy_study.py --epochs 30 --rows fujitsu_span32 --seeds 2 --runs "
         "runs/accuracy_study/diag-30ep --extra log.tensorboard=true log.lars_tensors=true "
-        "log.every_steps=1`), read while it ran: its epochs are in the file",
+        "log.every_steps=1`), 30 epochs",
         R + "lars_tensors.py runs/accuracy_study/diag-30ep/fujitsu_span32-2 "
-        "--name lars_tensors_fujitsu_span32_seed2_partial",
-        "docs/results/stability/lars_tensors_fujitsu_span32_seed2_partial.json",
+        "--name lars_tensors_fujitsu_span32_seed2_30ep",
+        "docs/results/stability/lars_tensors_fujitsu_span32_seed2_30ep.json",
         (*TRAINER, "bench/accuracy_study.py", "bench/lars_tensors.py"),
         _lars_tensors,
         rerun=False,
