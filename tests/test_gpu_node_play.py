@@ -27,12 +27,12 @@ import signal
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, make_fake_fashion_mnist
+from tests.test_gpu_run import dali_named_wheel
 
 pytestmark = pytest.mark.slow
 
@@ -98,22 +98,8 @@ def standin_dali_wheel(folder: Path) -> Path:
         f"__file__ = os.path.join({str(real)!r}, '__init__.py')\n"
         "exec(compile(open(__file__).read(), __file__, 'exec'))\n"
     )
-    folder.mkdir(parents=True, exist_ok=True)
-    wheel = folder / "nvidia_dali_cuda130-2.4.0-py3-none-any.whl"
-    info = "nvidia_dali_cuda130-2.4.0.dist-info"
-    files = {
-        "nvidia/dali/__init__.py": shim,
-        f"{info}/METADATA": "Metadata-Version: 2.1\nName: nvidia-dali-cuda130\nVersion: 2.4.0\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: dstrain-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    with zipfile.ZipFile(wheel, "w") as z:
-        for name, text in files.items():
-            z.writestr(name, text)
-        # random bytes, which xz cannot shrink: the pack is split into 3 parts of 0.045 MiB
-        z.writestr("nvidia/dali/_standin_padding.bin", os.urandom(110 << 10))
-        listed = [*files, "nvidia/dali/_standin_padding.bin", f"{info}/RECORD"]
-        z.writestr(f"{info}/RECORD", "".join(f"{n},,\n" for n in listed))
-    return wheel
+    # 110 KiB of padding: the pack splits into 3 parts of 0.045 MiB
+    return dali_named_wheel(folder, shim, 110 << 10)
 
 
 def travelling_files(repo: Path) -> list[str]:

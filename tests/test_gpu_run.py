@@ -245,17 +245,18 @@ def test_a_wheel_for_another_python_is_refused_before_pip(tmp_path):
     gpu_node.check_wheels([_wheel(tmp_path, "hjson-3.1.0-py3-none-any.whl")])  # any Python
 
 
-def _dali_like_wheel(folder: Path) -> Path:
-    """A valid wheel named as DALI's, with an ``nvidia/dali`` package and random bytes (which xz
-    cannot shrink) so its pack splits into parts of 100 bytes."""
+def dali_named_wheel(folder: Path, init: str, padding: int) -> Path:
+    """A valid wheel named as DALI's: ``nvidia/dali/__init__.py`` holding ``init`` and ``padding``
+    random bytes (which xz cannot shrink, so its pack splits into as many parts as wanted)."""
     folder.mkdir(parents=True, exist_ok=True)
     wheel = folder / "nvidia_dali_cuda130-2.4.0-py3-none-any.whl"
     info = "nvidia_dali_cuda130-2.4.0.dist-info"
     files = {
-        "nvidia/dali/__init__.py": b"",
-        "nvidia/dali/blob.bin": os.urandom(300),
-        f"{info}/METADATA": b"Metadata-Version: 2.1\nName: nvidia-dali-cuda130\nVersion: 2.4.0\n",
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "nvidia/dali/__init__.py": init,
+        "nvidia/dali/padding.bin": os.urandom(padding),
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: nvidia-dali-cuda130\nVersion: 2.4.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: dstrain-test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
     }
     with zipfile.ZipFile(wheel, "w") as z:
         for name, data in files.items():
@@ -266,7 +267,7 @@ def _dali_like_wheel(folder: Path) -> Path:
 
 def test_dali_is_installed_only_from_all_its_parts(tmp_path, monkeypatch):
     monkeypatch.setenv("DSTRAIN_GPU_HOME", str(tmp_path / "home"))
-    wheel = _dali_like_wheel(tmp_path / "wheels")
+    wheel = dali_named_wheel(tmp_path / "wheels", "", 300)  # parts of 100 bytes
     made = tmp_path / "made"
     made.mkdir()
     gpu_prepare.repack_dali([wheel], made, 100, "3.12")

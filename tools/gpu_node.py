@@ -52,6 +52,16 @@ def home() -> Path:
     return Path(os.environ.get("DSTRAIN_GPU_HOME") or "/tmp/dstrain-gpu")
 
 
+def write_json(path: Path, data: dict) -> None:
+    """Atomically (a job cut off mid-write leaves the previous file), its folder made. The GPU
+    pass's one writer: gpu_prepare and gpu_run take it from here, where only the standard
+    library is imported (this module runs on the node before anything is installed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -170,12 +180,6 @@ def collect_dali(gpu_dir: Path, store: Path) -> dict | None:
         write_json(kept, {k: meta[k] for k in ("parts", "whole", "wheels")})
     kept = store / "PART.json"
     return json.loads(kept.read_text()) if kept.is_file() else None
-
-
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
 
 
 def install_dali(python: Path, venv: Path, gpu_dir: Path) -> str:

@@ -39,6 +39,11 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: tools/ is on the path, the repository is not
+    sys.path.insert(0, str(REPO))
+
+from tools.gpu_node import sha256, write_json  # noqa: E402
+
 PINS = REPO / "requirements-gpu.txt"
 GPU_DIR = REPO / ".gpu"
 MIB = 1 << 20
@@ -60,21 +65,6 @@ class PrepareError(Exception):
 
 def say(message: str) -> None:
     print(f"[gpu-prepare] {message}", flush=True)
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
 
 
 def read_pins(path: Path = PINS) -> dict[str, list[tuple[str, str]]]:

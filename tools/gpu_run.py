@@ -60,6 +60,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tools import gpu_pack  # noqa: E402
+from tools.gpu_node import NEEDED, write_json  # noqa: E402
 from tools.suite import headline, progress_outcomes, summarise_progress  # noqa: E402
 
 PARTS = ("smoke", "throughput", "micro", "dali", "tests", "grid", "accuracy")
@@ -75,7 +76,6 @@ BUDGET_S = {
 DEADLINE_S = 560  # a job's own end, inside the node's 600-s limit
 GRACE_S = 20  # after SIGTERM, before SIGKILL: a training run's checkpoint
 PACK_S = 10  # kept for the last save and pack
-NEEDED = ("torch", "torchvision", "deepspeed", "omegaconf", "tensorboard")
 # JSON, channels_last: the shipped ImageNet precisions and optimizers, in the layouts issue 29 names
 SMOKE = (
     ("fp16.json", True),
@@ -155,12 +155,15 @@ class Budget:
         self.slowest = max(self.slowest, seconds)
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Atomically: a job cut off mid-write leaves the previous file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
+def parts_status(record: dict) -> str:
+    """A line per part: not run, complete, or incomplete with why (the record's ``not_run``)."""
+    lines = []
+    for name in PARTS:
+        part = record["parts"].get(name)
+        state = "not run" if part is None else "complete" if part.get("complete") else "incomplete"
+        why = (part or {}).get("not_run", "")
+        lines.append(f"  {name:10s} {state}{': ' + why if why and state != 'complete' else ''}")
+    return "\n".join(lines) + "\n"
 
 
 def read_json(path: Path) -> dict | None:
@@ -292,15 +295,8 @@ class Run:
             gpu_pack.pack(self.state, self.out, status or self.status())
 
     def status(self) -> str:
-        lines = [f"{self.env['device']}, git {self.env['git_sha']}, job {self.record['jobs']}"]
-        for name in PARTS:
-            part = self.record["parts"].get(name)
-            state = (
-                "not run" if part is None else "complete" if part.get("complete") else "incomplete"
-            )
-            why = (part or {}).get("not_run", "")
-            lines.append(f"  {name:10s} {state}{': ' + why if why and state != 'complete' else ''}")
-        return "\n".join(lines) + "\n"
+        head = f"{self.env['device']}, git {self.env['git_sha']}, job {self.record['jobs']}"
+        return head + "\n" + parts_status(self.record)
 
     def python(self, *args: str) -> list[str]:
         return [sys.executable, *args]
@@ -811,15 +807,7 @@ def main(argv: list[str] | None = None) -> int:
         slug = args.slug or gpu_slug(env["device"] if env["gpus"] else None)
         record = read_json(state / f"gpu_run_{slug}.json") or {"parts": {}}
         print(f"[gpu] {state}/gpu_run_{slug}.json, job {record.get('jobs', 0)}")
-        for name in PARTS:
-            part = record["parts"].get(name)
-            state_word = (
-                "not run" if part is None else "complete" if part.get("complete") else "incomplete"
-            )
-            print(
-                f"  {name:10s} {state_word}"
-                + (f": {part['not_run']}" if part and part.get("not_run") else "")
-            )
+        print(parts_status(record), end="")
         return 0
     run = Run(args, env)
     signal.signal(signal.SIGTERM, on_sigterm)
