@@ -31,6 +31,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: tools/ is on the path, the repository is not
+    sys.path.insert(0, str(REPO))
+
+from tools.gpu_node import write_json  # noqa: E402
+
 PACK_NAME = "gpu_state.tar.gz"
 STATUS_NAME = "gpu_status.txt"
 PACK_LIMIT = 15 << 20  # $OUT takes 16 MiB a file
@@ -135,9 +140,7 @@ def register(entries: list[dict], registry: Path = REGISTRY) -> None:
         "tools/evidence.py registers each",
         "results": sorted(by_file.values(), key=lambda e: e["file"]),
     }
-    tmp = registry.with_name(registry.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(registry)
+    write_json(registry, data)
 
 
 def import_pack(
