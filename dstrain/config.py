@@ -179,6 +179,11 @@ class OptimConfig:
     end_lr_factor: float = setting(
         0.0, "LR at the last step as a fraction of the peak LR (fraction)"
     )
+    end_lr: float = setting(
+        0.0,
+        "cosine/poly: LR at the last step, absolute; > 0 replaces end_lr_factor (MLPerf's LARS "
+        "rules ask for exactly 0.0001, which a factor of the peak cannot always give) (LR)",
+    )
     poly_power: float = setting(2.0, "poly decay exponent (dimensionless)")
     decay_epochs: float = setting(
         0.0,
@@ -211,6 +216,21 @@ class LogConfig:
         "LARS diagnosis: every log step, each tensor's trust ratio and step size relative to its "
         "norm, ||step|| / ||w||, in TensorBoard (lars_trust/*, lars_step/*) and the largest step "
         "on the console; costs a copy of the parameters a step (bool)",
+    )
+    mlperf: bool = setting(
+        False,
+        "write RUN_DIR/mlperf.log: MLPerf Training :::MLLOG lines (ResNet rules, ruleset 4.0.0) "
+        "through the mlperf-logging package, rank 0; a resumed attempt writes mlperf-N.log (bool)",
+    )
+    mlperf_division: Literal["open", "closed"] = setting(
+        "open", "MLPerf log: submission_division, open | closed (the closed rules: LARS or SGD)"
+    )
+    mlperf_org: str = setting("dstrain", "MLPerf log: submission_org (text)")
+    mlperf_platform: str = setting(
+        "", "MLPerf log: submission_platform; empty = <ranks>x<device name> (text)"
+    )
+    mlperf_status: Literal["onprem", "cloud", "preview", "research"] = setting(
+        "research", "MLPerf log: submission_status, onprem | cloud | preview | research"
     )
 
 
@@ -303,6 +323,16 @@ class TrainConfig:
     )
     eval_every_epochs: int = setting(
         1, "evaluate on the validation set every N epochs and after the last (epochs)"
+    )
+    eval_offset_epochs: int = setting(
+        0,
+        "evaluate after epochs offset+N, offset+2N, ... (N = eval_every_epochs) and the last; "
+        "MLPerf's evaluation offset (epochs)",
+    )
+    target_top1: float = setting(
+        0.0,
+        "stop training after the first evaluation whose top-1 reaches this (MLPerf ResNet: "
+        "0.759), recorded in summary.json and the MLPerf log; 0 = train all epochs (fraction)",
     )
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -399,6 +429,15 @@ Rules = Iterator[tuple[bool, str]]  # (rule holds, message when it does not)
 def _run_rules(cfg: TrainConfig, world_size: int) -> Rules:
     yield cfg.epochs >= 1, f"epochs={cfg.epochs}: must be >= 1"
     yield cfg.eval_every_epochs >= 1, f"eval_every_epochs={cfg.eval_every_epochs}: must be >= 1"
+    yield (
+        0 <= cfg.eval_offset_epochs < cfg.epochs,
+        f"eval_offset_epochs={cfg.eval_offset_epochs}: must be >= 0 and below epochs={cfg.epochs}",
+    )
+    yield (
+        0 <= cfg.target_top1 < 1,
+        f"target_top1={cfg.target_top1}: must be a fraction in [0, 1) (0 = off; MLPerf: 0.759)",
+    )
+    yield cfg.log.mlperf_org != "", "log.mlperf_org: must not be empty (MLPerf's submission_org)"
     yield cfg.log.every_steps >= 1, f"log.every_steps={cfg.log.every_steps}: must be >= 1"
     ckpt, fault = cfg.checkpoint, cfg.fault
     yield ckpt.every_epochs >= 0, f"checkpoint.every_epochs={ckpt.every_epochs}: must be >= 0"
@@ -538,6 +577,11 @@ def _optim_rules(cfg: TrainConfig, world_size: int) -> Rules:
     yield (
         0.0 <= optim.end_lr_factor <= 1.0,
         f"optim.end_lr_factor={optim.end_lr_factor}: must be in [0, 1]",
+    )
+    yield (
+        optim.end_lr >= 0 and not (optim.end_lr > 0 and optim.end_lr_factor > 0),
+        f"optim.end_lr={optim.end_lr}: must be >= 0, and only one of end_lr and end_lr_factor "
+        f"(={optim.end_lr_factor}) may be set; set the other to 0",
     )
     yield (
         optim.decay_epochs == 0

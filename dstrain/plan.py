@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dstrain import comm, dist, ds_config
+from dstrain import comm, dist, ds_config, mlperf
 from dstrain.config import TrainConfig, validate
 from dstrain.errors import ConfigError
 from dstrain.ramp import BatchStage, batch_plan
@@ -37,6 +37,8 @@ def prepare(
     dist.setup_env_for_single_process()
     world = world or dist.world_size()
     validate(cfg, world)
+    if cfg.log.mlperf:
+        mlperf.require_package()
     spec = ds_config.load(ds_path, cuda_available=cuda)
     stages = batch_plan(
         cfg.batch.global_size, cfg.batch.micro_per_rank, cfg.batch.ramp, world, cfg.epochs

@@ -24,8 +24,8 @@ Warmup shapes over ``warmup_epochs`` W:
 
 Decay after warmup, with ``p = (t - W) / (epochs - W)`` in (0, 1]:
 ``cosine``, ``poly`` (``(1 - p) ** power``; MLPerf uses 2, Fujitsu 2.2), ``step``
-(times ``gamma`` at each milestone epoch) and ``constant``; all but ``step`` end at
-``end_lr_factor * peak``.
+(times ``gamma`` at each milestone epoch) and ``constant``; cosine and poly end at
+``end_lr_factor * peak``, or at ``end_lr`` exactly when it is set (MLPerf's 0.0001).
 """
 
 from __future__ import annotations
@@ -68,9 +68,14 @@ def warmup_lr(t: float, cfg: OptimConfig, *, base_lr: float, peak_lr: float) -> 
     raise ValueError(f"unknown warmup shape {cfg.warmup!r}")
 
 
+def end_lr(cfg: OptimConfig, peak_lr: float) -> float:
+    """The LR the cosine/poly decay ends at: ``optim.end_lr`` when set, else a fraction of the peak."""
+    return cfg.end_lr if cfg.end_lr > 0 else peak_lr * cfg.end_lr_factor
+
+
 def decay_lr(p: float, cfg: OptimConfig, *, peak_lr: float) -> float:
     """LR at decay progress ``p`` in [0, 1] for cosine, poly and constant."""
-    end = peak_lr * cfg.end_lr_factor
+    end = end_lr(cfg, peak_lr)
     p = min(1.0, max(0.0, p))
     if cfg.decay == "cosine":
         return end + (peak_lr - end) * 0.5 * (1.0 + math.cos(math.pi * p))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dstrain import checkpoint, comm, compat, dist, fault, outcome, rundir
+from dstrain import checkpoint, comm, compat, dist, fault, mlperf, outcome, rundir
 from dstrain.components import Components, build_components
 from dstrain.config import TrainConfig
 from dstrain.errors import ConfigError, PeerLost, RunStopped, first_line
@@ -54,6 +54,8 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
 def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trainer:
     """Phase 2: model, data, optimizer, engine, run directory, and the state to start from."""
     cfg, spec = plan.cfg, plan.spec
+    # MLPerf's init_start: before anything is built (written to RUN_DIR once it exists)
+    mlperf_log = mlperf.MLPerfLog(cfg.log.mlperf and dist.is_main())
     # before anything is built or written: a resume this config cannot continue is refused
     root = run_dir / rundir.CHECKPOINTS
     tag = checkpoint.newest_complete(root) if cfg.resume == "auto" else None
@@ -99,6 +101,7 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
         memory_format=parts.memory_format,
         grad_sync=grad_sync,
         state=state,
+        mlperf=mlperf_log,
     )
     if dist.is_main():
         rundir.write_run_files(
@@ -109,7 +112,22 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
             plan.world,
             compat.fingerprint(cfg, spec, plan.world),
         )
+        start_mlperf_log(trainer, plan, run_dir, device)
     return trainer
+
+
+def start_mlperf_log(trainer: Trainer, plan: Plan, run_dir: Path, device: torch.device) -> None:
+    """log.mlperf: the file in run_dir, the submission keys and the run's hyperparameters."""
+    settings, log_ = plan.cfg.log, trainer.mlperf
+    log_.open(run_dir, trainer.state.epoch)
+    log_.submission(
+        settings.mlperf_division,
+        settings.mlperf_org,
+        settings.mlperf_platform or mlperf.platform(plan.world, device),
+        settings.mlperf_status,
+    )
+    data = trainer.data
+    log_.hyperparameters(mlperf.run_values(plan, data.n_train, data.n_val, trainer.schedule))
 
 
 def build_engine(plan: Plan, parts: Components):
@@ -200,6 +218,7 @@ def fit_and_summarise(trainer: Trainer, plan: Plan, run_dir: Path) -> dict:
     (:class:`dstrain.outcome.Outcome`: every rank's record in RUN_DIR/ranks/)."""
     with outcome.Outcome(run_dir, dist.rank(), plan.world, lambda: trainer.state.step) as ending:
         ending.on_end(trainer.monitor.close)
+        ending.on_end(trainer.mlperf.close)
         # the watchdog, ending a stalled or signalled process, records through the same path
         watchdog_report = functools.partial(ending.end, close=False)
         try:

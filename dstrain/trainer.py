@@ -29,6 +29,7 @@ from dstrain.errors import Preempted
 from dstrain.evaluate import evaluate
 from dstrain.fault import StepChecks
 from dstrain.losses import smoothed_cross_entropy
+from dstrain.mlperf import MLPerfLog
 from dstrain.models import compiled_graphs
 from dstrain.monitor import Monitor, Progress, StepMeter, loss_scale_of
 from dstrain.optim import StepCounter, apply_schedule
@@ -40,6 +41,13 @@ log = logging.getLogger(__name__)
 KILL_AT_STEP_ENV = (
     "DSTRAIN_FAULT_KILL_AT_STEP"  # tests: SIGKILL this process after that optimizer step
 )
+
+
+def evaluates_after(epoch: int, every: int, offset: int = 0) -> bool:
+    """Whether epoch ``epoch`` (0-based) ends with an evaluation: epochs offset+N, offset+2N, ...
+    (1-based; eval_offset_epochs, eval_every_epochs); the last epoch always does."""
+    done = epoch + 1
+    return done > offset and (done - offset) % every == 0
 
 
 @dataclass
@@ -55,6 +63,7 @@ class TrainState:
     epoch_step: int = 0  # optimizer steps done in the unfinished epoch (a stop part-way through it)
     epoch_sums: list = field(default_factory=list)  # its (loss*n, top1, top5, n) over all ranks
     epoch_elapsed_s: float = 0.0  # and its wall time so far
+    target_epoch: int = 0  # the epoch whose evaluation reached cfg.target_top1 (0: none did)
 
 
 @dataclass
@@ -75,6 +84,7 @@ class Trainer:
     memory_format: torch.memory_format = torch.contiguous_format
     grad_sync: GradientSync | None = None  # our all-reduce (dstrain/comm.py), or None: DeepSpeed's
     state: TrainState = field(default_factory=TrainState)
+    mlperf: MLPerfLog = field(default_factory=lambda: MLPerfLog(False))  # log.mlperf (rank 0)
 
     def __post_init__(self) -> None:
         self.device = next(self.engine.module.parameters()).device
@@ -94,11 +104,29 @@ class Trainer:
     # ------------------------------------------------------------ the epochs
     def fit(self) -> None:
         """The epochs from ``state`` on: train, BN sync, evaluate, checkpoint; a stop signal checkpoints and
-        raises :class:`~dstrain.errors.Preempted`."""
+        raises :class:`~dstrain.errors.Preempted`. With ``target_top1`` the run ends after the first
+        evaluation that reaches it. The MLPerf log (log.mlperf) marks each part."""
+        self.mlperf.run_start()
+        try:
+            self.epochs()
+        except BaseException:
+            self.mlperf.run_stop(success=False)
+            raise
+        self.mlperf.run_stop(success=self.state.target_epoch > 0 or not self.cfg.target_top1)
+
+    def epochs(self) -> None:
         state, epochs = self.state, self.cfg.epochs
+        if state.target_epoch:
+            log.info(
+                "target_top1 %.4f was reached in epoch %d: nothing left to train",
+                self.cfg.target_top1,
+                state.target_epoch,
+            )
+            return
         for epoch in range(state.epoch, epochs):
             t0 = time.perf_counter() - state.epoch_elapsed_s
             stage = self.enter_stage(epoch)
+            self.mlperf.epoch_start(epoch)
             metrics = self.train_epoch(epoch, stage)
             # eval and checkpoints see the same BN statistics everywhere
             self.phase("collective")
@@ -109,10 +137,21 @@ class Trainer:
                 state.epoch_elapsed_s = train_s
                 self.stop_with_checkpoint(checkpoint.tag_for(state.epoch, state.step), epoch)
             state.epoch_elapsed_s = 0.0
+            self.mlperf.epoch_stop(epoch)
             last = epoch + 1 == epochs
-            if last or (epoch + 1) % self.cfg.eval_every_epochs == 0:
+            if last or self.evaluates_after(epoch):
+                self.mlperf.eval_start(epoch)
                 metrics.update(self.evaluate())
+                self.mlperf.eval_stop(epoch, metrics["val_top1"])
                 state.best_top1 = max(state.best_top1, metrics["val_top1"])
+                if self.cfg.target_top1 and metrics["val_top1"] >= self.cfg.target_top1:
+                    state.target_epoch, last = epoch + 1, True
+                    log.info(
+                        "target_top1 %.4f reached in epoch %d (top-1 %.4f): training ends here",
+                        self.cfg.target_top1,
+                        epoch + 1,
+                        metrics["val_top1"],
+                    )
             self.end_epoch(epoch, stage, metrics, t0, train_s)
             every = self.cfg.checkpoint.every_epochs
             saved = last or (every and (epoch + 1) % every == 0)
@@ -125,7 +164,12 @@ class Trainer:
                     self.checks.signals.acknowledge()
                     raise Preempted(self.preempted_message("the end of", epoch))
                 self.stop_with_checkpoint(checkpoint.tag_for(epoch + 1), epoch)
+            if last:
+                break
         self.checks.drain()
+
+    def evaluates_after(self, epoch: int) -> bool:
+        return evaluates_after(epoch, self.cfg.eval_every_epochs, self.cfg.eval_offset_epochs)
 
     def enter_stage(self, epoch: int) -> BatchStage:
         """The batch-size stage of ``epoch``; tells the engine when the ramp changes its accumulation."""
@@ -463,4 +507,10 @@ class Trainer:
             if state.train_time_s
             else 0.0,
             "history": state.history,
+            **(
+                {"target_top1": self.cfg.target_top1, "target_epoch": state.target_epoch or None}
+                if self.cfg.target_top1
+                else {}
+            ),
+            **({"mlperf_log": str(self.mlperf.path)} if self.mlperf.path else {}),
         }

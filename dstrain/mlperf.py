@@ -1,0 +1,302 @@
+"""MLPerf Training logs (``log.mlperf``): ``RUN_DIR/mlperf.log`` as MLPerf's own checkers read it.
+
+The ``:::MLLOG`` lines are written by the ``mlperf-logging`` package's ``mllog`` (the logger NVIDIA's
+submissions and the MLPerf references use), rank 0 only, with the keys MLPerf's ResNet-50 rules
+ask for (ruleset 4.0.0, the last with ResNet): the submission keys, ``cache_clear``, init and run
+start/stop (``run_stop`` with its status), ``epoch_start``/``epoch_stop`` and
+``eval_start``/``eval_accuracy``/``eval_stop`` with ``epoch_num``, the sample counts, the global
+batch and accumulation, the seed, ``model_bn_span`` and the optimizer's keys (``lars_*`` for
+LARS, ``sgd_*`` for SGD), every value the one the run uses (the resolved schedule, not the
+recipe's words). Check a log with::
+
+    python -m mlperf_logging.compliance_checker --usage training --ruleset 4.0.0 RUN_DIR/mlperf.log
+
+Events before the run directory exists (``init_start`` and the hyperparameters) are kept and
+written, with their own time stamps, once it does. A resumed run writes a new file per attempt
+(``mlperf-2.log``, ...): MLPerf results come from one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE_HINT = "pip install mlperf-logging==4.1.68 (or: pip install -e '.[mlperf]')"
+BENCHMARK = "resnet"  # the MLPerf benchmark whose rules these runs follow
+LOG_NAME = "mlperf.log"
+
+
+def require_package() -> None:
+    """log.mlperf=true needs the mlperf-logging package: a clear line before anything starts."""
+    try:
+        import mlperf_logging.mllog  # noqa: F401
+    except ImportError as err:
+        from dstrain.errors import ConfigError
+
+        raise ConfigError(
+            f"log.mlperf=true: the mlperf-logging package is not installed ({err}); "
+            f"{PACKAGE_HINT}, or set log.mlperf=false"
+        ) from None
+
+
+def log_path(run_dir: Path) -> Path:
+    """mlperf.log, or for a later attempt in the same run directory mlperf-N.log (never overwritten)."""
+    for n in itertools.count(1):
+        path = run_dir / (LOG_NAME if n == 1 else f"mlperf-{n}.log")
+        if not path.exists():
+            return path
+    raise AssertionError("unreachable")
+
+
+class _Buffered(logging.Handler):
+    """Lines kept in memory until :meth:`open` names the file, then appended to it as they come."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.path: Path | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage().lstrip("\n")
+        if self.path is None:
+            self.lines.append(line)
+            return
+        with self.path.open("a") as fh:
+            fh.write(line + "\n")
+
+    def open(self, path: Path) -> None:
+        path.write_text("".join(line + "\n" for line in self.lines))
+        self.path, self.lines = path, []
+
+
+class MLPerfLog:
+    """The MLPerf log of one run attempt; every method is a no-op when ``enabled`` is false (other
+    ranks, log.mlperf=false)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.path: Path | None = None
+        self.stopped = False
+        if not enabled:
+            return
+        from mlperf_logging.mllog import constants, mllog
+
+        self.c = constants
+        logger = logging.getLogger(f"dstrain.mlperf.{id(self)}")
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+        self.handler = _Buffered()
+        logger.addHandler(self.handler)
+        self.logger = logger
+        # call sites as repository paths (dstrain/trainer.py), not this machine's
+        root = str(Path(__file__).resolve().parent.parent)
+        self.ml = mllog.MLLogger(logger=logger, default_stack_offset=2, root_dir=root)
+        self.ml.start(key=self.c.INIT_START)
+
+    # ------------------------------------------------------------ set-up
+    def open(self, run_dir: Path, resumed_epoch: int) -> None:
+        """Write what was kept into the run directory's log file; from now on lines go there."""
+        if not self.enabled:
+            return
+        self.path = log_path(run_dir)
+        self.handler.open(self.path)
+        if resumed_epoch:
+            logging.getLogger(__name__).warning(
+                "log.mlperf: this attempt resumes after epoch %d and logs to %s; MLPerf results "
+                "come from one uninterrupted run",
+                resumed_epoch,
+                self.path,
+            )
+
+    def submission(self, division: str, org: str, platform: str, status: str) -> None:
+        if not self.enabled:
+            return
+        c = self.c
+        for key, value in (
+            (c.SUBMISSION_BENCHMARK, BENCHMARK),
+            (c.SUBMISSION_DIVISION, division),
+            (c.SUBMISSION_ORG, org),
+            (c.SUBMISSION_PLATFORM, platform),
+            (c.SUBMISSION_STATUS, status),
+        ):
+            self.ml.event(key=key, value=value)
+        self.ml.event(key=c.CACHE_CLEAR, value=True)
+
+    def hyperparameters(self, values: dict) -> None:
+        """One point-in-time event per key (the keys of :func:`hyperparameters`)."""
+        if not self.enabled:
+            return
+        for key, value in values.items():
+            self.ml.event(key=key, value=value)
+
+    def run_start(self) -> None:
+        if not self.enabled:
+            return
+        self.ml.end(key=self.c.INIT_STOP)
+        self.ml.start(key=self.c.RUN_START)
+
+    # ------------------------------------------------------------ the loop
+    def epoch_start(self, epoch: int) -> None:
+        if self.enabled:
+            self.ml.start(key=self.c.EPOCH_START, metadata={self.c.EPOCH_NUM: epoch + 1})
+
+    def epoch_stop(self, epoch: int) -> None:
+        if self.enabled:
+            self.ml.end(key=self.c.EPOCH_STOP, metadata={self.c.EPOCH_NUM: epoch + 1})
+
+    def eval_start(self, epoch: int) -> None:
+        if self.enabled:
+            self.ml.start(key=self.c.EVAL_START, metadata={self.c.EPOCH_NUM: epoch + 1})
+
+    def eval_stop(self, epoch: int, top1: float) -> None:
+        if not self.enabled:
+            return
+        meta = {self.c.EPOCH_NUM: epoch + 1}
+        self.ml.event(key=self.c.EVAL_ACCURACY, value=float(top1), metadata=meta)
+        self.ml.end(key=self.c.EVAL_STOP, metadata=meta)
+
+    def run_stop(self, success: bool) -> None:
+        if not self.enabled or self.stopped:
+            return
+        status = self.c.SUCCESS if success else self.c.ABORTED
+        self.ml.end(key=self.c.RUN_STOP, metadata={self.c.STATUS: status})
+        self.stopped = True
+
+    def close(self) -> None:
+        if self.enabled:
+            self.logger.removeHandler(self.handler)
+
+
+def run_values(plan, n_train: int, n_val: int, schedule) -> dict:
+    """:func:`hyperparameters` of a run: its plan (config, JSON, batch stages), data and schedule,
+    as the run uses them (the last batch-size stage's batch, the resolved peak and end LR)."""
+    from dstrain.schedule import end_lr
+
+    cfg, last = plan.cfg, plan.stages[-1]
+    optim = cfg.optim
+    peak = schedule.peak(last.global_size)
+    steps_per_epoch = n_train // last.global_size
+    decay_epochs = optim.decay_epochs or cfg.epochs - optim.warmup_epochs
+    return hyperparameters(
+        seed=cfg.seed,
+        global_batch=last.global_size,
+        accumulation=last.accumulation,
+        train_samples=n_train,
+        eval_samples=n_val,
+        bn_span=cfg.model.bn_span or last.micro,
+        optimizer=plan.spec.optimizer.kind,
+        params=plan.spec.optimizer.params,
+        peak_lr=peak,
+        end_lr=end_lr(optim, peak) if optim.decay in ("poly", "cosine") else peak,
+        warmup_epochs=optim.warmup_epochs,
+        poly_power=optim.poly_power if optim.decay == "poly" else None,
+        decay_steps=round(decay_epochs * steps_per_epoch),
+    )
+
+
+def platform(world: int, device) -> str:
+    """``<ranks>x<device name>``, e.g. 8xNVIDIA H100 80GB HBM3 or 2xCPU."""
+    import torch
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    return f"{world}x{name}"
+
+
+def hyperparameters(
+    *,
+    seed: int,
+    global_batch: int,
+    accumulation: int,
+    train_samples: int,
+    eval_samples: int,
+    bn_span: int,
+    optimizer: str,
+    params: dict,
+    peak_lr: float,
+    end_lr: float,
+    warmup_epochs: float,
+    poly_power: float | None,
+    decay_steps: int,
+) -> dict:
+    """The run's values under MLPerf's key names: the common keys, then ``lars_*`` (LARS) or
+    ``sgd_*`` (SGD); another optimizer logs its name only (the closed division takes LARS or SGD)."""
+    values: dict = {
+        "seed": seed,
+        "global_batch_size": global_batch,
+        "gradient_accumulation_steps": accumulation,
+        "train_samples": train_samples,
+        "eval_samples": eval_samples,
+        "model_bn_span": bn_span,
+        "opt_name": optimizer,
+        "opt_learning_rate_warmup_epochs": warmup_epochs,
+    }
+    if optimizer in ("lars", "sgd"):
+        p = optimizer
+        values.update(
+            {
+                f"{p}_opt_base_learning_rate": peak_lr,
+                f"{p}_opt_end_learning_rate": end_lr,
+                f"{p}_opt_learning_rate_decay_poly_power": poly_power,
+                f"{p}_opt_learning_rate_decay_steps": decay_steps,
+                f"{p}_opt_momentum": float(params.get("momentum", 0.0)),
+                f"{p}_opt_weight_decay": float(params.get("weight_decay", 0.0)),
+            }
+        )
+        if optimizer == "lars":
+            values["lars_opt_learning_rate_warmup_epochs"] = warmup_epochs
+            values["lars_epsilon"] = float(params.get("eps", 0.0))
+    return {k: v for k, v in values.items() if v is not None and not _nan(v)}
+
+
+def _nan(value) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+RULESET = "4.0.0"  # the last MLPerf Training ruleset with ResNet (later ones crash on its logs)
+# "CHECK for 'key' failed in line N" (a line's rule), "Failed checks for key" (an at-least-one
+# rule over all lines), "Required EXACTLY_ONE occurrence of 'key'" and similar (a count)
+FAILED_CHECK = re.compile(
+    r"CHECK for '(\w+)' failed|Failed checks for (\w+)|Required \w+ occurrences? of '(\w+)'"
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """MLPerf's compliance checker on one log: passed, the keys whose checks failed, its output."""
+
+    passed: bool
+    failed: list[str]
+    output: str
+
+
+def check_log(path: Path, timeout: float = 300) -> Verdict:
+    """Run ``python -m mlperf_logging.compliance_checker --usage training --ruleset 4.0.0`` on
+    ``path`` (in a scratch folder: the checker writes compliance_checker.log where it runs)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mlperf_logging.compliance_checker",
+                "--usage",
+                "training",
+                "--ruleset",
+                RULESET,
+                str(Path(path).resolve()),
+            ],
+            cwd=scratch,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    output = proc.stdout + proc.stderr
+    passed = proc.returncode == 0 and "SUCCESS" in output
+    failed = {key for match in FAILED_CHECK.findall(output) for key in match if key}
+    return Verdict(passed, sorted(failed), output)
