@@ -162,6 +162,7 @@ MLPERF_SMALL = [
     "batch.eval_per_rank=32",
     "epochs=2",
     "optim.warmup_epochs=1",
+    "optim.decay_epochs=0",
     "model.channels_last=false",
     "log.tensorboard=false",
     "log.mlperf=true",
@@ -170,7 +171,8 @@ MLPERF_SMALL = [
 
 
 def lars_json(tmp_path: Path, **params) -> str:
-    raw = json.loads((REPO / "ds_configs/lars_fp32.json").read_text())
+    """The recipe's own JSON, BF16 (it runs on a CPU), with ``params`` changed."""
+    raw = json.loads((REPO / "ds_configs/lars_mlperf_b3264_bf16.json").read_text())
     raw["optimizer"]["params"].update(params)
     path = tmp_path / "lars.json"
     path.write_text(json.dumps(raw))
@@ -194,13 +196,13 @@ EXACT_END: list[str] = []  # the recipe's own: optim.end_lr 0.0001
     ],
 )
 def test_a_closed_lars_log_fails_only_on_what_breaks_the_rules(tmp_path, eps, end, failed):
-    """A closed-division LARS log with MLPerf's values fails on the 0.759 accuracy rule alone (two
-    epochs of random data); epsilon 1e-9, or an end LR of 10.5 x 1e-5 (not 0.0001 exactly), adds
-    the rule each breaks."""
+    """The b3264 recipe with its own JSON, logged as closed (its default), fails on the 0.759
+    accuracy rule alone (two epochs of random data); epsilon 1e-9 (the shared lars_*.json's), or an
+    end LR of 10.5 x 1e-5 (not 0.0001 exactly), adds the rule each breaks."""
     run_dir = tmp_path / "run"
     proc = run_cli(
         ["--deepspeed_config", lars_json(tmp_path, eps=eps), *MLPERF_SMALL, *end]
-        + [f"run_dir={run_dir}", "optim.base_lr=10.5"],
+        + [f"run_dir={run_dir}"],
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -16,6 +16,8 @@ equal to what the record's code computes for that step, written out here from th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -87,29 +89,53 @@ def test_wd_following_the_lr_would_have_been_the_lr_squared_dose():
     assert squared / fujitsu == pytest.approx(0.64, abs=0.01)
 
 
-MLPERF = {  # recipe: (global batch, epochs, peak LR, warmup epochs) of the TF2 reference's table
-    "imagenet_resnet50_mlperf_b3264": (3264, 35, 10.0, 5),
-    "imagenet_resnet50_mlperf_b8192": (8192, 42, 10.0, 5),
-    "imagenet_resnet50_mlperf_b32768": (32768, 56, 31.2, 25),
-    "imagenet_resnet50_mlperf_b49152": (49152, 68, 31.2, 25),
-    "imagenet_resnet50_mlperf_b65536": (65536, 85, 31.2, 25),
-    "imagenet_resnet50_mlperf_b67840": (67840, 86, 31.2, 25),
-}
+def rcp_rows() -> dict:
+    """MLCommons' reference convergence points for ResNet (ruleset 4.0.0), as the mlperf-logging
+    package ships them: batch -> hyperparameters."""
+    import json
+
+    from mlperf_logging import rcp_checker
+
+    path = Path(rcp_checker.__file__).parent / "training_4.0.0" / "rcps_resnet.json"
+    return {row["BS"]: row["Hyperparams"] for row in json.loads(path.read_text()).values()}
 
 
-@pytest.mark.parametrize("recipe", sorted(MLPERF))
-def test_mlperf_rows_follow_the_tf2_reference_schedule(recipe):
-    batch, epochs, peak, warmup_epochs = MLPERF[recipe]
-    per_epoch = 1281167 // batch  # the reference's steps per epoch (drop remainder)
+MLPERF_BATCHES = (3264, 8192, 32768, 49152, 65536, 67840)
+
+
+@pytest.mark.parametrize("batch", MLPERF_BATCHES)
+def test_mlperf_rows_take_the_rcp_row_of_their_batch(batch):
+    """Each imagenet_resnet50_mlperf_b* recipe with its JSON runs the RCP row's schedule step by
+    step: linear warmup from 0 to the row's LR over its warmup epochs, poly power 2 to exactly
+    1e-4 over the row's decay steps, the end LR held after; the row's momentum, weight decay and BN
+    span; epsilon 0; MLPerf's target and evaluation period."""
+    import importlib.util
+
+    if importlib.util.find_spec("mlperf_logging") is None:
+        pytest.skip("needs mlperf-logging (requirements.txt)")
+    row = rcp_rows()[batch]
+    recipe = f"imagenet_resnet50_mlperf_b{batch}"
+    per_epoch = 1281167 // batch  # dstrain drops the last partial batch
     cfg, steps = steps_of(recipe, per_epoch)
-    assert (cfg.batch.global_size, cfg.epochs) == (batch, epochs)
-    assert not cfg.model.zero_init_residual and list(cfg.data.random_area) == [0.05, 1.0]
-    warmup, total = warmup_epochs * per_epoch, epochs * per_epoch
-    for k, lr, decay, trust_wd in steps:
+    spec = ds_config.load(str(REPO / cfg.deepspeed_config), cuda_available=True)
+    params = spec.optimizer.params
+    assert spec.optimizer.kind == "lars" and params["eps"] == 0.0
+    assert params["momentum"] == row["opt_momentum"]
+    assert params["weight_decay"] == row["opt_weight_decay"]
+    assert cfg.optim.base_lr == row["opt_base_learning_rate"] == params["lr"]
+    assert cfg.optim.warmup_epochs == row["opt_learning_rate_warmup_epochs"]
+    assert (cfg.model.bn_span or cfg.batch.micro_per_rank) == row["model_bn_span"]
+    assert (cfg.target_top1, cfg.eval_every_epochs, cfg.log.mlperf) == (0.759, 4, True)
+    assert cfg.log.mlperf_division == "closed" and cfg.optim.poly_power == 2.0
+    assert round(cfg.optim.decay_epochs * per_epoch) == row["opt_learning_rate_decay_steps"]
+    peak, warmup = row["opt_base_learning_rate"], row["opt_learning_rate_warmup_epochs"] * per_epoch
+    decay = row["opt_learning_rate_decay_steps"]
+    for k, lr, wd, trust_wd in steps:
         if k <= warmup:
             want = peak * k / warmup
-        else:  # PolynomialDecay(peak, decay_steps = total - warmup, end 1e-4, power 2)
-            want = (peak - 1e-4) * (1 - (k - warmup) / (total - warmup)) ** 2 + 1e-4
-        # abs: the recipes write the end LR as a factor of the peak, 3.205e-6 x 31.2 = 0.99996e-4
-        assert lr == pytest.approx(want, rel=1e-6, abs=1e-8), k
-        assert decay == trust_wd == 5e-5  # constant, coupled, the same in the trust ratio
+        else:  # PolynomialDecay(peak, decay_steps, end 1e-4, power 2), then held
+            p = min(1.0, (k - warmup) / decay)
+            want = (peak - 1e-4) * (1 - p) ** 2 + 1e-4
+        assert lr == pytest.approx(want, rel=1e-6, abs=1e-12), k
+        assert wd == trust_wd == row["opt_weight_decay"]  # constant, coupled, also in the ratio
+    assert steps[-1][1] == 1e-4  # exactly: the closed rules compare with ==
