@@ -9,6 +9,7 @@
 #   ./run.sh gpu-prepare [--python-version 3.12]                         build .gpu/ for a GPU node (here)
 #   ./run.sh gpu [PART ...] [--budget PART=S] [--status]                 one GPU job, offline (on the node)
 #   ./run.sh gpu-import FILE                                             a job's gpu_state.tar.gz, here
+#   ./run.sh rcp-check RUN_DIR... | FOLDER [--json F]                    MLPerf's RCP checker on 5 runs
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv).
 set -euo pipefail
@@ -111,6 +112,10 @@ case "$cmd" in
             eval "$assignments"
         fi
         exec "$PY" tools/gpu_run.py "$@" ;;
+    rcp-check)
+        # MLPerf's RCP checker on 5 runs' mlperf.log (tools/rcp_check.py, docs/mlperf.md)
+        setup_venv
+        exec "$VENV/bin/python" tools/rcp_check.py "$@" ;;
     gpu-import)
         # here: a job's gpu_state.tar.gz -> runs/gpu (state) and bench/results (registered)
         PY="$VENV/bin/python"; [[ -x "$PY" ]] || PY=$PYTHON
@@ -125,5 +130,5 @@ case "$cmd" in
         setup_fashion_mnist
         exec "$VENV/bin/python" tools/evidence.py run "$@" ;;
     *)
-        sed -n '2,12p' "$0"; exit 2 ;;
+        sed -n '2,13p' "$0"; exit 2 ;;
 esac

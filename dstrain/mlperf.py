@@ -19,9 +19,11 @@ written, with their own time stamps, once it does. A resumed run writes a new fi
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -300,3 +302,115 @@ def check_log(path: Path, timeout: float = 300) -> Verdict:
     passed = proc.returncode == 0 and "SUCCESS" in output
     failed = {key for match in FAILED_CHECK.findall(output) for key in match if key}
     return Verdict(passed, sorted(failed), output)
+
+
+TARGET_TOP1 = 0.759  # MLPerf ResNet-50's quality target
+
+
+def judge_values(values: dict, division: str) -> Verdict:
+    """Would a log with these hyperparameters pass MLPerf's checker? A log written as a run would
+    write it, with one evaluation at the target, judged by the checker itself (``--check``)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        log = MLPerfLog(True)
+        log.open(Path(scratch), resumed_epoch=0)
+        log.submission(division, "dstrain", "check", "research")
+        log.hyperparameters(values)
+        log.run_start()
+        log.epoch_start(0)
+        log.epoch_stop(0)
+        log.eval_start(0)
+        log.eval_stop(0, TARGET_TOP1)
+        log.run_stop(success=True)
+        log.close()
+        return check_log(Path(scratch) / LOG_NAME)
+
+
+# ---------------------------------------------------------------- the RCP checker on a set of runs
+RUNS_PER_RESNET_RESULT = 5  # MLPerf's ResNet result: 5 runs (the RCP checker drops none below it)
+
+
+@dataclass(frozen=True)
+class RunConvergence:
+    """One run's log as the RCP checker reads it: its batch, last evaluated epoch and status."""
+
+    run_dir: Path
+    global_batch: int | None
+    epochs: float | None  # epoch_num of the last eval_accuracy before run_stop
+    top1: float | None  # its value
+    status: str | None  # run_stop's status (success = the target was reached)
+
+
+def convergence(run_dir: Path) -> RunConvergence:
+    """Read ``run_dir/mlperf.log``; a run with ``mlperf-2.log`` was resumed and is refused (MLPerf
+    results come from one uninterrupted run)."""
+    from dstrain.errors import ConfigError
+
+    log = run_dir / LOG_NAME
+    if not log.is_file():
+        raise ConfigError(f"{run_dir}: no {LOG_NAME}; train it with log.mlperf=true")
+    if (run_dir / "mlperf-2.log").exists():
+        raise ConfigError(
+            f"{run_dir}: resumed (mlperf-2.log beside {LOG_NAME}); MLPerf results come from one "
+            "uninterrupted run: train it again from the start"
+        )
+    batch = epochs = top1 = status = None
+    for line in log.read_text(encoding="latin-1").splitlines():
+        if ":::MLLOG " not in line:
+            continue
+        event = json.loads(line.split(":::MLLOG ", 1)[1])
+        key, meta = event["key"], event.get("metadata") or {}
+        if key == "global_batch_size":
+            batch = event["value"]
+        elif key == "eval_accuracy":
+            epochs, top1 = meta.get("epoch_num"), event["value"]
+        elif key == "run_stop":
+            status = meta.get("status")
+    return RunConvergence(run_dir, batch, epochs, top1, status)
+
+
+@dataclass(frozen=True)
+class RCPVerdict:
+    passed: bool
+    message: str  # the checker's own words: "RCP found", "Insufficient convergence", ...
+    runs: list[RunConvergence]
+    output: str
+
+
+def check_rcp(run_dirs: list[Path], timeout: float = 300) -> RCPVerdict:
+    """MLPerf's RCP checker (``python -m mlperf_logging.rcp_checker --rcp_version 4.0.0``) on the
+    runs' logs, copied as result_<i>.txt into a scratch folder as the checker expects. It fails a
+    set that converges faster than MLCommons' reference runs at that batch (interpolated between
+    batches), or where more than one run did not reach the target."""
+    from dstrain.errors import ConfigError
+
+    if len(run_dirs) < RUNS_PER_RESNET_RESULT:
+        raise ConfigError(
+            f"{len(run_dirs)} run(s) given: an MLPerf ResNet result is {RUNS_PER_RESNET_RESULT} "
+            "runs with different seeds; give 5 run directories (or a folder holding them)"
+        )
+    runs = [convergence(d) for d in run_dirs]
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / "results"
+        folder.mkdir()
+        for i, run in enumerate(runs):
+            shutil.copyfile(run.run_dir / LOG_NAME, folder / f"result_{i}.txt")
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mlperf_logging.rcp_checker",
+                "--rcp_version",
+                RULESET,
+                "--log_output",
+                str(Path(scratch) / "rcp_checker.log"),
+                str(folder),
+            ],
+            cwd=scratch,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    output = proc.stdout + proc.stderr
+    said = re.findall(r"(?:INFO|ERROR) - (.+?), RCP test (?:PASSED|FAILED)", output)
+    message = said[-1] if said else (output.strip().splitlines() or ["no output"])[-1]
+    return RCPVerdict(proc.returncode == 0 and "RCP test PASSED" in output, message, runs, output)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from dstrain import checkpoint, compat, rundir
+from dstrain import checkpoint, compat, mlperf, rundir
 from dstrain.components import check_precision
 from dstrain.config import TrainConfig
 from dstrain.data import ImageCounts, check_enough_images, count_images
@@ -127,4 +127,22 @@ def plan_lines(plan: Plan, images: ImageCounts, target: Target, run_dir: str) ->
         f"({cfg.optim.warmup}), decay {cfg.optim.decay}",
         f"run_dir      {run_dir}",
     ]
+    if cfg.log.mlperf:
+        lines.append(mlperf_line(plan, images, schedule))
     return lines
+
+
+def mlperf_line(plan: Plan, images: ImageCounts, schedule: LRSchedule) -> str:
+    """log.mlperf: what the log would hold, judged now by MLPerf's own checker (a log with the
+    run's values and one evaluation at the target); the closed rules name what breaks them."""
+    log = plan.cfg.log
+    values = mlperf.run_values(plan, images.n_train, images.n_val, schedule)
+    verdict = mlperf.judge_values(values, log.mlperf_division)
+    where = f"mlperf       RUN_DIR/mlperf.log, {log.mlperf_division} division: "
+    if verdict.passed:
+        return where + (
+            f"meets MLPerf's rules (ruleset {mlperf.RULESET}) once top-1 reaches "
+            f"{mlperf.TARGET_TOP1}"
+        )
+    broken = ", ".join(f"{k}={values.get(k, 'missing')}" for k in verdict.failed)
+    return where + f"would fail MLPerf's rules (ruleset {mlperf.RULESET}) on {broken}"

@@ -130,6 +130,7 @@ def test_the_log_holds_the_values_the_run_uses(fake_fmnist, tmp_path):
     assert got["model_bn_span"] == 32 and got["train_samples"] == 512
     assert [e["metadata"]["epoch_num"] for e in log if e["key"] == "eval_accuracy"] == [2, 3]
     assert {e["metadata"]["file"] for e in log} <= {"dstrain/train.py", "dstrain/trainer.py"}
+    assert log[-1]["metadata"]["status"] == "aborted"  # no quality target: not MLPerf's success
 
 
 # ---------------------------------------------------------------- MLPerf's checker on real runs
@@ -208,3 +209,86 @@ def test_a_closed_lars_log_fails_only_on_what_breaks_the_rules(tmp_path, eps, en
     assert proc.returncode == 0, proc.stderr[-3000:]
     verdict = mlperf.check_log(run_dir / "mlperf.log")
     assert not verdict.passed and verdict.failed == failed, verdict.output[-3000:]
+
+
+# ---------------------------------------------------------------- the RCP checker on five runs
+def fake_run(run_dir: Path, batch: int, converged_at: int | None, top1: float = 0.7601) -> Path:
+    """A run's mlperf.log written by dstrain's own writer, as a run of ``batch`` that evaluated
+    every 4 epochs and reached the target at ``converged_at`` (None: never, top-1 0.70)."""
+    run_dir.mkdir(parents=True)
+    log = mlperf.MLPerfLog(True)
+    log.open(run_dir, resumed_epoch=0)
+    log.submission("closed", "dstrain", "8xTEST", "research")
+    log.hyperparameters({"global_batch_size": batch, "seed": 0})
+    log.run_start()
+    last = converged_at or 40
+    for epoch in range(3, last, 4):  # 0-based: epochs 4, 8, ...
+        log.eval_start(epoch)
+        log.eval_stop(epoch, top1 if converged_at and epoch + 1 == last else 0.70)
+    log.run_stop(success=converged_at is not None)
+    log.close()
+    return run_dir
+
+
+def rcp_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rcp_check", REPO / "tools" / "rcp_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_rcp_check_passes_runs_as_slow_as_the_reference_and_fails_faster_ones(tmp_path, capsys):
+    """At batch 3,264 MLCommons' reference runs took 35.2 epochs on average: five runs at 36
+    epochs pass; five at 20 converge faster than the reference allows and fail; the table shows
+    each run's epochs and status. One run that never converged is tolerated, two are not."""
+    tool = rcp_tool()
+    slow = [fake_run(tmp_path / "slow" / f"seed{i}", 3264, 36) for i in range(5)]
+    assert tool.main([str(tmp_path / "slow"), "--json", str(tmp_path / "v.json")]) == 0
+    out = capsys.readouterr().out
+    assert "PASSED: RCP found" in out and out.count("| 3264 | 36 | 0.7601 | success |") == 5
+    verdict = json.loads((tmp_path / "v.json").read_text())
+    assert verdict["passed"] and [r["epochs"] for r in verdict["runs"]] == [36] * 5
+
+    for i in range(5):
+        fake_run(tmp_path / "fast" / f"seed{i}", 3264, 20)
+    assert tool.main([str(tmp_path / "fast")]) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+    for i, at in enumerate((36, 36, 36, None, None)):
+        fake_run(tmp_path / "lost" / f"seed{i}", 3264, at)
+    assert tool.main([str(tmp_path / "lost")]) == 1
+    assert "Insufficient convergence" in capsys.readouterr().out
+    assert slow  # the directories named one by one work too
+    assert tool.main([str(d) for d in slow]) == 0
+
+
+def test_the_rcp_check_refuses_too_few_runs_and_a_resumed_one(tmp_path, capsys):
+    tool = rcp_tool()
+    runs = [fake_run(tmp_path / f"seed{i}", 3264, 36) for i in range(5)]
+    assert tool.main([str(d) for d in runs[:4]]) == 2
+    assert "4 run(s) given" in capsys.readouterr().err
+    (runs[2] / "mlperf-2.log").write_text("")
+    assert tool.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert str(runs[2]) in err and "one uninterrupted run" in err
+    assert tool.main([str(tmp_path / "nothing")]) == 2
+
+
+def test_check_says_whether_the_log_would_meet_the_closed_rules(tmp_path):
+    """--check judges the log the run would write with MLPerf's own checker: the b3264 recipe with
+    its JSON meets the closed rules (once top-1 reaches 0.759); with the shared lars_fp16.json
+    (epsilon 1e-9) it names the value that breaks them."""
+    base = ["--config", "imagenet_resnet50_mlperf_b3264", "--check", "--world", "16"]
+    base += ["--device", "cuda", "data.loader=synthetic", f"run_dir={tmp_path / 'run'}"]
+    ok = run_cli(base)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "closed division: meets MLPerf's rules (ruleset 4.0.0) once top-1 reaches 0.759" in (
+        ok.stdout
+    )
+    bad = run_cli([*base, "--deepspeed_config", "ds_configs/lars_fp16.json"])
+    assert "closed division: would fail MLPerf's rules (ruleset 4.0.0) on lars_epsilon=1e-09" in (
+        bad.stdout
+    )
+    assert not (tmp_path / "run").exists()  # --check writes nothing
