@@ -149,6 +149,26 @@ def test_an_open_division_fashion_mnist_log_passes_the_checker(fake_fmnist, tmp_
     assert verdict.passed, verdict.output[-3000:]
 
 
+@pytest.mark.slow
+def test_two_ranks_write_one_log(fake_fmnist, tmp_path):
+    """Rank 0 alone writes the MLPerf log: one init_start, one run_stop, each evaluation once."""
+    from tests.conftest import deepspeed_launcher
+
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        ["--deepspeed_config", "ds_configs/fp32.json", *TINY_RUN]
+        + [f"data.root={fake_fmnist}", f"run_dir={run_dir}"],
+        launcher=deepspeed_launcher(2),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in run_dir.glob("mlperf*.log")) == ["mlperf.log"]
+    keys = [e["key"] for e in events(run_dir / "mlperf.log")]
+    assert keys.count("init_start") == keys.count("run_stop") == 1
+    assert keys.count("eval_accuracy") == 3 and values(events(run_dir / "mlperf.log"))[
+        "submission_platform"
+    ].startswith("2x")
+
+
 # an MLPerf LARS recipe, shrunk to run on a CPU in seconds: synthetic ImageNet-shaped batches
 MLPERF_SMALL = [
     "--config",
