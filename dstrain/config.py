@@ -54,6 +54,18 @@ class DataConfig:
     root: str = setting(
         "", "data directory (path); empty = /usr/share/datasets/fashion-mnist for fashion_mnist"
     )
+    format: Literal["folder", "wds", "recordio"] = setting(
+        "folder",
+        "imagefolder: how root holds the images: folder (train/<class>/*, val/<class>/*) | wds "
+        "(train/*.tar, val/*.tar WebDataset shards with .idx indexes) | recordio (train/*.rec, "
+        "val/*.rec MXNet RecordIO with .idx); convert with python -m dstrain.data.convert",
+    )
+    val_labels: str = setting(
+        "",
+        "imagefolder, format folder: val/ holds the images directly, labelled by this file "
+        "(image-net.org's LOC_val_solution.csv, or one class name or index per line in sorted "
+        "file-name order); empty = val/<class>/ folders (path)",
+    )
     download: bool = setting(
         True, "fashion_mnist only: download with torchvision when root has no idx files (bool)"
     )
@@ -485,6 +497,16 @@ def _data_rules(cfg: TrainConfig, world_size: int) -> Rules:
         "data.limit_train/limit_val must be >= 0 (0 = all)",
     )
     yield data.holdout >= 0, f"data.holdout={data.holdout}: must be >= 0 (0 = no holdout)"
+    yield (
+        data.format == "folder" or data.dataset == "imagefolder",
+        f"data.format={data.format}: shards hold image data sets; set data.dataset=imagefolder "
+        "(Fashion-MNIST is read from its idx files)",
+    )
+    yield (
+        not data.val_labels or (data.format == "folder" and data.dataset == "imagefolder"),
+        f"data.val_labels={data.val_labels!r}: a flat val/ folder is for data.dataset=imagefolder "
+        "with data.format=folder; shards carry their labels",
+    )
     yield (
         not (data.holdout and data.loader == "synthetic"),
         f"data.holdout={data.holdout} with data.loader=synthetic: synthetic data has no training "

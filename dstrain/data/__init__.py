@@ -37,7 +37,7 @@ from dstrain.data.fashion_mnist import (
     missing_idx,
 )
 from dstrain.data.holdout import holdout_split
-from dstrain.data.images import CorruptImageError, ImageList, limited, scan_folder, subset
+from dstrain.data.images import CorruptImageError, ImageList, limited, scan_images, subset
 from dstrain.data.sharding import (
     Loader,
     Output,
@@ -142,9 +142,11 @@ def count_images(cfg: DataConfig, num_classes: int) -> ImageCounts:
         n_train, n_val = idx_length(paths["train"]), idx_length(paths["val"])
         source = str(paths["train"].parent)
     else:
-        train_images, val_images = scan_classes(cfg.root, num_classes)
+        train_images, val_images = scan_classes(cfg, num_classes)
         n_train, n_val = len(train_images), len(val_images)
-        source = f"{cfg.root} ({len(train_images.classes)} classes)"
+        source = f"{cfg.root} ({len(train_images.classes)} classes" + (
+            f", {cfg.format} shards)" if cfg.format != "folder" else ")"
+        )
     n_train = min(n_train, cfg.limit_train or n_train)
     n_val = min(n_val, cfg.limit_val or n_val)
     if cfg.holdout:
@@ -229,12 +231,13 @@ def _fashion_mnist(cfg: DataConfig, shard: Shard, out: Output, num_classes: int)
     )
 
 
-def scan_classes(root: str, num_classes: int):
-    """:func:`scan_folder`'s (train, val), refusing more class folders than the model has outputs."""
-    train_images, val_images = scan_folder(root)
+def scan_classes(cfg: DataConfig, num_classes: int):
+    """:func:`scan_images`'s (train, val) for ``data.format``, refusing more class folders than
+    the model has outputs (shards: a label outside them)."""
+    train_images, val_images = scan_images(cfg.root, cfg.format, num_classes, cfg.val_labels)
     if len(train_images.classes) > num_classes:
         raise ConfigError(
-            f"model.num_classes={num_classes} but {root}/train has "
+            f"model.num_classes={num_classes} but {cfg.root}/train has "
             f"{len(train_images.classes)} class folders; set model.num_classes="
             f"{len(train_images.classes)}"
         )
@@ -242,7 +245,7 @@ def scan_classes(root: str, num_classes: int):
 
 
 def _folder(cfg: DataConfig, kind: str, shard: Shard, out: Output, num_classes: int) -> Data:
-    train_images, val_images = scan_classes(cfg.root, num_classes)
+    train_images, val_images = scan_classes(cfg, num_classes)
     train_images, val_images = (
         limited(train_images, cfg.limit_train),
         limited(val_images, cfg.limit_val),
@@ -260,12 +263,13 @@ def _folder(cfg: DataConfig, kind: str, shard: Shard, out: Output, num_classes: 
         return FolderLoader(images, shard, mode, cfg, augment=augment, out=out, limit=limit)
 
     log.info(
-        "data: %s loader, %d train / %d val images in %d classes from %s",
+        "data: %s loader, %d train / %d val images in %d classes from %s (%s)",
         kind,
         len(train_images),
         len(val_images),
         len(train_images.classes),
         cfg.root,
+        cfg.format,
     )
     return Data(
         make(train_images, "train", cfg.augment),

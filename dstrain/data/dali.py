@@ -243,6 +243,10 @@ class DaliLoader(ShardedBatches):
             )
         feed = _Stream(self._predict)
         t0 = time.perf_counter()
+        from_shards = self.images.store is not None  # the feed hands over the bytes themselves
+
+        def encoded_of(paths):
+            return paths if from_shards else fn.io.file.read(paths)
 
         @pipeline_def(
             batch_size=self._max_batch(),
@@ -255,13 +259,13 @@ class DaliLoader(ShardedBatches):
         def pipeline():
             if not augment:
                 (paths,) = fn.external_source(source=feed, num_outputs=1)
-                images = fn.decoders.image(fn.io.file.read(paths), **decode)
+                images = fn.decoders.image(encoded_of(paths), **decode)
                 images = fn.resize(images, resize_shorter=self.val_resize)
                 mirror, crop = 0, dict(crop=[size, size], crop_pos_x=0.5, crop_pos_y=0.5)
             else:
                 paths, *draws = fn.external_source(source=feed, num_outputs=1 + len(FEED_ORDER))
                 attempt, lo, hi, a, b, u, v, mirror = draws
-                encoded = fn.io.file.read(paths)
+                encoded = encoded_of(paths)
                 shape = fn.peek_image_shape(encoded, dtype=types.FLOAT)  # H, W, C
                 q = shape[1] / shape[0]
                 # the first candidate that fits (crop_draws, crop_window: the same steps in NumPy)
@@ -306,7 +310,7 @@ class DaliLoader(ShardedBatches):
         shard = replace(self.shard, accumulation=accumulation)
         batches = index_lists(self.n, shard, self.mode, epoch, self.limit)[start:]
         draws = (self.augment_seed(epoch), self.area, self.aspect) if augment else None
-        items = feed_items(self.images.files, batches, start, draws)
+        items = feed_items(self.images, batches, start, draws)
         return _Pass((epoch, start, accumulation, augment), len(batches), items)
 
     def _predict(self, done: _Pass) -> _Pass:
@@ -385,8 +389,13 @@ class DaliLoader(ShardedBatches):
         """The error to show: the undecodable file among the batches in flight and why it does not
         decode (PIL's reason, with DALI's own decode line when it gave one: its last line is often
         only "Current pipeline object is no longer valid")."""
-        suspects = list(dict.fromkeys(self.images.files[i] for b in in_flight for i in b.tolist()))
-        bad = [(path, why) for path in suspects if (why := decode_error(path)) is not None]
+        images = self.images
+        suspects = list(dict.fromkeys(i for b in in_flight for i in b.tolist()))
+        bad = [
+            (images.files[i], why)
+            for i in suspects
+            if (why := decode_error(images.source(i))) is not None
+        ]
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         dali = next((line for line in lines if "decod" in line.lower()), None)
         if bad:
@@ -394,7 +403,8 @@ class DaliLoader(ShardedBatches):
             extra = f" (and {len(bad) - 1} more nearby)" if len(bad) > 1 else ""
             reason = why + (f"; DALI: {dali}" if dali else "")
             return CorruptImageError(corrupt_image_message(path, reason) + extra)
-        return RuntimeError(f"DALI pipeline failed on a batch holding {suspects[:3]}...: {err}")
+        names = [images.files[i] for i in suspects[:3]]
+        return RuntimeError(f"DALI pipeline failed on a batch holding {names}...: {err}")
 
 
 def _copy(dense) -> torch.Tensor:
@@ -408,14 +418,19 @@ def _copy(dense) -> torch.Tensor:
     return feed_ndarray(dense, x, cuda_stream=torch.cuda.current_stream() if gpu else None)
 
 
-def feed_items(files: list[str], batches: list[torch.Tensor], first: int, draws: tuple | None):
-    """What the feed hands DALI for each batch: the paths (NUL-free bytes), and with ``draws`` =
-    (the epoch's seed, area, aspect) the batch's crop draws, seeded by (that seed, the batch's
-    index in the epoch). A plain function: the pipeline's stream holds it, and a reference back to
-    the loader would keep the loader, and the pipeline's threads, alive."""
+def feed_items(images: ImageList, batches: list[torch.Tensor], first: int, draws: tuple | None):
+    """What the feed hands DALI for each batch: the paths (NUL-free bytes), or for shards the
+    encoded images themselves, and with ``draws`` = (the epoch's seed, area, aspect) the batch's
+    crop draws, seeded by (that seed, the batch's index in the epoch). A plain function: the
+    pipeline's stream holds it, and a reference back to the loader would keep the loader, and the
+    pipeline's threads, alive."""
+    files, store = images.files, images.store
     for k, batch in enumerate(batches, start=first):
         idx = batch.tolist()
-        paths = [np.frombuffer(files[i].encode(), np.uint8) for i in idx]
+        if store is None:
+            paths = [np.frombuffer(files[i].encode(), np.uint8) for i in idx]
+        else:
+            paths = [np.frombuffer(store.read(i), np.uint8) for i in idx]
         if draws is None:
             yield batch, (paths,)
             continue

@@ -48,7 +48,7 @@ class ImageDataset(torch.utils.data.Dataset):
 
         path = self.images.files[i]
         try:
-            with Image.open(path) as img:
+            with Image.open(self.images.source(i)) as img:
                 img = img.convert("RGB")
         except (
             OSError,

@@ -11,6 +11,7 @@ log; a file that has an image extension but does not decode stops the run with
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dstrain.data.shards import ShardStore, scan_shards
 from dstrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -39,9 +41,10 @@ def corrupt_image_message(path: str, reason: str) -> str:
     )
 
 
-def decode_error(path: str) -> str | None:
-    """None when PIL decodes the whole file, else the reason (the one decode check: the check tool
-    and the DALI loader's culprit search both use it)."""
+def decode_error(path) -> str | None:
+    """None when PIL decodes the whole file (a path, or a shard sample's bytes as a file object),
+    else the reason (the one decode check: the check tool and the DALI loader's culprit search
+    both use it)."""
     from PIL import Image
 
     try:
@@ -54,14 +57,20 @@ def decode_error(path: str) -> str | None:
 
 @dataclass
 class ImageList:
-    """One split of a folder data set: files, their labels, the class names."""
+    """One split of an image data set: its samples (files, or with ``store`` samples in shards,
+    dstrain/data/shards.py), their labels, the class names."""
 
-    files: list[str]
+    files: list[str]  # paths; with a store, each sample's name for messages (shard:member)
     labels: np.ndarray  # int64, one per file
     classes: list[str]
+    store: ShardStore | None = None  # the bytes of shard samples; None: files are read from disk
 
     def __len__(self) -> int:
         return len(self.files)
+
+    def source(self, i: int):
+        """What PIL opens for sample ``i``: its path, or its bytes from the shard."""
+        return self.files[i] if self.store is None else io.BytesIO(self.store.read(i))
 
 
 def scan_split(root: Path, split: str, classes: list[str] | None = None) -> ImageList:
@@ -107,25 +116,104 @@ def scan_split(root: Path, split: str, classes: list[str] | None = None) -> Imag
     return ImageList(files, np.asarray(labels, dtype=np.int64), found)
 
 
-def scan_folder(root: str) -> tuple[ImageList, ImageList]:
+def scan_folder(root: str, val_labels: str = "") -> tuple[ImageList, ImageList]:
+    """(train, val) of an image folder; with ``val_labels`` val/ holds its files directly."""
     if not root:
         raise ConfigError(
             "data.dataset=imagefolder needs data.root=DIR (holding train/<class>/ and val/<class>/)"
         )
     base = Path(root)
     train = scan_split(base, "train")
+    if val_labels:
+        return train, flat_split(base / "val", Path(val_labels), train.classes)
     return train, scan_split(base, "val", train.classes)
+
+
+def scan_images(root: str, fmt: str, num_classes: int, val_labels: str = ""):
+    """(train, val) of ``data.format``: a folder of class folders, or shards (wds, recordio)."""
+    if fmt == "folder":
+        return scan_folder(root, val_labels)
+    if not root:
+        raise ConfigError(f"data.format={fmt} needs data.root=DIR (holding train/ and val/ shards)")
+    classes = [str(c) for c in range(num_classes)]
+    splits = []
+    for split in ("train", "val"):
+        scanned = scan_shards(Path(root) / split, fmt, num_classes)
+        splits.append(ImageList(scanned.names, scanned.labels, classes, scanned.store))
+    return splits[0], splits[1]
+
+
+def flat_split(folder: Path, labels_file: Path, classes: list[str]) -> ImageList:
+    """The validation set as image-net.org ships it: ``folder`` holds the image files directly,
+    labelled by ``labels_file``: image-net.org's ``LOC_val_solution.csv`` (ImageId, then the class
+    folder name first in PredictionString), or one label per line in sorted file-name order, each
+    a class folder name or a class index (0-based, sorted class folder names)."""
+    if not folder.is_dir():
+        raise ConfigError(f"data.val_labels: {folder}/ does not exist (it holds the val images)")
+    files = sorted(
+        e.path
+        for e in os.scandir(folder)
+        if e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS)
+    )
+    if not files:
+        raise ConfigError(
+            f"data.val_labels={str(labels_file)!r}: {folder}/ holds no image files directly; "
+            "with class folders there, leave data.val_labels empty"
+        )
+    if not labels_file.is_file():
+        raise ConfigError(f"data.val_labels={str(labels_file)!r}: no such file")
+    by_name = {name: k for k, name in enumerate(classes)}
+    lines = labels_file.read_text().splitlines()
+    labels = []
+    if lines and lines[0].replace(" ", "").lower().startswith("imageid,"):
+        wanted = {}
+        for n, line in enumerate(lines[1:], start=2):
+            if not line.strip():
+                continue
+            image_id, _, prediction = line.partition(",")
+            wanted[image_id.strip()] = (n, prediction.split()[0] if prediction.split() else "")
+        for path in files:
+            stem = Path(path).stem
+            if stem not in wanted:
+                raise ConfigError(
+                    f"{labels_file}: no row for {path} (ImageId {stem}); the file lists "
+                    f"{len(wanted)} images: use the labels file of this val/ folder"
+                )
+            n, name = wanted[stem]
+            labels.append(_class_of(name, by_name, f"{labels_file}:{n}"))
+    else:
+        rows = [(n, line.strip()) for n, line in enumerate(lines, start=1) if line.strip()]
+        if len(rows) != len(files):
+            raise ConfigError(
+                f"{labels_file}: {len(rows)} labels for the {len(files)} image files in {folder}/; "
+                "one label per line, in sorted file-name order, is needed"
+            )
+        labels = [_class_of(value, by_name, f"{labels_file}:{n}") for n, value in rows]
+    return ImageList(files, np.asarray(labels, dtype=np.int64), classes)
+
+
+def _class_of(value: str, by_name: dict[str, int], where: str) -> int:
+    if value in by_name:
+        return by_name[value]
+    if value.isdigit() and int(value) < len(by_name):
+        return int(value)
+    raise ConfigError(
+        f"{where}: {value!r} is neither a class folder of train/ nor a class index below "
+        f"{len(by_name)}; labels are class folder names (e.g. {next(iter(by_name), '?')}) or "
+        "0-based indices into their sorted list"
+    )
 
 
 def limited(images: ImageList, n: int) -> ImageList:
     """The first n images (0 = all)."""
-    return ImageList(images.files[:n], images.labels[:n], images.classes) if n else images
+    return subset(images, range(n)) if n and n < len(images) else images
 
 
 def subset(images: ImageList, indices) -> ImageList:
     """The images at ``indices`` (a sorted index tensor or sequence), same classes."""
     idx = [int(i) for i in indices]
-    return ImageList([images.files[i] for i in idx], images.labels[idx], images.classes)
+    store = images.store.take(idx) if images.store is not None else None
+    return ImageList([images.files[i] for i in idx], images.labels[idx], images.classes, store)
 
 
 def first_corrupt_line(text: str) -> str:

@@ -1,0 +1,282 @@
+"""ImageNet as users keep it: WebDataset and RecordIO shards (dstrain/data/shards.py), the
+converter (python -m dstrain.data.convert) and the flat validation folder (data.val_labels)."""
+
+from __future__ import annotations
+
+import glob
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dstrain.data import Shard, build_data, convert, shards
+from dstrain.data.images import scan_folder, scan_images
+from dstrain.errors import ConfigError
+from tests.conftest import run_cli
+from tests.test_folder_loaders import cfg_for
+
+FORMATS = ("wds", "recordio")
+
+
+def noise_jpegs(root: Path, per_class: dict, classes=("ant", "bee", "cat")) -> Path:
+    """Random-noise JPEGs in root/<split>/<class>/NNN.JPEG, as ImageNet names them: every crop
+    window and flip gives other pixels."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in per_class.items():
+        for name in classes:
+            (root / split / name).mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / name / f"{i:03d}.JPEG", quality=95)
+    return root
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A noise-image folder of 3 classes and its two converted copies, shards of 5 images (so
+    batches cross shard boundaries)."""
+    base = tmp_path_factory.mktemp("shards")
+    src = noise_jpegs(base / "src", {"train": 4, "val": 2})
+    for fmt in FORMATS:
+        assert convert.main([str(src), str(base / fmt), "--format", fmt, "--shard-size", "5"]) == 0
+    return base
+
+
+def test_the_converted_shards_hold_the_folder_s_bytes_and_labels(converted):
+    train, val = scan_folder(str(converted / "src"))
+    for fmt in FORMATS:
+        st, sv = scan_images(str(converted / fmt), fmt, len(train.classes))
+        assert st.labels.tolist() == train.labels.tolist()
+        assert sv.labels.tolist() == val.labels.tolist()
+        assert [st.store.read(i) for i in range(len(st))] == [
+            Path(f).read_bytes() for f in train.files
+        ]
+        assert (converted / fmt / "classes.txt").read_text().split() == train.classes
+
+
+def test_dali_s_own_readers_read_the_converted_shards(converted):
+    """DALI's fn.readers.webdataset and fn.readers.mxnet (with the .idx files we wrote) give the
+    same image bytes and labels, in the same order."""
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import fn, pipeline_def
+
+    train, _ = scan_folder(str(converted / "src"))
+    want = [Path(f).read_bytes() for f in train.files]
+    tars = sorted(glob.glob(str(converted / "wds" / "train" / "*.tar")))
+
+    @pipeline_def(batch_size=len(want), num_threads=1, device_id=None)
+    def wds():
+        image, cls = fn.readers.webdataset(
+            paths=tars,
+            index_paths=[t[:-4] + ".idx" for t in tars],
+            ext=["jpg", "cls"],
+            random_shuffle=False,
+        )
+        return image, cls
+
+    pipe = wds()
+    pipe.build()
+    images, classes = pipe.run()
+    assert [np.array(images.at(i)).tobytes() for i in range(len(want))] == want
+    assert [
+        int(np.array(classes.at(i)).tobytes()) for i in range(len(want))
+    ] == train.labels.tolist()
+    got, labels = [], []
+    for rec in sorted(glob.glob(str(converted / "recordio" / "train" / "*.rec"))):
+        n = len(Path(rec[:-4] + ".idx").read_text().splitlines())
+
+        @pipeline_def(batch_size=n, num_threads=1, device_id=None)
+        def mxnet(rec=rec):
+            image, label = fn.readers.mxnet(
+                path=[rec], index_path=[rec[:-4] + ".idx"], random_shuffle=False
+            )
+            return image, label
+
+        pipe = mxnet()
+        pipe.build()
+        images, label = pipe.run()
+        got += [np.array(images.at(i)).tobytes() for i in range(n)]
+        labels += [int(np.array(label.at(i))[0]) for i in range(n)]
+    assert got == want and labels == train.labels.tolist()
+
+
+def test_the_index_tool_writes_what_the_converter_wrote(converted, tmp_path):
+    for fmt, suffix in (("wds", ".tar"), ("recordio", ".rec")):
+        shard = sorted((converted / fmt / "train").glob(f"*{suffix}"))[1]
+        copy = tmp_path / fmt / shard.name
+        copy.parent.mkdir()
+        shutil.copyfile(shard, copy)
+        assert convert.main(["--index", str(copy)]) == 0
+        assert shards.index_path(copy).read_text() == shards.index_path(shard).read_text()
+        assert convert.main(["--index", str(copy)]) == 2  # refuses an existing index
+
+
+def test_a_record_holding_the_magic_number_is_split_and_joined(tmp_path):
+    """MXNet's writer splits a payload where RecordIO's magic appears at a 4-byte boundary (the
+    reader puts it back): an image with the magic in it reads back whole, here and in DALI."""
+    magic = struct.pack("<I", shards.RECORDIO_MAGIC)
+    image = b"\xff\xd8" + b"ab" + magic + b"cdef" + magic + b"\xff\xd9"  # magic at 4 and 12
+    rec = tmp_path / "x.rec"
+    writer = shards.RecordWriter(rec)
+    writer.add(2, image)
+    writer.add(1, b"plain")
+    shards.index_path(rec).write_text(writer.close())
+    # the record headers only: 3 parts for the first record (its two magics dropped), 1 for the next
+    assert rec.read_bytes().count(magic) == 4
+    store = shards.scan_shards(tmp_path, "recordio", 3)
+    assert store.labels.tolist() == [2, 1]
+    assert store.store.read(0) == image and store.store.read(1) == b"plain"
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import fn, pipeline_def
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+    def mxnet():
+        data, label = fn.readers.mxnet(
+            path=[str(rec)], index_path=[str(shards.index_path(rec))], random_shuffle=False
+        )
+        return data, label
+
+    pipe = mxnet()
+    pipe.build()
+    data, label = pipe.run()
+    assert np.array(data.at(0)).tobytes() == image  # DALI joins the parts the same way
+    assert [float(np.array(label.at(i))[0]) for i in range(2)] == [2.0, 1.0]
+
+
+def loader_batches(root, fmt, loader, rank=0, world=1, epoch=0, start=0, seed=3):
+    """Every (images, labels) batch of one training epoch and of the validation pass."""
+    cfg = cfg_for(root, loader, format=fmt, random_area=[0.1, 0.5])
+    data = build_data(cfg, Shard(rank, world, 2, 1, eval_batch=2, seed=seed), 3, 3)
+    data.train.start_epoch(epoch, start=start)
+    return [b for b in data.train], [b for b in data.val]
+
+
+@pytest.mark.parametrize("loader", ["torchvision", "dali"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shards_give_the_folder_s_batches_and_crops_bit_for_bit(converted, loader, fmt):
+    """The same global batches, crops and flips from the shards as from the folder, on 1 and 2
+    ranks, and from a mid-epoch start (a resume) the same rest of the epoch."""
+    if loader == "dali":
+        pytest.importorskip("nvidia.dali")
+    for world in (1, 2):
+        for rank in range(world):
+            want = loader_batches(converted / "src", "folder", loader, rank, world, epoch=1)
+            got = loader_batches(converted / fmt, fmt, loader, rank, world, epoch=1)
+            for (xa, ya), (xb, yb) in zip(want[0] + want[1], got[0] + got[1], strict=True):
+                assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    rest = loader_batches(converted / fmt, fmt, loader, epoch=1, start=2)[0]
+    full = loader_batches(converted / fmt, fmt, loader, epoch=1)[0]
+    assert len(rest) == len(full) - 2
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(rest, full[2:], strict=True))
+
+
+# ---------------------------------------------------------------- bad input
+def damaged(converted, tmp_path, fmt):
+    copy = tmp_path / fmt
+    shutil.copytree(converted / fmt, copy)
+    return copy, sorted((copy / "train").glob(f"*{shards.SHARD_SUFFIX[fmt]}"))[0]
+
+
+def refusal(root, fmt, num_classes=3) -> str:
+    with pytest.raises(ConfigError) as err:
+        scan_images(str(root), fmt, num_classes)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_truncated_shard_is_named_with_its_offset(converted, tmp_path, fmt):
+    root, shard = damaged(converted, tmp_path, fmt)
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) * 2 // 3])
+    line = refusal(root, fmt)
+    assert line.startswith(f"{shard}: truncated") and "offset" in line or "bytes" in line
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_index_of_another_shard_is_refused(converted, tmp_path, fmt):
+    root, shard = damaged(converted, tmp_path, fmt)
+    other = sorted((root / "train").glob("*.idx"))[1]
+    shards.index_path(shard).write_text(other.read_text())
+    line = refusal(root, fmt)
+    assert "does not match" in line and "python -m dstrain.data.convert --index" in line
+
+
+def test_a_member_without_its_label_and_a_label_outside_the_classes(converted, tmp_path):
+    root, shard = damaged(converted, tmp_path, "wds")
+    idx = shards.index_path(shard)
+    lines = idx.read_text().splitlines()
+    lines[2] = " ".join(lines[2].split(" ")[:4])  # the second sample loses its .cls
+    idx.write_text("\n".join(lines) + "\n")
+    line = refusal(root, "wds")
+    assert line.startswith(f"{shard}: member 00000001.") and "no .cls label" in line
+    root, shard = damaged(converted, tmp_path / "b", "wds")
+    line = refusal(root, "wds", num_classes=2)  # class 2 exists in the data
+    assert ".cls: label 2 is outside the 2 classes" in line and "model.num_classes" in line
+
+
+def test_the_cli_refuses_a_damaged_shard_before_writing_anything(converted, tmp_path):
+    root, shard = damaged(converted, tmp_path, "recordio")
+    shard.write_bytes(shard.read_bytes()[:100])
+    run_dir = tmp_path / "run"
+    args = ["--config", "fashion_mnist", "data.dataset=imagefolder", "data.format=recordio"]
+    args += [f"data.root={root}", "model.num_classes=3", f"run_dir={run_dir}"]
+    args += ["batch.global_size=4", "data.image_size=16", "data.val_resize=20"]
+    for extra in (["--check"], []):
+        proc = run_cli(args + extra)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert f"{shard}: truncated" in proc.stderr
+    assert not run_dir.exists()
+
+
+def test_the_converter_refuses_to_overwrite(converted, tmp_path):
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("mine")
+    assert convert.main([str(converted / "src"), str(dst), "--format", "wds"]) == 2
+    assert [p.name for p in dst.iterdir()] == ["keep.txt"]
+
+
+# ---------------------------------------------------------------- the flat validation folder
+@pytest.fixture
+def flat(converted, tmp_path):
+    """The noise folder with val/ flattened as image-net.org ships it, and its class-folder twin."""
+    src = converted / "src"
+    root = tmp_path / "flat"
+    shutil.copytree(src / "train", root / "train")
+    (root / "val").mkdir()
+    names, classes = [], []
+    for k, path in enumerate(sorted(p for p in (src / "val").rglob("*") if p.is_file())):
+        name = f"ILSVRC2012_val_{k + 1:08d}{path.suffix}"
+        shutil.copyfile(path, root / "val" / name)
+        names.append(Path(name).stem)
+        classes.append(path.parent.name)
+    return root, names, classes
+
+
+def test_flat_val_labels_by_name_index_or_loc_csv(flat):
+    root, names, classes = flat
+    order = sorted(set(classes))
+    by_name = root / "names.txt"
+    by_name.write_text("".join(c + "\n" for c in classes))
+    by_index = root / "index.txt"
+    by_index.write_text("".join(f"{order.index(c)}\n" for c in classes))
+    loc = root / "LOC_val_solution.csv"
+    rows = [f"{n},{c} 10 20 30 40" for n, c in zip(names, classes, strict=True)]
+    loc.write_text("ImageId,PredictionString\n" + "\n".join(reversed(rows)) + "\n")
+    expected = [order.index(c) for c in classes]
+    for labels in (by_name, by_index, loc):
+        _, val = scan_folder(str(root), val_labels=str(labels))
+        assert val.labels.tolist() == expected and len(val) == len(names)
+    by_name.write_text("".join(c + "\n" for c in classes[:-1]))
+    with pytest.raises(
+        ConfigError, match=rf"{by_name}: {len(names) - 1} labels for the {len(names)}"
+    ):
+        scan_folder(str(root), val_labels=str(by_name))
+    by_name.write_text("".join(c + "\n" for c in [*classes[:-1], "zebra"]))
+    with pytest.raises(ConfigError, match=rf"{by_name}:{len(names)}: 'zebra' is neither"):
+        scan_folder(str(root), val_labels=str(by_name))
