@@ -13,6 +13,8 @@ HWC by default, what dstrain's DaliLoader gives FP16/BF16 training with channels
   dali         dstrain.data.dali.DaliLoader: our global batches, per-epoch reshuffle, exact-resume
                crops, the ramp; one kept pipeline fed each epoch's order
   torchvision  dstrain.data.folder.TorchvisionLoader, ``--threads`` worker processes (fp32 NCHW)
+  dali@wds, dali@recordio, torchvision@wds, ...  the same loader over the same files converted to
+               WebDataset / RecordIO shards (data.format), 500 images a shard
 
 Each is timed over whole epochs (start_epoch to the last batch on the device) at each
 ``--batches-per-epoch``: short passes show per-pass costs (a pipeline build, a prefetch ramp),
@@ -177,6 +179,11 @@ class PlainEpochs:
             yield out["x"], out["y"]
 
 
+LOADERS = ("plain", "dali", "torchvision") + tuple(
+    f"{name}@{fmt}" for name in ("dali", "torchvision") for fmt in ("wds", "recordio")
+)
+
+
 def build_loader(
     name: str, root: Path, n: int, batch: int, threads: int, prefetch: int, device: str, opts: dict
 ):
@@ -190,6 +197,9 @@ def build_loader(
     images = limited(scan_split(root, "train"), n)
     if name == "plain":
         return plain_pipeline(images.files, batch, threads, prefetch, device, opts)
+    name, _, fmt = name.partition("@")  # dali@wds: the same files converted to shards
+    if fmt:
+        images = shard_copy(root, images, fmt)
     cfg = DataConfig(
         dataset="imagefolder",
         root=str(root),
@@ -210,6 +220,20 @@ def build_loader(
     from dstrain.data.folder import TorchvisionLoader
 
     return TorchvisionLoader(images, shard, "train", cfg, augment=True, out=Output(3, device))
+
+
+def shard_copy(root: Path, images, fmt: str):
+    """``images`` as ``fmt`` shards (written once beside the folder, 500 images a shard, as
+    python -m dstrain.data.convert writes them), read back as the loaders read them."""
+    from dstrain.data import convert
+    from dstrain.data.images import ImageList
+    from dstrain.data.shards import scan_shards
+
+    folder = root.parent / f"{root.name}-{fmt}-{len(images)}" / "train"
+    if not folder.is_dir():
+        convert.write_split(images, folder, "train", fmt, 500)
+    scanned = scan_shards(folder, fmt, len(images.classes))
+    return ImageList(scanned.names, scanned.labels, images.classes, scanned.store)
 
 
 def time_epoch(loader, epoch: int) -> tuple[float, int]:
@@ -263,6 +287,11 @@ def measure(root: Path, device: str, args, opts: dict) -> list[dict]:
                         row[f"ratio_{name}_over_plain"] = round(
                             row[name]["images_per_sec"] / row["plain"]["images_per_sec"], 3
                         )
+                    base, _, fmt = name.partition("@")
+                    if fmt and base in loaders:  # shards against the folder, same loader
+                        row[f"ratio_{base}_{fmt}_over_folder"] = round(
+                            row[name]["images_per_sec"] / row[base]["images_per_sec"], 3
+                        )
                 rows.append(row)
                 print(f"{device}: " + format_row(row), flush=True)
                 del loaders
@@ -272,8 +301,8 @@ def measure(root: Path, device: str, args, opts: dict) -> list[dict]:
 def format_row(row: dict) -> str:
     speeds = ", ".join(
         f"{name} {row[name]['images_per_sec']}"
-        for name in ("plain", "dali", "torchvision")
-        if name in row
+        for name in row
+        if isinstance(row[name], dict) and "images_per_sec" in row[name]
     )
     ratio = (
         f", dali/plain {row['ratio_dali_over_plain']}x" if "ratio_dali_over_plain" in row else ""
@@ -407,7 +436,11 @@ def main() -> int:
         "--layout", choices=("HWC", "CHW"), default="HWC", help="HWC = channels_last batches"
     )
     parser.add_argument(
-        "--loaders", nargs="+", default=["plain", "dali"], choices=("plain", "dali", "torchvision")
+        "--loaders",
+        nargs="+",
+        default=["plain", "dali"],
+        choices=LOADERS,
+        help="name@wds / name@recordio: that loader over the files as shards (data.format)",
     )
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs per loader")
     parser.add_argument(

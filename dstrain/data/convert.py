@@ -86,29 +86,36 @@ def convert(src: Path, dst: Path, fmt: str, shard_size: int) -> dict[str, int]:
         shutil.rmtree(partial)
     counts = {}
     for split, images in (("train", train), ("val", val)):
-        folder = partial / split
-        folder.mkdir(parents=True)
-        progress = Progress(f"{split} -> {fmt}", len(images))
-        for start in range(0, len(images), shard_size):
-            shard = folder / f"{split}-{start // shard_size:05d}{shards.SHARD_SUFFIX[fmt]}"
-            writer = shards.TarWriter(shard) if fmt == "wds" else shards.RecordWriter(shard)
-            for i in range(start, min(start + shard_size, len(images))):
-                data = Path(images.files[i]).read_bytes()
-                label = int(images.labels[i])
-                if fmt == "wds":
-                    members = [(image_ext(images.files[i]), data), ("cls", str(label).encode())]
-                    writer.add(f"{i:08d}", members)
-                else:
-                    writer.add(label, data)
-                progress.step()
-            shards.index_path(shard).write_text(writer.close())
-        progress.close()
+        write_split(images, partial / split, split, fmt, shard_size)
         counts[split] = len(images)
     (partial / "classes.txt").write_text("".join(c + "\n" for c in train.classes))
     if dst.exists():
         dst.rmdir()  # empty, checked above
     partial.rename(dst)
     return counts
+
+
+def write_split(images, folder: Path, split: str, fmt: str, shard_size: int) -> list[Path]:
+    """``images`` (an ImageList of files) as ``fmt`` shards ``folder/<split>-NNNNN`` with their
+    indexes, in list order; the shards written."""
+    folder.mkdir(parents=True)
+    progress, written = Progress(f"{split} -> {fmt}", len(images)), []
+    for start in range(0, len(images), shard_size):
+        shard = folder / f"{split}-{start // shard_size:05d}{shards.SHARD_SUFFIX[fmt]}"
+        writer = shards.TarWriter(shard) if fmt == "wds" else shards.RecordWriter(shard)
+        for i in range(start, min(start + shard_size, len(images))):
+            data = Path(images.files[i]).read_bytes()
+            label = int(images.labels[i])
+            if fmt == "wds":
+                members = [(image_ext(images.files[i]), data), ("cls", str(label).encode())]
+                writer.add(f"{i:08d}", members)
+            else:
+                writer.add(label, data)
+            progress.step()
+        shards.index_path(shard).write_text(writer.close())
+        written.append(shard)
+    progress.close()
+    return written
 
 
 def index_shard(shard: Path) -> Path:
