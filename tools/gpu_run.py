@@ -505,6 +505,8 @@ class Run:
                 "bench/loader.py",
                 *("--root", str(jpegs), "--devices", "cuda" if self.cuda else "cpu"),
                 *(small if tiny else ["--batches-per-epoch", "25", "100"]),
+                # the folder, and the same files as WebDataset / RecordIO shards (data.format)
+                *("--loaders", "plain", "dali", "dali@wds", "dali@recordio"),
                 *("--out", str(loader_out)),
             )
             part["loader"] = self.bounded(cmd, budget, "loader.log")
