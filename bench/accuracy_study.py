@@ -308,7 +308,7 @@ def train(row: str, seed: int, args, run_dir: Path, gpu: str | None = None) -> d
     as CUDA_VISIBLE_DEVICES, when given)."""
     done = run_dir / "summary.json"
     cmd = command(row, seed, args, run_dir)
-    if done.is_file() and not (run_dir / "failed.json").exists():
+    if finished(run_dir):
         summary = json.loads(done.read_text())
         summary["command"] = shlex.join(cmd)
     else:
@@ -322,6 +322,11 @@ def train(row: str, seed: int, args, run_dir: Path, gpu: str | None = None) -> d
     meta = run_dir / "meta.json"
     summary["git_sha"] = json.loads(meta.read_text()).get("git_sha") if meta.is_file() else None
     return summary
+
+
+def finished(run_dir: Path) -> bool:
+    """A run whose summary is kept (and that did not fail): read, not trained."""
+    return (run_dir / "summary.json").is_file() and not (run_dir / "failed.json").exists()
 
 
 def time_to(history: list[dict], target: float) -> float | None:
@@ -638,6 +643,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(REPO / "docs/results"))
     p.add_argument("--name", help="result file stem (default from grid, epochs, holdout)")
     p.add_argument("--extra", nargs="*", default=[], help="more trainer overrides for every run")
+    p.add_argument(
+        "--finished-only",
+        action="store_true",
+        help="report the runs that have finished, train none (a grid still running elsewhere); "
+        "the report names the others",
+    )
     args = p.parse_args(argv)
     rows = grid_rows(args.grid, args.epochs)
     unknown = [r for r in args.rows or [] if r not in rows]
@@ -693,6 +704,15 @@ def main(argv: list[str] | None = None) -> int:
         if why:
             print(f"accuracy_study: error: {why}", file=sys.stderr)
             return 2
+    pending = []
+    if args.finished_only:  # a report of a grid still running elsewhere: train nothing
+        pending = [job for job in jobs if not finished(args.runs / f"{job[0]}-{job[1]}")]
+        jobs = [job for job in jobs if job not in pending]
+        if not jobs:
+            print(
+                "accuracy_study: error: --finished-only: no run has finished yet", file=sys.stderr
+            )
+            return 2
     with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process
         records = list(pool.map(one, enumerate(jobs)))
     records += derived(records)
@@ -710,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads_per_run": args.threads or None,
         "grid_wall_s": time.perf_counter() - t0,
         "run_git_shas": sorted({str(r["git_sha"]) for r in records}),
+        "pending": [f"{row} seed {seed}" for row, seed in pending],
         **({"target": args.target} if args.grid == "target" else {}),
     }
     (out / f"{args.name}.json").write_text(json.dumps({**meta, "runs": records}, indent=2) + "\n")
@@ -733,6 +754,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *body,
         "",
+        *(
+            [f"Not finished yet, left out (--finished-only): {', '.join(meta['pending'])}.", ""]
+            if pending
+            else []
+        ),
         *goal_lines(records, args.grid, args.target),
         "",
         *([*choice, ""] if (choice := worst_seed_choice(records, rows)) else []),

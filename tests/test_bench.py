@@ -240,6 +240,15 @@ def test_a_finished_run_is_read_not_retrained(tmp_path):
     rec = study.run_record("baseline", 0, study.train("baseline", 0, args, run))
     assert rec["final_top1"] == 0.6 and rec["git_sha"] == "abc1234"
     assert "epochs=2" in rec["command"]
+    # --finished-only: a report of what finished, naming the rest; nothing trains (seed 1 would)
+    out = tmp_path / "out"
+    argv = ["--epochs", "2", "--rows", "baseline", "--seeds", "0", "1", "--finished-only"]
+    assert study.main([*argv, "--out", str(out), "--runs", str(tmp_path), "--name", "r"]) == 0
+    assert not (tmp_path / "baseline-1").exists()
+    report = (out / "r.md").read_text()
+    assert "| baseline | 60.00 ± 0.00 |" in report
+    assert "Not finished yet, left out (--finished-only): baseline seed 1." in report
+    assert json.loads((out / "r.json").read_text())["pending"] == ["baseline seed 1"]
 
 
 @pytest.mark.slow

@@ -138,6 +138,21 @@ def _loader(d: dict) -> str:
     )
 
 
+def _loader_formats(d: dict) -> str:
+    r = d["rows"][0]
+    return "; ".join(
+        f"{name} from shards: "
+        + ", ".join(
+            f"{fmt} {ratio(r[key])}"
+            for fmt in ("wds", "recordio")
+            if (key := f"ratio_{name}_{fmt}_over_folder") in r
+        )
+        + " the folder's images/s"
+        for name in ("dali", "torchvision")
+        if any(k.startswith(f"ratio_{name}_") and k.endswith("_over_folder") for k in r)
+    )
+
+
 def _polish(d: dict) -> str:
     s = d["summary"]
     return (
@@ -439,6 +454,16 @@ RESULTS = [
             ]
         },
         readme="DALI loader vs a plain DALI pipeline (CPU decode)",
+    ),
+    Result(
+        "loader_formats",
+        "the same loader over shards (WebDataset, RecordIO) vs the folder, same files",
+        R + "loader.py --batch 64 --batches-per-epoch 25 --threads 2 --prefetch 2 --epochs 3 "
+        "--devices cpu --loaders dali dali@wds dali@recordio torchvision torchvision@wds "
+        "torchvision@recordio --out bench/results/loader_cpu_formats.json",
+        "bench/results/loader_cpu_formats.json",
+        ("dstrain/data", "bench/loader.py"),
+        _loader_formats,
     ),
     Result(
         "polish",
