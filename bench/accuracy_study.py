@@ -6,8 +6,8 @@
     .venv/bin/python bench/accuracy_study.py --holdout 6000 --rows fujitsu_span --extra optim.base_lr=4
                                                                   # tuning: held-out training images
 
-Batch 4,096 is 6.8% of Fashion-MNIST's 60,000 training images per step, as Fujitsu's 86,016 is of
-ImageNet; 90 epochs give 1,260 steps (Fujitsu: 1,341). Every row trains for the same epochs
+Batch 4,096 is 6.8% of Fashion-MNIST's 60,000 training images per step (Fujitsu's 86,016: 6.7% of
+ImageNet); 90 epochs give 1,260 steps (Fujitsu: 1,341). Every row trains for the same epochs
 (``--epochs``) with the same model (``--width``) and augmentation (2-pixel random crop + flip), for
 each seed, through the real command line (``python -m dstrain``; ``--launcher`` prefixes it, e.g.
 ``"deepspeed --num_gpus 8"``). ``--jobs N`` runs N at once, each with cores/N torch threads; on a

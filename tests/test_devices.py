@@ -155,7 +155,23 @@ def test_ranks_started_by_mpirun_take_openmpis_rank_variables(monkeypatch):
     assert dist.rank() == 3 and dist.world_size() == 4 and dist.local_rank() == 1
 
 
-def test_the_mpi_test_leaves_this_process_a_world_of_one():
-    """The test above runs in pytest's process: the rank variables it set must not leak (they
-    once made every later in-process test rank 3 of 4)."""
-    assert "RANK" not in os.environ or os.environ["RANK"] == "0"
+def test_adopting_the_mpi_ranks_is_undone_with_the_test():
+    """The test above runs in pytest's process: the rank variables adopt_mpi_env sets must not
+    leak (they once made every later in-process test rank 3 of 4). Checked here without the
+    autouse fixture's help (it restores the process variables after every test anyway): inside
+    its own monkeypatch context, every variable adopt_mpi_env writes must be one the test
+    recorded, so leaving the context restores the environment as it was."""
+    from dstrain.launch import OMPI_ENV, adopt_mpi_env
+
+    before = dict(os.environ)
+    with pytest.MonkeyPatch.context() as mp:
+        for var in OMPI_ENV:  # what adopt_mpi_env may write: recorded, then removed
+            mp.setenv(var, "x")
+            mp.delenv(var)
+        for k, v in {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4"}.items():
+            mp.setenv(k, v)
+        mp.setenv("MASTER_ADDR", "10.0.0.1")
+        mp.setenv("MASTER_PORT", "29500")
+        adopt_mpi_env()
+        assert os.environ["RANK"] == "3"  # it did write
+    assert dict(os.environ) == before

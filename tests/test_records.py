@@ -28,10 +28,10 @@ from dstrain.schedule import LRSchedule
 from tests.conftest import REPO
 
 
-def steps_of(recipe: str, updates_per_epoch: int, json: str | None = None):
+def steps_of(recipe: str, updates_per_epoch: int, json: str | None = None, overrides=()):
     """(update k, LR, decay coefficient, trust-ratio weight decay) for every step of ``recipe``,
     as the trainer sets them (Trainer.set_lr) on an optimizer built from its DeepSpeed JSON."""
-    cfg = load_config(recipe, [])
+    cfg = load_config(recipe, list(overrides))
     spec = ds_config.load(str(REPO / (json or cfg.deepspeed_config)), cuda_available=True)
     schedule = LRSchedule.from_config(cfg.optim, spec.optimizer.lr, cfg.epochs)
     optimizer = build_optimizer(torch.nn.Linear(4, 3), spec.optimizer)
@@ -83,10 +83,12 @@ def lr0_shape(lr: float, peak: float) -> float:
 def test_wd_following_the_lr_would_have_been_the_lr_squared_dose():
     """What the recipes did before issue 33: wd_follows_lr with a LARS that already multiplies the
     decay by the LR gave a decay of wd x lr_t^2 / lr0: 64% of Fujitsu's dose over 90 epochs."""
-    cfg, steps = steps_of("imagenet_resnet50_fujitsu", 15)
-    fujitsu = sum(lr * decay for _, lr, decay, _ in steps)
-    squared = sum(lr * lr / 13.0 * 5e-5 for _, lr, _, _ in steps)
+    _, steps = steps_of("imagenet_resnet50_fujitsu", 15)
+    fujitsu = sum(lr * decay for _, lr, decay, _ in steps)  # the step's coupled decay, lr x wd_t
+    _, following = steps_of("imagenet_resnet50_fujitsu", 15, overrides=["optim.wd_follows_lr=true"])
+    squared = sum(lr * decay for _, lr, decay, _ in following)  # as the optimizer was set
     assert squared / fujitsu == pytest.approx(0.64, abs=0.01)
+    assert all(d == pytest.approx(5e-5 * lr / 13.0) for _, lr, d, _ in following)
 
 
 def rcp_rows() -> dict:
