@@ -607,6 +607,17 @@ RESULTS = [
         readme="batch 128 vs 4,096 (Fujitsu recipe), 30 epochs, 3 seeds",
     ),
     Result(
+        "study_90ep_baseline",
+        "the goal's measurement, batch 128 half: 90 epochs, 3 seeds, test set (CPU)",
+        R + "accuracy_study.py --epochs 90 --rows baseline --seeds 0 1 2 "
+        "--name accuracy_study_90ep_baseline",
+        "docs/results/accuracy_study_90ep_baseline.json",
+        (*TRAINER, "bench/accuracy_study.py"),
+        _study,
+        rerun=False,
+        readme="batch 128, 90 epochs, 3 seeds (the goal's reference)",
+    ),
+    Result(
         "study_10ep",
         "earlier large-batch study (10 epochs, LRs tuned on the test set)",
         R + "accuracy_study.py --jobs 2",
