@@ -272,6 +272,7 @@ def test_the_rcp_check_passes_runs_as_slow_as_the_reference_and_fails_faster_one
     assert "PASSED: RCP found" in out and out.count("| 3264 | 36 | 0.7601 | success |") == 5
     verdict = json.loads((tmp_path / "v.json").read_text())
     assert verdict["passed"] and [r["epochs"] for r in verdict["runs"]] == [36] * 5
+    assert verdict["command"].startswith("./run.sh rcp-check ") and verdict["git_sha"]
 
     for i in range(5):
         fake_run(tmp_path / "fast" / f"seed{i}", 3264, 20)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -28,6 +29,7 @@ sys.path.insert(0, str(REPO))
 from dstrain import mlperf  # noqa: E402
 from dstrain.errors import ConfigError  # noqa: E402
 from dstrain.files import atomic_write_text  # noqa: E402
+from dstrain.provenance import record as provenance_record  # noqa: E402
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:
@@ -77,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         f"RCP check (ruleset {mlperf.RULESET}): {'PASSED' if verdict.passed else 'FAILED'}: {verdict.message}"
     )
     if args.json:
+        command = "./run.sh rcp-check " + shlex.join(argv if argv is not None else sys.argv[1:])
         record = {
+            **provenance_record(command),
             "passed": verdict.passed,
             "message": verdict.message,
             "ruleset": mlperf.RULESET,
