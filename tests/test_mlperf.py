@@ -14,7 +14,6 @@ from dstrain.config import load_config
 from dstrain.errors import ConfigError
 from dstrain.trainer import evaluates_after
 from tests.conftest import REPO, TINY, run_cli
-from tests.test_trainer import make_trainer, world_of_one  # noqa: F401 - the fixture, used below
 
 
 def events(path: Path) -> list[dict]:
@@ -72,65 +71,6 @@ def test_an_exact_end_lr_replaces_the_factor():
     )
     schedule = LRSchedule.from_config(cfg.optim, 0.1, cfg.epochs)
     assert schedule.at(cfg.epochs, 32)[0] == 0.0001  # exactly: MLPerf's rule compares with ==
-
-
-@pytest.mark.usefixtures("world_of_one")
-def test_target_top1_ends_training_and_a_resume_trains_no_more(fake_fmnist, tmp_path):
-    """The first evaluation at or above target_top1 ends the run there (its checkpoint written), in
-    the summary and the MLPerf log as success; a resumed run trains nothing more."""
-    over = ("target_top1=0.05", "eval_every_epochs=2", "log.mlperf=true")
-    trainer, run_plan = make_trainer(fake_fmnist, tmp_path, *over)
-    trainer.fit()
-    assert trainer.state.target_epoch == 2 and trainer.state.epoch == 2  # of 3: evaluated at 2
-    assert (trainer.checkpoint_root / "latest").read_text().strip() == "epoch0002"
-    summary = trainer.summary(world=1, precision=run_plan.spec.precision)
-    assert summary["target_epoch"] == 2 and summary["epochs"] == 2
-    log = events(tmp_path / "run" / "mlperf.log")
-    assert [e["metadata"]["epoch_num"] for e in log if e["key"] == "eval_accuracy"] == [2]
-    assert log[-1]["key"] == "run_stop" and log[-1]["metadata"]["status"] == "success"
-    trainer.mlperf.close()
-
-    again, _ = make_trainer(fake_fmnist, tmp_path, *over, "resume=auto")
-    again.fit()
-    assert again.state.epoch == 2 and again.state.step == trainer.state.step
-    assert (tmp_path / "run" / "mlperf-2.log").is_file()  # one log per attempt, none overwritten
-    assert events(tmp_path / "run" / "mlperf.log") == log
-    again.mlperf.close()
-
-
-@pytest.mark.usefixtures("world_of_one")
-def test_the_log_holds_the_values_the_run_uses(fake_fmnist, tmp_path):
-    """Keys in MLPerf's order (init, submission, hyperparameters, run, epochs with their
-    evaluations, run_stop), values resolved from the run: the peak LR after the scaling rule, the
-    end LR, the decay's steps, BN over the micro batch; call sites as repository paths."""
-    trainer, _ = make_trainer(
-        fake_fmnist,
-        tmp_path,
-        "log.mlperf=true",
-        "optim.lr_scaling=linear",
-        "optim.base_lr=0.1",  # per 256 images: 0.0125 at batch 32
-        "optim.decay=poly",
-        "optim.end_lr=0.0001",
-        "eval_every_epochs=2",
-    )
-    trainer.fit()
-    trainer.mlperf.close()
-    log = events(tmp_path / "run" / "mlperf.log")
-    keys = [e["key"] for e in log]
-    assert keys[0] == "init_start" and keys[-1] == "run_stop"
-    assert keys.index("init_stop") < keys.index("run_start") < keys.index("epoch_start")
-    got = values(log)
-    assert got["submission_benchmark"] == "resnet" and got["submission_division"] == "open"
-    assert got["submission_platform"] == "1xCPU" and got["cache_clear"] is True
-    assert got["opt_name"] == "sgd" and got["global_batch_size"] == 32
-    assert got["sgd_opt_base_learning_rate"] == pytest.approx(0.0125)
-    assert got["sgd_opt_end_learning_rate"] == 0.0001
-    assert got["sgd_opt_learning_rate_decay_poly_power"] == 2.0
-    assert got["sgd_opt_learning_rate_decay_steps"] == round(2.75 * 512 / 32)  # after warmup
-    assert got["model_bn_span"] == 32 and got["train_samples"] == 512
-    assert [e["metadata"]["epoch_num"] for e in log if e["key"] == "eval_accuracy"] == [2, 3]
-    assert {e["metadata"]["file"] for e in log} <= {"dstrain/train.py", "dstrain/trainer.py"}
-    assert log[-1]["metadata"]["status"] == "aborted"  # no quality target: not MLPerf's success
 
 
 # ---------------------------------------------------------------- MLPerf's checker on real runs
