@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 import re
 import shutil
 import subprocess
@@ -46,6 +45,16 @@ def require_package() -> None:
             f"log.mlperf=true: the mlperf-logging package is not installed ({err}); "
             f"{PACKAGE_HINT}, or set log.mlperf=false"
         ) from None
+
+
+def events(path: Path) -> list[dict]:
+    """The ``:::MLLOG`` events of a log, decoded (other lines skipped)."""
+    prefix = ":::MLLOG "
+    return [
+        json.loads(line.split(prefix, 1)[1])
+        for line in path.read_text(encoding="latin-1").splitlines()
+        if prefix in line
+    ]
 
 
 def log_path(run_dir: Path) -> Path:
@@ -177,30 +186,46 @@ class MLPerfLog:
 
 
 def run_values(plan, n_train: int, n_val: int, schedule) -> dict:
-    """:func:`hyperparameters` of a run: its plan (config, JSON, batch stages), data and schedule,
-    as the run uses them (the last batch-size stage's batch, the resolved peak and end LR)."""
+    """The run's values under MLPerf's key names, as the run uses them (the last batch-size
+    stage's batch, the resolved peak and end LR): the common keys, then ``lars_*`` (LARS) or
+    ``sgd_*`` (SGD); another optimizer logs its name only (the closed division takes LARS or SGD)."""
     from dstrain.schedule import end_lr
 
     cfg, last = plan.cfg, plan.stages[-1]
-    optim = cfg.optim
+    optim, optimizer = cfg.optim, plan.spec.optimizer
     peak = schedule.peak(last.global_size)
-    steps_per_epoch = n_train // last.global_size
     decay_epochs = optim.decay_epochs or cfg.epochs - optim.warmup_epochs
-    return hyperparameters(
-        seed=cfg.seed,
-        global_batch=last.global_size,
-        accumulation=last.accumulation,
-        train_samples=n_train,
-        eval_samples=n_val,
-        bn_span=cfg.model.bn_span or last.micro,
-        optimizer=plan.spec.optimizer.kind,
-        params=plan.spec.optimizer.params,
-        peak_lr=peak,
-        end_lr=end_lr(optim, peak) if optim.decay in ("poly", "cosine") else peak,
-        warmup_epochs=optim.warmup_epochs,
-        poly_power=optim.poly_power if optim.decay == "poly" else None,
-        decay_steps=round(decay_epochs * steps_per_epoch),
-    )
+    values: dict = {
+        "seed": cfg.seed,
+        "global_batch_size": last.global_size,
+        "gradient_accumulation_steps": last.accumulation,
+        "train_samples": n_train,
+        "eval_samples": n_val,
+        "model_bn_span": cfg.model.bn_span or last.micro,
+        "opt_name": optimizer.kind,
+        "opt_learning_rate_warmup_epochs": optim.warmup_epochs,
+    }
+    if optimizer.kind in ("lars", "sgd"):
+        p, params = optimizer.kind, optimizer.params
+        values.update(
+            {
+                f"{p}_opt_base_learning_rate": peak,
+                f"{p}_opt_end_learning_rate": (
+                    end_lr(optim, peak) if optim.decay in ("poly", "cosine") else peak
+                ),
+                f"{p}_opt_learning_rate_decay_steps": round(
+                    decay_epochs * (n_train // last.global_size)
+                ),
+                f"{p}_opt_momentum": float(params.get("momentum", 0.0)),
+                f"{p}_opt_weight_decay": float(params.get("weight_decay", 0.0)),
+            }
+        )
+        if optim.decay == "poly":
+            values[f"{p}_opt_learning_rate_decay_poly_power"] = optim.poly_power
+        if p == "lars":
+            values["lars_opt_learning_rate_warmup_epochs"] = optim.warmup_epochs
+            values["lars_epsilon"] = float(params.get("eps", 0.0))
+    return values
 
 
 def platform(world: int, device) -> str:
@@ -209,56 +234,6 @@ def platform(world: int, device) -> str:
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     return f"{world}x{name}"
-
-
-def hyperparameters(
-    *,
-    seed: int,
-    global_batch: int,
-    accumulation: int,
-    train_samples: int,
-    eval_samples: int,
-    bn_span: int,
-    optimizer: str,
-    params: dict,
-    peak_lr: float,
-    end_lr: float,
-    warmup_epochs: float,
-    poly_power: float | None,
-    decay_steps: int,
-) -> dict:
-    """The run's values under MLPerf's key names: the common keys, then ``lars_*`` (LARS) or
-    ``sgd_*`` (SGD); another optimizer logs its name only (the closed division takes LARS or SGD)."""
-    values: dict = {
-        "seed": seed,
-        "global_batch_size": global_batch,
-        "gradient_accumulation_steps": accumulation,
-        "train_samples": train_samples,
-        "eval_samples": eval_samples,
-        "model_bn_span": bn_span,
-        "opt_name": optimizer,
-        "opt_learning_rate_warmup_epochs": warmup_epochs,
-    }
-    if optimizer in ("lars", "sgd"):
-        p = optimizer
-        values.update(
-            {
-                f"{p}_opt_base_learning_rate": peak_lr,
-                f"{p}_opt_end_learning_rate": end_lr,
-                f"{p}_opt_learning_rate_decay_poly_power": poly_power,
-                f"{p}_opt_learning_rate_decay_steps": decay_steps,
-                f"{p}_opt_momentum": float(params.get("momentum", 0.0)),
-                f"{p}_opt_weight_decay": float(params.get("weight_decay", 0.0)),
-            }
-        )
-        if optimizer == "lars":
-            values["lars_opt_learning_rate_warmup_epochs"] = warmup_epochs
-            values["lars_epsilon"] = float(params.get("eps", 0.0))
-    return {k: v for k, v in values.items() if v is not None and not _nan(v)}
-
-
-def _nan(value) -> bool:
-    return isinstance(value, float) and math.isnan(value)
 
 
 RULESET = "4.0.0"  # the last MLPerf Training ruleset with ResNet (later ones crash on its logs)
@@ -354,10 +329,7 @@ def convergence(run_dir: Path) -> RunConvergence:
             "uninterrupted run: train it again from the start"
         )
     batch = epochs = top1 = status = None
-    for line in log.read_text(encoding="latin-1").splitlines():
-        if ":::MLLOG " not in line:
-            continue
-        event = json.loads(line.split(":::MLLOG ", 1)[1])
+    for event in events(log):
         key, meta = event["key"], event.get("metadata") or {}
         if key == "global_batch_size":
             batch = event["value"]

@@ -12,14 +12,9 @@ import pytest
 from dstrain import mlperf, plan
 from dstrain.config import load_config
 from dstrain.errors import ConfigError
+from dstrain.mlperf import events
 from dstrain.trainer import evaluates_after
 from tests.conftest import REPO, TINY, run_cli
-
-
-def events(path: Path) -> list[dict]:
-    """The :::MLLOG lines of a log, decoded."""
-    prefix = ":::MLLOG "
-    return [json.loads(line[len(prefix) :]) for line in path.read_text().splitlines()]
 
 
 def values(log: list[dict]) -> dict:

@@ -12,10 +12,11 @@ import torch
 from dstrain import dist, fault, train
 from dstrain.config import load_config
 from dstrain.errors import Preempted
+from dstrain.mlperf import events
 from dstrain.monitor import StepMeter
 from dstrain.plan import prepare
 from tests.conftest import REPO, TINY
-from tests.test_mlperf import events, values
+from tests.test_mlperf import values
 
 pytestmark = pytest.mark.oldest  # ./run.sh test-oldest runs this module on torch 2.11
 

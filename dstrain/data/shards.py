@@ -89,10 +89,6 @@ class ShardStore:
             self.format, self.shards, self.shard_of[idx], self.offset[idx], self.size[idx]
         )
 
-    def name(self, i: int) -> str:
-        """The sample for messages: ``shard:offset``."""
-        return f"{self.shards[int(self.shard_of[i])]}:{int(self.offset[i])}"
-
 
 def read_record(m, start: int, shard: str) -> bytes:
     """The payload of the RecordIO record at ``start``, its parts joined (a writer splits a payload
