@@ -37,6 +37,9 @@ Grid ``study`` (rows; K = the last 5/90 of the epochs, W = the first 40%):
                    group at 0.1x the LR), trust_clip1, momentum_correction, warmup50 (50% warmup,
                    the same end of decay), lr5 (half the peak); chosen on held-out images by the
                    worst seed (the report's "Chosen by the worst of N seeds" line)
+  records_plus_<difference>  one of Fujitsu's differences each on lars_records (issue 39): eta0.0025,
+                   m0.96, trust_decay (wd x peak LR in the trust ratio), warmup40, decay52 (poly
+                   2.2 over 52/90 of the epochs to 0.25% of the peak, then held), span32
 Every recipe row ends with the BN refit (Final Polishing) and is scored after it; derived rows read
 the same runs before the refit (``*_no_refit``), so the two polishing ablations share one LR schedule.
 Grid ``target``: the fujitsu_span32 recipe at batch 128 ... 8,192 (same LR: MLPerf's LARS table keeps
@@ -154,6 +157,10 @@ DERIVED_JSON = {
     "lars_fujitsu_bnlr01": ("lars_fujitsu", {"bn_bias_lr_factor": 0.1}),
     "lars_fujitsu_clip1": ("lars_fujitsu", {"trust_clip": 1.0}),
     "lars_fujitsu_momcorr": ("lars_fujitsu", {"momentum_correction": True}),
+    # issue 39's Fujitsu differences on lars_records (lars_m095), one at a time
+    "lars_m095_eta0025": ("lars", {"momentum": 0.95, "trust_coefficient": 0.0025}),
+    "lars_m096": ("lars", {"momentum": 0.96}),
+    "lars_m095_trust_decay": ("lars", {"momentum": 0.95, "trust_decay": "weight_decay_x_peak_lr"}),
 }
 
 
@@ -180,6 +187,41 @@ def brakes(epochs: int) -> dict[str, tuple[str, str, list[str]]]:
         ),
         # half the peak LR
         "fujitsu_span32_lr5": (recipe, stem, [*base, "optim.base_lr=5"]),
+    }
+
+
+def differences(epochs: int) -> dict[str, tuple[str, str, list[str]]]:
+    """Fujitsu's differences from LARS in the records' regime, one per row on lars_records (issue
+    39, item 2: which of them carries fujitsu_span32's lead; held-out images, 2+ seeds). The rest
+    of the gap is the peak LR (Fujitsu's 10 against 8), which acts with the trust coefficient:
+    a LARS step is lr x eta x |w|/|g|."""
+    base = records_regime(epochs)
+    return {
+        # trust coefficient 0.0025 instead of 0.001
+        "records_plus_eta0.0025": ("fashion_mnist", "lars_m095_eta0025", base),
+        # momentum 0.96 instead of 0.95
+        "records_plus_m0.96": ("fashion_mnist", "lars_m096", base),
+        # the weight decay inside the trust ratio times the peak LR (Fujitsu's code)
+        "records_plus_trust_decay": ("fashion_mnist", "lars_m095_trust_decay", base),
+        # warmup over 40% of the epochs instead of 30% (poly 2 to the end still)
+        "records_plus_warmup40": (
+            "fashion_mnist",
+            "lars_m095",
+            [*base, f"optim.warmup_epochs={0.4 * epochs:g}"],
+        ),
+        # Fujitsu's decay: poly 2.2 over 52/90 of the epochs to 0.25% of the peak, then held
+        "records_plus_decay52": (
+            "fashion_mnist",
+            "lars_m095",
+            [
+                *base,
+                "optim.poly_power=2.2",
+                "optim.end_lr_factor=0.0025",
+                f"optim.decay_epochs={52 * epochs / 90:g}",
+            ],
+        ),
+        # BN over 32 images
+        "records_plus_span32": ("fashion_mnist", "lars_m095", [*base, SPAN]),
     }
 
 
@@ -212,6 +254,7 @@ def grid_rows(grid: str, epochs: int) -> dict[str, tuple[str, str, list[str]]]:
             epochs, SPAN, "polish.last_epochs_without_augmentation=0"
         ),
         **brakes(epochs),
+        **differences(epochs),
     }
 
 

@@ -680,3 +680,40 @@ def test_the_brake_rows_change_one_thing_each(tmp_path):
     assert setting["optim.warmup_epochs"] + setting["optim.decay_epochs"] == pytest.approx(
         12 + 52 * 30 / 90, abs=1e-4
     )  # as the row writes it (6 digits)
+
+
+def test_the_difference_rows_add_one_of_fujitsus_settings_each(tmp_path):
+    """Issue 39, item 2: each records_plus_* row is lars_records with one of fujitsu_span32's
+    settings: its JSON parameter (the rest of lars_m095 kept) or its schedule/BN setting."""
+    study = load("accuracy_study")
+    rows = study.grid_rows("study", 30)
+    recipe, stem, base = rows["lars_records"]
+    fujitsu = json.loads((study.REPO / study.json_for("lars_fujitsu", "fp32")).read_text())
+    records = json.loads(Path(study.json_for(stem, "fp32", tmp_path)).read_text())
+    for row, key in {
+        "records_plus_eta0.0025": "trust_coefficient",
+        "records_plus_m0.96": "momentum",
+        "records_plus_trust_decay": "trust_decay",
+    }.items():
+        r_recipe, r_stem, r_over = rows[row]
+        assert (r_recipe, r_over) == (recipe, base), row
+        params = json.loads(Path(study.json_for(r_stem, "fp32", tmp_path)).read_text())
+        params = params["optimizer"]["params"]
+        want = {**records["optimizer"]["params"], key: fujitsu["optimizer"]["params"][key]}
+        assert params == want, row
+    f_over = rows["fujitsu_span32"][2]
+    for row, settings in {
+        "records_plus_warmup40": ["optim.warmup_epochs"],
+        "records_plus_decay52": ["optim.decay_epochs"],
+        "records_plus_span32": ["model.bn_span"],
+    }.items():
+        r_recipe, r_stem, r_over = rows[row]
+        assert (r_recipe, r_stem, r_over[: len(base)]) == (recipe, stem, base), row
+        for key in settings:  # the last value given wins, as on the command line
+            mine = [o for o in r_over if o.startswith(key + "=")][-1]
+            theirs = [o for o in f_over if o.startswith(key + "=")][-1]
+            assert mine == theirs, row
+    decay = rows["records_plus_decay52"][2]
+    assert "optim.poly_power=2.2" in decay and "optim.end_lr_factor=0.0025" in decay
+    fujitsu_recipe = (study.REPO / "dstrain/recipes/fashion_mnist_fujitsu.yaml").read_text()
+    assert "poly_power: 2.2" in fujitsu_recipe and "end_lr_factor: 0.0025" in fujitsu_recipe
