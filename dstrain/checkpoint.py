@@ -14,7 +14,7 @@ A save writes into ``<tag>.partial``; after every rank has finished, rank 0
 renames it to ``<tag>`` and then replaces ``latest`` atomically (write to a
 temporary file, fsync, ``os.replace``). A process killed at any point leaves the
 previous checkpoint complete and ``latest`` pointing at it (tested by killing at
-each phase: ``DSTRAIN_FAULT_KILL_IN_CHECKPOINT``). A write that fails (a full
+each phase: tests/inject/sitecustomize.py). A write that fails (a full
 disk) fails on every rank with :class:`~dstrain.errors.CheckpointWriteError`,
 and the partial directory is removed.
 """
@@ -27,7 +27,6 @@ import os
 import random
 import re
 import shutil
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -41,8 +40,6 @@ log = logging.getLogger(__name__)
 TAG_RE = re.compile(r"^epoch(\d{4,})(?:-step(\d{8,}))?$")
 POINTER = "latest"
 STATE_FILE = "trainer_state.json"
-# tests: TAG:PHASE SIGKILLs rank 0 there (phase written|renamed)
-KILL_IN_CHECKPOINT_ENV = "DSTRAIN_FAULT_KILL_IN_CHECKPOINT"
 
 
 def tag_for(epoch: int, step: int | None = None) -> str:
@@ -53,11 +50,6 @@ def tag_for(epoch: int, step: int | None = None) -> str:
 def _order(tag: str) -> tuple[int, int]:
     m = TAG_RE.match(tag)
     return int(m.group(1)), int(m.group(2) or 0)
-
-
-def _fault(tag: str, phase: str) -> None:
-    if os.environ.get(KILL_IN_CHECKPOINT_ENV) == f"{tag}:{phase}" and dist.is_main():
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def rng_state() -> dict:
@@ -130,7 +122,6 @@ def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) 
         error = f"{root / partial}: {_describe(err, root)}"
     # every rank's files are on disk before the checkpoint is complete
     _agree_or_fail(root / partial, error)
-    _fault(tag, "written")
     if dist.is_main():
         try:
             atomic_write_text(root / partial / STATE_FILE, json.dumps(trainer_state, indent=2))
@@ -143,7 +134,6 @@ def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) 
             os.rename(root / partial, root / tag)
             shutil.rmtree(stale, ignore_errors=True)
             fsync_dir(root)
-            _fault(tag, "renamed")
             atomic_write_text(root / POINTER, tag + "\n")
             _prune(root, keep_last)
         except OSError as err:

@@ -39,20 +39,12 @@ MUST_MATCH = {
 }
 
 
-def state_layout(spec: DeepSpeedSpec) -> str:
-    """What the optimizer keeps per tensor: the part of its hyperparameters a checkpoint depends on."""
-    opt = spec.optimizer
-    if opt.kind not in ("sgd", "lars"):
-        return "first and second moments"
-    return "momentum buffer" if opt.params["momentum"] > 0 else "none"  # defaults filled in
-
-
 def fingerprint(cfg: TrainConfig, spec: DeepSpeedSpec, world: int) -> dict:
     """What the checkpoints of this run depend on (written to meta.json, compared on resume)."""
     fp = {
         "model": {k: getattr(cfg.model, k) for k in MODEL_KEYS},
         "optimizer.type": spec.optimizer.kind,
-        "optimizer state": state_layout(spec),
+        "optimizer state": spec.optimizer.state_layout,
         "optimizer.params.exclude_bn_bias": spec.optimizer.exclude_bn_bias,
         "precision": spec.precision,
         "zero_optimization.stage": int(spec.engine.get("zero_optimization", {}).get("stage", 0)),

@@ -12,7 +12,7 @@ import torch
 
 from dstrain import dist
 from dstrain.config import TrainConfig
-from dstrain.data import Data, Shard, build_data
+from dstrain.data import Data, ImageCounts, Shard, build_data
 from dstrain.errors import ConfigError
 from dstrain.models import (
     cpu_channels_last_hazards,
@@ -59,9 +59,11 @@ def build_components(
     precision: str,
     stage: BatchStage,
     device: torch.device,
+    images: ImageCounts | None = None,
     source: str = "the DeepSpeed JSON",
 ) -> Components:
-    """Seed, build ``cfg.model`` and ``cfg.data`` for this rank, with ``stage``'s micro batch and accumulation."""
+    """Seed, build ``cfg.model`` and ``cfg.data`` for this rank, with ``stage``'s micro batch and
+    accumulation (``images``: the data's counts from the start-up checks, counted here if None)."""
     seed_everything(cfg.seed)
     model = model_from_config(cfg.model)
     check_precision(precision, device, model, source)
@@ -84,6 +86,13 @@ def build_components(
         )
         channels_last = False
     data = build_data(
-        cfg.data, shard, cfg.model.in_channels, cfg.model.num_classes, device, dtype, channels_last
+        cfg.data,
+        shard,
+        cfg.model.in_channels,
+        cfg.model.num_classes,
+        device,
+        dtype,
+        channels_last,
+        counts=images,
     )
     return Components(model, data, device, dtype, memory_format(channels_last))

@@ -25,7 +25,7 @@ schedule. This module closes those gaps before DeepSpeed sees the dict:
   both are removed from what DeepSpeed sees;
 * every value is typed where it is read (dstrain/jsonspec.py; the declarations are
   :data:`SCALARS`, :data:`DICT_BLOCKS`, :data:`READ_INSIDE` here, and dataclasses for the blocks
-  dstrain uses as objects: each optimizer's parameters (``optim.PARAMS``) and
+  dstrain uses as objects: each optimizer's parameters (``optim.OPTIMIZERS``) and
   ``comm.CommConfig``), unknown keys are refused in nested blocks too, blocks DeepSpeed would
   take unchecked and image training does not use (:data:`UNCHECKED`) are refused, and
   DeepSpeed's own config parser runs on the result (:func:`validate_engine`), its errors

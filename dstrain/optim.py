@@ -1,8 +1,8 @@
 """Client optimizers built from the DeepSpeed JSON ``optimizer`` block.
 
 :func:`parse_spec` reads the block once into an :class:`OptimizerSpec` (each
-parameter typed and range-checked against :data:`PARAMS`, the declaration of what
-each type takes); :func:`build_optimizer` builds it for a model.
+parameter typed and range-checked against its type's entry in :data:`OPTIMIZERS`, the one
+table of what each type takes, how it is built and what it keeps); :func:`build_optimizer` builds it for a model.
 
 The trainer builds the optimizer itself so that parameter groups can be chosen
 by tensor shape: tensors with ``ndim <= 1`` (BN gamma/beta, biases) get no
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -204,8 +205,9 @@ BETAS = jsonspec.Value(
 S = jsonspec.setting
 
 
-# every parameter each optimizer type takes: its JSON key, kind, range and default, declared once.
-# weight_decay is set per parameter group by param_groups() (0 for BN/bias); the builders get the rest.
+# every parameter each optimizer type takes (OPTIMIZERS below): its JSON key, kind, range and
+# default, declared once. weight_decay is set per parameter group by param_groups() (0 for BN/bias);
+# the builders get the rest.
 @dataclass(frozen=True)
 class Common:
     lr: float = S(LR)  # required: parse_spec says so by name
@@ -256,29 +258,38 @@ class FusedLambParams(LAMBParams):
     )  # DeepSpeed's FusedLamb default (and its fallback's)
 
 
-PARAMS = {
-    "sgd": SGDParams,
-    "adam": AdamParams,
-    "adamw": AdamParams,
-    "lars": LARSParams,
-    "lamb": LAMBParams,
-    "fusedlamb": FusedLambParams,
+def _moments(params: dict) -> str:
+    return "first and second moments"
+
+
+def _momentum(params: dict) -> str:
+    return "momentum buffer" if params["momentum"] > 0 else "none"  # defaults filled in
+
+
+@dataclass(frozen=True)
+class OptimizerType:
+    """One JSON optimizer "type": what it takes, how it is built, what it keeps per tensor."""
+
+    params: type  # its parameters: a dataclass of jsonspec settings (the JSON keys, types, ranges)
+    build: Callable[..., torch.optim.Optimizer]  # builder(groups, lr=..., **params)
+    # per-tensor norms (a trust ratio): ZeRO stage 0 only, and no ratio for the BN/bias group
+    layerwise: bool = False
+    # what a checkpoint keeps per tensor, given the parameters: a resume must agree (compat.py)
+    state: Callable[[dict], str] = _moments
+
+
+# JSON "type" (lower-cased) -> everything dstrain knows about it. A new optimizer is one entry
+# (with a shipped JSON that uses it; tests/test_optim.py and test_ds_config.py read this table).
+OPTIMIZERS = {
+    "sgd": OptimizerType(SGDParams, _sgd, state=_momentum),
+    "adam": OptimizerType(AdamParams, _adam),
+    "adamw": OptimizerType(AdamParams, _adamw),
+    "lars": OptimizerType(LARSParams, _lars, layerwise=True, state=_momentum),
+    "lamb": OptimizerType(LAMBParams, _lamb, layerwise=True),
+    "fusedlamb": OptimizerType(FusedLambParams, _fused_lamb, layerwise=True),
 }
 BLOCK_KEYS = ("type", "params")  # what the "optimizer" block holds
-
-
-# JSON "type" (lower-cased) -> builder(groups, **params).
-OPTIMIZERS = {
-    "sgd": _sgd,
-    "adamw": _adamw,
-    "adam": _adam,
-    "lars": _lars,
-    "lamb": _lamb,
-    "fusedlamb": _fused_lamb,
-}
 REMOVED_1BIT = {"onebitadam", "onebitlamb", "zerooneadam"}
-# need ZeRO stage 0: per-tensor norms are meaningless on flat partitions
-LAYERWISE = {"lars", "lamb", "fusedlamb"}
 DEFAULT_BLOCK = {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-5}}
 
 
@@ -301,7 +312,12 @@ class OptimizerSpec:
 
     @property
     def layerwise(self) -> bool:
-        return self.kind in LAYERWISE
+        return OPTIMIZERS[self.kind].layerwise
+
+    @property
+    def state_layout(self) -> str:
+        """What the optimizer keeps per tensor (its checkpoint's layout)."""
+        return OPTIMIZERS[self.kind].state(self.params)
 
 
 def parse_spec(block: dict | None, source: str = "optimizer") -> OptimizerSpec:
@@ -331,7 +347,11 @@ def parse_spec(block: dict | None, source: str = "optimizer") -> OptimizerSpec:
             f"{source}: optimizer.params.lr is missing (the LR per optim.lr_reference_batch images)"
         )
     typed = jsonspec.read_into(
-        PARAMS[kind], given, "optimizer.params", source, f"optimizer {name} takes no such parameter"
+        OPTIMIZERS[kind].params,
+        given,
+        "optimizer.params",
+        source,
+        f"optimizer {name} takes no such parameter",
     )
     params = {f.name: getattr(typed, f.name) for f in fields(typed)}  # every one, defaults filled
     exclude = params.pop("exclude_bn_bias")
@@ -349,7 +369,7 @@ def build_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.
         bn_bias_lr_factor=params.pop("bn_bias_lr_factor"),
     )
     try:
-        return OPTIMIZERS[spec.kind](groups, **params)
+        return OPTIMIZERS[spec.kind].build(groups, **params)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{spec.source}: optimizer.params for {spec.name}: {err}") from None
 

@@ -60,10 +60,14 @@ def choose(cfg: TrainConfig) -> Path:
                 f"run_dir={str(path)!r} is not empty and is not a dstrain run (no meta.json, no "
                 "checkpoints/); resume=auto only continues dstrain runs. Choose a new run_dir"
             )
-    # launch.sh reports per rank from RUN_DIR/ranks
+    return path
+
+
+def announce(path: Path) -> None:
+    """Tell launch.sh where the run lives (it reports per rank from RUN_DIR/ranks): rank 0 writes
+    the directory into the file $DSTRAIN_RUN_DIR_FILE names, once the start-up checks passed."""
     if dist.is_main() and os.environ.get(RUN_DIR_FILE_ENV):
         Path(os.environ[RUN_DIR_FILE_ENV]).write_text(str(path.resolve()) + "\n")
-    return path
 
 
 def checkpoint_bytes(model: torch.nn.Module, precision: str) -> int:

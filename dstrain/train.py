@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dstrain import checkpoint, comm, compat, dist, fault, mlperf, outcome, rundir
+from dstrain import checkpoint, comm, compat, dist, fault, mlperf, outcome, rundir, startup
 from dstrain.components import Components, build_components
 from dstrain.config import TrainConfig
 from dstrain.errors import ConfigError, PeerLost, RunStopped, first_line
@@ -37,10 +37,18 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     signals = fault.StopSignals()
     signals.install()  # from here a SIGTERM/SIGINT stops the run after a step, with a checkpoint
     try:
-        run_dir = rundir.choose(cfg)
+        # MLPerf's init_start: before anything is checked or built (written to RUN_DIR later)
+        mlperf_log = mlperf.MLPerfLog(cfg.log.mlperf and dist.is_main())
+        if why := dist.rank_without_gpu():
+            raise ConfigError(why)
+        # the checks --check makes, in its order: nothing is built or written before they pass,
+        # and a refusal leaves the run directory as it was
+        start = startup.check(plan, dist.device())
+        run_dir = start.run_dir
+        rundir.announce(run_dir)
         try:
-            trainer = build_trainer(plan, run_dir, signals)
-            log_plan(plan, trainer, run_dir)
+            trainer = build_trainer(plan, start, signals, mlperf_log)
+            log_plan(plan, trainer, start)
         except Exception as err:  # stopped while building: the directory says so
             outcome.mark_failed_start(run_dir, err)
             raise
@@ -51,32 +59,27 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     return summary
 
 
-def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trainer:
-    """Phase 2: model, data, optimizer, engine, run directory, and the state to start from."""
-    cfg, spec = plan.cfg, plan.spec
-    # MLPerf's init_start: before anything is built (written to RUN_DIR once it exists)
-    mlperf_log = mlperf.MLPerfLog(cfg.log.mlperf and dist.is_main())
-    # before anything is built or written: a resume this config cannot continue is refused
-    root = run_dir / rundir.CHECKPOINTS
-    tag = checkpoint.newest_complete(root) if cfg.resume == "auto" else None
-    if tag:
-        compat.check(run_dir, cfg, spec, plan.world, checkpoint.trainer_state(root, tag))
-    elif cfg.resume == "auto":
-        log.info("resume=auto: no complete checkpoint in %s, starting fresh", root)
-    if why := dist.rank_without_gpu():
-        raise ConfigError(why)
+def build_trainer(
+    plan: Plan,
+    start: startup.Start,
+    signals: fault.StopSignals,
+    mlperf_log: mlperf.MLPerfLog | None = None,
+) -> Trainer:
+    """Phase 2, after the start-up checks: model, data, optimizer, engine, run directory, and the
+    state to start from (``mlperf_log``: the run's, opened before the checks; else made here)."""
+    cfg, spec, run_dir = plan.cfg, plan.spec, start.run_dir
+    if mlperf_log is None:
+        mlperf_log = mlperf.MLPerfLog(cfg.log.mlperf and dist.is_main())
+    if cfg.resume == "auto" and not start.resume_tag:
+        log.info("resume=auto: no complete checkpoint in %s, starting fresh", run_dir)
     device = dist.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
         set_cudnn(cfg.deterministic)
-    parts = build_components(cfg, spec.precision, plan.stages[0], device, source=spec.path)
-    largest = max(s.global_size for s in plan.stages)
-    if parts.data.n_train < largest:
-        raise ConfigError(
-            f"batch.ramp: global size {largest} exceeds the {parts.data.n_train} "
-            "training images; lower it or use more data"
-        )
-    engine, optimizer, grad_sync = build_engine(plan, parts)
+    first = plan.stages[0]
+    parts = build_components(cfg, spec.precision, first, device, start.images, source=spec.path)
+    engine_cfg = spec.engine_config(first.micro, first.accumulation, plan.world)
+    engine, optimizer, grad_sync = build_engine(plan, parts, engine_cfg)
     # every group gets the timeout, also those DeepSpeed and comm.py made
     dist.set_timeout_everywhere(cfg.fault.collective_timeout_s)
     rundir.create(
@@ -84,7 +87,8 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
         rundir.checkpoint_bytes(engine.module, spec.precision) if cfg.fault.check_disk else 0,
     )
     # only now: a config or data error above leaves nothing behind
-    state, last_checkpoint = resume(engine, root, tag)  # before anything is written into run_dir
+    root = run_dir / rundir.CHECKPOINTS
+    state, last_checkpoint = resume(engine, root, start.resume_tag)
     checks = fault.StepChecks.create(signals, device, cfg.fault.max_consecutive_skips)
     checks.last_checkpoint = last_checkpoint
     trainer = Trainer(
@@ -96,7 +100,7 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
         schedule=LRSchedule.from_config(cfg.optim, spec.optimizer.lr, cfg.epochs),
         monitor=Monitor(run_dir, dist.is_main(), cfg.log.tensorboard),
         checks=checks,
-        checkpoint_root=run_dir / rundir.CHECKPOINTS,
+        checkpoint_root=root,
         input_dtype=parts.input_dtype,
         memory_format=parts.memory_format,
         grad_sync=grad_sync,
@@ -107,7 +111,7 @@ def build_trainer(plan: Plan, run_dir: Path, signals: fault.StopSignals) -> Trai
         rundir.write_run_files(
             run_dir,
             cfg,
-            spec.engine_config(plan.stages[0].micro, plan.stages[0].accumulation, plan.world),
+            engine_cfg,
             spec.path,
             plan.world,
             compat.fingerprint(cfg, spec, plan.world),
@@ -130,13 +134,12 @@ def start_mlperf_log(trainer: Trainer, plan: Plan, run_dir: Path, device: torch.
     log_.hyperparameters(mlperf.run_values(plan, data.n_train, data.n_val, trainer.schedule))
 
 
-def build_engine(plan: Plan, parts: Components):
-    """(engine, client optimizer, our gradient sync or None) for the first batch-size stage."""
+def build_engine(plan: Plan, parts: Components, engine_cfg: dict):
+    """(engine, client optimizer, our gradient sync or None) for the first batch-size stage, whose
+    DeepSpeed config is ``engine_cfg``."""
     import deepspeed
 
-    first = plan.stages[0]
     optimizer = build_optimizer(parts.model, plan.spec.optimizer)
-    engine_cfg = plan.spec.engine_config(first.micro, first.accumulation, plan.world)
     # DeepSpeed's fp16/bf16 wrapper steps once with zero grads in initialize: make that step a no-op
     with steps_suppressed(optimizer):
         engine, _, _, _ = deepspeed.initialize(
@@ -179,17 +182,19 @@ def resume(engine, root: Path, tag: str | None) -> tuple[TrainState, Path | None
     (dstrain/compat.py), before anything was built or written."""
     if not tag:
         return TrainState(), None
-    state = TrainState(**checkpoint.load(engine, root, tag))
+    state = TrainState()
+    state.load_state_dict(checkpoint.load(engine, root, tag))
     log.info("resumed from %s: %d epochs and %d steps done", root / tag, state.epoch, state.step)
     return state, root / tag
 
 
-def log_plan(plan: Plan, trainer: Trainer, run_dir: Path) -> None:
+def log_plan(plan: Plan, trainer: Trainer, start: startup.Start) -> None:
+    """The plan as the run starts it: the lines ``--check`` prints (dstrain/startup.py)."""
     optim = plan.cfg.optim
     log.info(
         "run_dir %s | world %d | precision %s | %s loader, %d train / %d val images | base lr %.4g per %d "
         "images (%s scaling rule)",
-        run_dir,
+        start.run_dir_line(),
         plan.world,
         plan.spec.precision,
         trainer.data.kind,
@@ -199,18 +204,8 @@ def log_plan(plan: Plan, trainer: Trainer, run_dir: Path) -> None:
         optim.lr_reference_batch,
         optim.lr_scaling,
     )
-    for s in plan.stages:
-        log.info(
-            "from epoch %d: global batch %d = %d micro x %d accumulation x %d ranks, %d steps/epoch, "
-            "peak lr %.4g",
-            s.epoch + 1,
-            s.global_size,
-            s.micro,
-            s.accumulation,
-            plan.world,
-            trainer.data.n_train // s.global_size,
-            trainer.schedule.peak(s.global_size),
-        )
+    for line in startup.stage_lines(plan, trainer.data.n_train, trainer.schedule):
+        log.info("%s", line)
 
 
 def fit_and_summarise(trainer: Trainer, plan: Plan, run_dir: Path) -> dict:

@@ -9,14 +9,13 @@ directory) is :func:`dstrain.train.run`'s job; a test can build a Trainer from i
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
-import os
-import signal
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ from dstrain import bn_refit, checkpoint, dist
 from dstrain.comm import GradientSync
 from dstrain.config import TrainConfig
 from dstrain.data import Data
-from dstrain.errors import Preempted
+from dstrain.errors import ConfigError, Preempted
 from dstrain.evaluate import evaluate
 from dstrain.fault import StepChecks
 from dstrain.losses import smoothed_cross_entropy
@@ -35,12 +34,9 @@ from dstrain.monitor import Monitor, Progress, StepMeter, loss_scale_of
 from dstrain.optim import StepCounter, apply_schedule
 from dstrain.ramp import BatchStage, batch_at
 from dstrain.schedule import LRSchedule, augment_at
-from dstrain.watchdog import InjectedStall, Watchdog
+from dstrain.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
-KILL_AT_STEP_ENV = (
-    "DSTRAIN_FAULT_KILL_AT_STEP"  # tests: SIGKILL this process after that optimizer step
-)
 
 
 def evaluates_after(epoch: int, every: int, offset: int = 0) -> bool:
@@ -65,6 +61,23 @@ class TrainState:
     epoch_elapsed_s: float = 0.0  # and its wall time so far
     target_epoch: int = 0  # the epoch whose evaluation reached cfg.target_top1 (0: none did)
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps (its client_state and trainer_state.json): plain JSON values."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Take the state a checkpoint kept. A key this version does not know is refused (a newer
+        dstrain wrote it); a key it lacks (an older one wrote it) keeps its default."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(saved) - known)
+        if unknown:
+            raise ConfigError(
+                f"the checkpoint's train state has keys this dstrain does not know ({unknown}): "
+                "a newer dstrain wrote it; resume with that version"
+            )
+        for name, value in copy.deepcopy(saved).items():
+            setattr(self, name, value)
+
 
 @dataclass
 class Trainer:
@@ -85,19 +98,22 @@ class Trainer:
     grad_sync: GradientSync | None = None  # our all-reduce (dstrain/comm.py), or None: DeepSpeed's
     state: TrainState = field(default_factory=TrainState)
     mlperf: MLPerfLog = field(default_factory=lambda: MLPerfLog(False))  # log.mlperf (rank 0)
+    # derived from the above in __post_init__, never passed in
+    device: torch.device = field(init=False)  # where the model's parameters live
+    # client optimizer steps really taken: asked for - taken = steps a loss scaler skipped
+    steps_taken: StepCounter = field(init=False)
+    first_step: int = field(init=False)  # the optimizer step this process started (or resumed) at
+    # the stall and stop watchdog: started by dstrain.train.fit_and_summarise, fed by phase()
+    watchdog: Watchdog = field(init=False)
 
     def __post_init__(self) -> None:
         self.device = next(self.engine.module.parameters()).device
-        self.kill_at_step = int(os.environ.get(KILL_AT_STEP_ENV, "0"))
-        # steps a loss scaler skipped = steps asked for - client optimizer steps taken
         self.steps_taken = StepCounter(self.optimizer)
         self.first_step = self.state.step
-        # started by dstrain.train.fit_and_summarise; the loop marks its phases with self.phase()
         fault_cfg = self.cfg.fault
         self.watchdog = Watchdog(
             fault_cfg.stall_timeout_s, fault_cfg.signal_grace_s, self.checks.signals
         )
-        self.injected_stall = InjectedStall.from_env(dist.rank())
         if self.cfg.log.lars_tensors and hasattr(self.optimizer, "record_tensors"):
             self.optimizer.record_tensors = True
 
@@ -306,8 +322,6 @@ class Trainer:
 
     def after_step(self) -> str:
         """The checks after every optimizer step; the agreed stop signal's name, or ''."""
-        if self.kill_at_step and self.state.step == self.kill_at_step:
-            os.kill(os.getpid(), signal.SIGKILL)
         asked = self.state.step - self.first_step
         self.checks.skips.update(
             asked - self.steps_taken.taken, self.state.step, lambda: loss_scale_of(self.engine)
@@ -388,7 +402,7 @@ class Trainer:
             self.engine,
             self.checkpoint_root,
             tag,
-            self.state.__dict__,
+            self.state.state_dict(),
             self.cfg.checkpoint.keep_last,
         )
 
@@ -473,12 +487,8 @@ class Trainer:
 
     # ------------------------------------------------------------ progress marks (the stall watchdog)
     def phase(self, name: str) -> None:
-        """The loop enters phase ``name`` (dstrain/watchdog.py's PHASES); a test may hang it here."""
+        """The loop enters phase ``name`` (dstrain/watchdog.py's PHASES)."""
         self.watchdog.phase(name)
-        stall = self.injected_stall
-        if stall is not None and stall.due(name, self.state.step):
-            self.injected_stall = None
-            stall.hang()
 
     def marked(self, batches: Iterable, name: str) -> Iterator:
         """``batches``, with phase ``name`` marked before each one is fetched (the first ``iter()``

@@ -15,7 +15,7 @@ run: the signals come from :class:`~dstrain.fault.StopSignals`' wake-up socket, 
 C-level handler writes at once. The watchdog never writes or deletes a checkpoint: the last
 complete one stays, and ``resume=auto`` continues from it.
 
-Tests hang the main thread in a phase with ``DSTRAIN_FAULT_STALL`` (:class:`InjectedStall`).
+Tests hang the main thread in a phase from outside dstrain's code (tests/inject/sitecustomize.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from dstrain import dist
 from dstrain.errors import Preempted, Stalled
@@ -58,7 +57,6 @@ PHASES = {
 # within this of the first signal, more signals are the same stop: a launcher forwarding the
 # scheduler's SIGTERM, Ctrl-C reaching every process of a terminal
 SAME_STOP_S = 2.0
-STALL_ENV = "DSTRAIN_FAULT_STALL"  # tests: PHASE:SECONDS[:RANK[:STEP]], see InjectedStall
 
 
 class Watchdog:
@@ -216,35 +214,3 @@ class Watchdog:
             except Exception:  # exiting anyway
                 pass
         self.exit_process(code)
-
-
-# ---------------------------------------------------------------- fault injection (tests)
-@dataclass
-class InjectedStall:
-    """``DSTRAIN_FAULT_STALL=PHASE:SECONDS[:RANK[:STEP]]``: the main thread hangs for SECONDS the first time it
-    enters PHASE after at least STEP optimizer steps (default 0), on rank RANK only (default: every rank)."""
-
-    phase: str
-    seconds: float
-    after_step: int = 0
-
-    @classmethod
-    def from_env(cls, rank: int) -> InjectedStall | None:
-        spec = os.environ.get(STALL_ENV, "")
-        if not spec:
-            return None
-        phase, seconds, *rest = spec.split(":")
-        only_rank, after_step = (rest + ["", ""])[:2]
-        if only_rank and int(only_rank) != rank:
-            return None
-        return cls(phase, float(seconds), int(after_step or 0))
-
-    def due(self, phase: str, step: int) -> bool:
-        return phase == self.phase and step >= self.after_step
-
-    def hang(self) -> None:
-        log.warning("%s: hanging for %g s in phase %s", STALL_ENV, self.seconds, self.phase)
-        end = time.monotonic() + self.seconds
-        # a Python signal handler runs between the sleeps and the hang goes on, as in native code
-        while (left := end - time.monotonic()) > 0:
-            time.sleep(min(left, 0.5))

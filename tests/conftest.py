@@ -118,6 +118,18 @@ def launcher_ranks(launcher: list[str] | None) -> int:
     return 1
 
 
+INJECT = Path(__file__).resolve().parent / "inject"
+
+
+def injected(env: dict) -> dict:
+    """``env`` with tests/inject on PYTHONPATH when it sets a DSTRAIN_FAULT_* variable: the fault
+    injection (tests/inject/sitecustomize.py) lives in the tests, not in dstrain's code."""
+    if not any(k.startswith("DSTRAIN_FAULT_") and v for k, v in env.items()):
+        return env
+    path = [str(INJECT), *filter(None, [env.get("PYTHONPATH")])]
+    return {**env, "PYTHONPATH": os.pathsep.join(path)}
+
+
 def run_cli(
     args: list[str],
     launcher: list[str] | None = None,
@@ -141,7 +153,12 @@ def run_cli(
         del full_env[var]
     cmd = (launcher + [script]) if launcher else [sys.executable, "-m", module]
     return subprocess.run(
-        cmd + args, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+        cmd + args,
+        cwd=REPO,
+        env=injected(full_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

@@ -224,6 +224,12 @@ CASES = [
         ["batch.global_size=1024"],
         "less than one global batch",
     ),
+    (
+        "batch",
+        "batch-size ramp larger than the data set",
+        ["batch.ramp=[[1,1024]]"],
+        "(batch.ramp reaches 1024 at epoch 2); lower batch.ramp",
+    ),
     ("run dir", "run_dir is a file", ["run_dir={a_file}"], "is a file"),
     (
         "run dir",
@@ -258,8 +264,12 @@ def check_one_clear_line(proc, expected: str, ranks: int = 1) -> str:
 @pytest.mark.slow  # a process per case (~3 s each); the quick loop has them in-process (test_preflight)
 @pytest.mark.parametrize("kind, name, extra, expected", CASES, ids=[c[1] for c in CASES])
 def test_bad_input_gives_one_clear_line(
-    kind, name, extra, expected, fake_fmnist, tmp_path, evidence
+    kind, name, extra, expected, fake_fmnist, tmp_path, evidence, capfd
 ):
+    """The run refuses with one line, and ``--check`` with the same arguments gives that very line
+    (the same check functions in the same order: dstrain/startup.py)."""
+    from dstrain.main import main
+
     # the CPU's refusals are tested on every node: with the GPUs hidden where there are some
     env = CPU_ONLY if kind == "precision" else None
     subs = {"data": str(fake_fmnist), "tmp": str(tmp_path), **case_files(tmp_path)}
@@ -272,6 +282,11 @@ def test_bad_input_gives_one_clear_line(
     line = check_one_clear_line(proc, expected)
     assert not run_dir.exists(), "a failed start must not create the run directory"
     assert tree_digest(tmp_path) == before, "a failed start must not write anything"
+    capfd.readouterr()
+    assert main([*args, "--check", "--device", "cpu"]) == 2
+    checked = [e for e in capfd.readouterr().err.splitlines() if e.startswith("dstrain: error:")]
+    assert checked == [line], (checked, line)  # --check's refusal is the run's own line
+    assert tree_digest(tmp_path) == before
     evidence(f"bad input: {kind}", name, exit=proc.returncode, seen=line, disk="nothing written")
 
 

@@ -150,9 +150,22 @@ def test_augmentation_pads_crops_and_flips():
     assert len({tuple(o.flatten().tolist()) for o in out}) > 10
 
 
-def test_batch_larger_than_data_set_is_a_clear_error(fake_fmnist):
-    with pytest.raises(ConfigError, match="less than one global batch"):
-        build_data(DataConfig(root=str(fake_fmnist), download=False), Shard(0, 1, 1024, 1), 1, 10)
+def test_batch_larger_than_data_set_is_a_clear_error():
+    """One rule for the run and --check (dstrain/startup.py): every stage of the ramp needs one
+    global batch of training images, named by the setting that asks for it."""
+    from types import SimpleNamespace
+
+    from dstrain import startup
+    from dstrain.ramp import batch_plan
+
+    plan = SimpleNamespace(stages=batch_plan(256, 64, [[2, 1024]], 1, 3))
+    startup.check_images(plan, 1024)
+    with pytest.raises(ConfigError, match=r"\(batch.global_size=256\); lower batch.global_size"):
+        startup.check_images(plan, 255)
+    with pytest.raises(
+        ConfigError, match=r"batch.ramp reaches 1024 at epoch 3\); lower batch.ramp"
+    ):
+        startup.check_images(plan, 1000)
 
 
 def test_holdout_evaluates_on_a_fixed_part_of_the_training_set(fake_fmnist):

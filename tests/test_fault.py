@@ -5,6 +5,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,6 +94,10 @@ def test_records_blame_the_silent_rank_whose_process_is_gone(tmp_path):
     dead.wait()  # reaped: the pid no longer exists
     stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     os.kill(stopped.pid, signal.SIGSTOP)
+    for _ in range(100):  # the signal is delivered asynchronously: on a busy machine, wait for it
+        if Path(f"/proc/{stopped.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+            break
+        time.sleep(0.05)
     try:
         write_record(tmp_path, 0, state="lost_peer", exit_code=4, message="lost")
         write_record(tmp_path, 1, state="running", pid=dead.pid)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY, rank_env, run_cli
+from tests.conftest import REPO, TINY, injected, rank_env, run_cli
 
 pytestmark = pytest.mark.slow
 FP32 = ["--deepspeed_config", "ds_configs/fp32.json"]
@@ -29,7 +29,7 @@ def clean_env(**extra) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    return {**env, **extra}
+    return injected({**env, **extra})
 
 
 def launch_sh(args: list[str]) -> list[str]:

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 import textwrap
+from dataclasses import fields
 
 import pytest
 import torch
@@ -8,7 +9,13 @@ import torch
 from dstrain.dist import free_port
 from dstrain.errors import ConfigError
 from dstrain.models import build_model
-from dstrain.optim import build_optimizer, param_groups, parse_spec, steps_suppressed
+from dstrain.optim import (
+    OPTIMIZERS,
+    build_optimizer,
+    param_groups,
+    parse_spec,
+    steps_suppressed,
+)
 from tests.conftest import REPO
 
 
@@ -286,7 +293,7 @@ def _group_options(optimizer) -> list[tuple]:
     return sorted(out, key=lambda t: -t[1])
 
 
-@pytest.mark.parametrize("kind", ["SGD", "Adam", "AdamW", "LARS", "Lamb", "FusedLamb"])
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 def test_every_optimizer_path_receives_the_same_groups(kind, monkeypatch):
     """README: BN and bias tensors get no weight decay and, for layer-wise optimizers, no trust ratio,
     whichever implementation runs. FusedLamb is built for real (its CUDA op load stubbed out)."""
@@ -299,17 +306,17 @@ def test_every_optimizer_path_receives_the_same_groups(kind, monkeypatch):
     model = build_model("resnet_small", 10, in_channels=1, width=8)
     spec = parse_spec({"type": kind, "params": {"lr": 0.1, "weight_decay": 0.01}}, "x.json")
     optimizer = build_optimizer(model, spec)
-    if kind == "FusedLamb":
+    if kind == "fusedlamb":
         assert type(optimizer).__name__ == "FusedLamb"
     weights = frozenset(id(p) for p in model.parameters() if p.ndim > 1)
     bn_bias = frozenset(id(p) for p in model.parameters() if p.ndim <= 1)
-    layerwise = kind in ("LARS", "Lamb", "FusedLamb")
+    layerwise = OPTIMIZERS[kind].layerwise  # and the built optimizer must honour it
     assert _group_options(optimizer) == [(weights, 0.01, False), (bn_bias, 0.0, layerwise)]
-    if kind == "FusedLamb":  # the weight group keeps FusedLamb's own clamp
+    if kind == "fusedlamb":  # the weight group keeps FusedLamb's own clamp
         assert optimizer.param_groups[0]["max_coeff"] == 10.0
 
 
-@pytest.mark.parametrize("kind", ["SGD", "LARS", "Lamb", "FusedLamb"])
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 def test_exclude_bn_bias_false_gives_one_group_everywhere(kind, monkeypatch):
     import deepspeed.ops.lamb.fused_lamb as fused_lamb
 
@@ -341,3 +348,29 @@ def test_bn_bias_lr_factor_sets_the_excluded_groups_lr_and_old_groups_still_step
     old.param_groups[0]["params"][0].grad = torch.ones(3, 2)
     old.step()
     assert old.trust_summary()["trust_median"] > 0
+
+
+# what each declared state layout (OPTIMIZERS[kind].state) holds per parameter tensor
+TENSORS_PER_PARAM = {"none": 0, "momentum buffer": 1, "first and second moments": 2}
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+@pytest.mark.parametrize("kind", sorted(set(OPTIMIZERS) - {"fusedlamb"}))  # a CUDA op: test_gpu.py
+def test_each_optimizer_keeps_the_state_its_table_entry_declares(kind, momentum):
+    """The resume fingerprint (dstrain/compat.py) takes an optimizer's state layout from its table
+    entry: after one step, its state_dict holds that many tensors of each parameter's shape."""
+    model = build_model("resnet_small", 10, in_channels=1, width=8)
+    params = {"lr": 0.01, "weight_decay": 0.01}
+    if "momentum" in {f.name for f in fields(OPTIMIZERS[kind].params)}:
+        params["momentum"] = momentum
+    spec = parse_spec({"type": kind, "params": params}, "x.json")
+    optimizer = build_optimizer(model, spec)
+    model(torch.randn(4, 1, 28, 28)).sum().backward()
+    optimizer.step()
+    state = optimizer.state_dict()["state"]
+    shapes = [tuple(p.shape) for g in optimizer.param_groups for p in g["params"]]
+    for index, shape in enumerate(shapes):
+        per_param = [
+            v for v in state.get(index, {}).values() if torch.is_tensor(v) and v.shape == shape
+        ]
+        assert len(per_param) == TENSORS_PER_PARAM[spec.state_layout], (kind, index, shape)

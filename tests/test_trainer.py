@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -9,7 +10,7 @@ import signal
 import pytest
 import torch
 
-from dstrain import dist, fault, train
+from dstrain import dist, fault, startup, train
 from dstrain.config import load_config
 from dstrain.errors import Preempted
 from dstrain.mlperf import events
@@ -51,7 +52,8 @@ def make_trainer(fake_fmnist, tmp_path, *overrides, ds="fp32"):
     path = ds if ds.endswith(".json") else str(REPO / "ds_configs" / f"{ds}.json")
     plan = prepare(cfg, path)
     signals = fault.StopSignals()
-    trainer = train.build_trainer(plan, tmp_path / "run", signals)
+    start = startup.check(plan, torch.device("cpu"))  # the run's start-up checks, as it makes them
+    trainer = train.build_trainer(plan, start, signals)
     return trainer, plan
 
 
@@ -381,3 +383,20 @@ def test_the_mlperf_log_holds_the_values_the_run_uses(fake_fmnist, tmp_path, wor
     assert [e["metadata"]["epoch_num"] for e in log if e["key"] == "eval_accuracy"] == [2, 3]
     assert {e["metadata"]["file"] for e in log} <= {"dstrain/train.py", "dstrain/trainer.py"}
     assert log[-1]["metadata"]["status"] == "aborted"  # no quality target: not MLPerf's success
+
+
+def test_the_train_state_round_trips_through_its_state_dict_and_refuses_unknown_keys():
+    """What a checkpoint keeps is TrainState.state_dict() (plain values, copied); load_state_dict
+    takes it back, keeps defaults for keys an older dstrain did not write, refuses unknown ones."""
+    from dstrain.errors import ConfigError
+    from dstrain.trainer import TrainState
+
+    state = TrainState(epoch=3, step=42, best_top1=0.5, history=[{"epoch": 1, "top1": 0.4}])
+    saved = state.state_dict()
+    saved["history"].append({"epoch": 2})  # a copy: the live state is not changed through it
+    assert len(state.history) == 1 and json.loads(json.dumps(saved)) == saved
+    back = TrainState()
+    back.load_state_dict({k: v for k, v in state.state_dict().items() if k != "target_epoch"})
+    assert back == state
+    with pytest.raises(ConfigError, match=r"\['lr_sched'\].*newer dstrain"):
+        TrainState().load_state_dict({**state.state_dict(), "lr_sched": 1})

@@ -20,8 +20,9 @@ import pytest
 from dstrain import checkpoint, fault
 from dstrain.config import load_config, validate
 from dstrain.errors import ConfigError
-from dstrain.watchdog import STALL_ENV, InjectedStall, Watchdog
+from dstrain.watchdog import Watchdog
 from tests.conftest import TINY, deepspeed_launcher, run_cli
+from tests.inject.sitecustomize import STALL_ENV, InjectedStall
 from tests.test_faults import Running, clean_env, records, user_lines
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -53,7 +53,6 @@ __all__ = [
     "Data",
     "Shard",
     "build_data",
-    "check_enough_images",
     "count_images",
     "resolve_loader",
     "epoch_order",
@@ -68,6 +67,7 @@ HOLDOUT_LOG = (
     "the validation/test set is not read"
 )
 FASHION_MNIST_SIDE = 28
+FASHION_MNIST_CLASSES = 10
 
 
 @dataclass
@@ -110,49 +110,25 @@ def resolve_loader(cfg: DataConfig) -> str:
 
 @dataclass(frozen=True)
 class ImageCounts:
-    """What a run would read, found without decoding anything (``python -m dstrain --check``)."""
+    """What a run reads, found without decoding anything: the run's start-up checks and
+    ``python -m dstrain --check`` (dstrain/startup.py) count with it, and :func:`build_data` builds
+    from it, so an image folder is scanned once."""
 
     kind: str  # the loader: tensor | dali | torchvision | synthetic
     n_train: int
     n_val: int
     source: str  # where the images come from, for the plan
     note: str = ""  # something the run would do first (a download)
+    # image folders and shards: the (train, val) lists, limits and holdout applied
+    images: tuple[ImageList, ImageList] | None = field(default=None, compare=False, repr=False)
 
 
 def count_images(cfg: DataConfig, num_classes: int) -> ImageCounts:
     """The loader ``cfg`` resolves to and its image counts (limits and holdout applied), reading only
-    directory listings and idx headers; a missing or unusable data root raises ConfigError."""
+    directory listings, shard indexes and idx headers; a missing or unusable data root raises
+    ConfigError."""
     kind = resolve_loader(cfg)
-    if kind == "synthetic":
-        side = FASHION_MNIST_SIDE if cfg.dataset == "fashion_mnist" else cfg.image_size
-        return ImageCounts(
-            kind,
-            cfg.synthetic_train_size,
-            cfg.synthetic_val_size,
-            f"random {side}x{side} batches, no files",
-        )
-    if kind == "tensor":
-        base = idx_root(cfg.root)
-        paths = {split: images for split, (images, _) in idx_paths(base).items()}
-        if None in paths.values():
-            if not cfg.download:
-                raise missing_idx(base, " and data.download=false")
-            note = f"no idx files in {base}: the run would first try a torchvision download"
-            return ImageCounts(kind, 60000, 10000, str(base), note)
-        n_train, n_val = idx_length(paths["train"]), idx_length(paths["val"])
-        source = str(paths["train"].parent)
-    else:
-        train_images, val_images = scan_classes(cfg, num_classes)
-        n_train, n_val = len(train_images), len(val_images)
-        source = f"{cfg.root} ({len(train_images.classes)} classes" + (
-            f", {cfg.format} shards)" if cfg.format != "folder" else ")"
-        )
-    n_train = min(n_train, cfg.limit_train or n_train)
-    n_val = min(n_val, cfg.limit_val or n_val)
-    if cfg.holdout:
-        keep, held = holdout_split(n_train, cfg.holdout)  # its rule and message
-        n_train, n_val = len(keep), len(held)
-    return ImageCounts(kind, n_train, n_val, source)
+    return SOURCES[kind].count(cfg, kind, num_classes)
 
 
 def build_data(
@@ -163,50 +139,77 @@ def build_data(
     device="cpu",
     dtype: torch.dtype = torch.float32,
     channels_last: bool = False,
+    counts: ImageCounts | None = None,
 ) -> Data:
-    """The train/val loaders for ``cfg``, sharded for this rank (see dstrain.data.sharding)."""
-    kind = resolve_loader(cfg)
+    """The train/val loaders for ``cfg``, sharded for this rank (see dstrain.data.sharding), from
+    ``counts`` (:func:`count_images` of the same config; counted here when not given)."""
+    counts = counts or count_images(cfg, num_classes)
     out = Output(channels, device, dtype, channels_last)
-    if kind == "synthetic":
-        side = FASHION_MNIST_SIDE if cfg.dataset == "fashion_mnist" else cfg.image_size
-        shape, n_train, n_val = (
-            (channels, side, side),
-            cfg.synthetic_train_size,
-            cfg.synthetic_val_size,
-        )
-        common = dict(shape=shape, num_classes=num_classes, shard=shard, out=out)
-        from dstrain.data.synthetic import SyntheticLoader
-
-        data = Data(
-            SyntheticLoader(n_train, mode="train", **common),
-            SyntheticLoader(n_val, mode="val", **common),
-            n_train,
-            n_val,
-            kind,
-            lambda limit, batch: SyntheticLoader(
-                limit or n_train,
-                mode="polish",
-                **{**common, "shard": replace(shard, eval_batch=batch)},
-            ),
-        )
-    elif kind == "tensor":
-        data = _fashion_mnist(cfg, shard, out, num_classes)
-    else:
-        data = _folder(cfg, kind, shard, out, num_classes)
-    check_enough_images(data.n_train, shard.global_batch)
-    return data
+    return SOURCES[counts.kind].build(cfg, counts, shard, out, num_classes)
 
 
-def check_enough_images(n_train: int, global_batch: int, key: str = "batch.global_size") -> None:
-    """At least one global batch of training images (``key``: the setting that asks for it)."""
-    if n_train < global_batch:
+def _limits(cfg: DataConfig, n_train: int, n_val: int) -> tuple[int, int]:
+    """(train, val) counts after data.limit_* and data.holdout."""
+    n_train, n_val = min(n_train, cfg.limit_train or n_train), min(n_val, cfg.limit_val or n_val)
+    if cfg.holdout:
+        keep, held = holdout_split(n_train, cfg.holdout)  # its rule and message
+        return len(keep), len(held)
+    return n_train, n_val
+
+
+def _synthetic_side(cfg: DataConfig) -> int:
+    return FASHION_MNIST_SIDE if cfg.dataset == "fashion_mnist" else cfg.image_size
+
+
+def _count_synthetic(cfg: DataConfig, kind: str, num_classes: int) -> ImageCounts:
+    side = _synthetic_side(cfg)
+    return ImageCounts(
+        kind,
+        cfg.synthetic_train_size,
+        cfg.synthetic_val_size,
+        f"random {side}x{side} batches, no files",
+    )
+
+
+def _synthetic(cfg: DataConfig, counts: ImageCounts, shard: Shard, out: Output, num_classes: int):
+    from dstrain.data.synthetic import SyntheticLoader
+
+    side, n_train = _synthetic_side(cfg), counts.n_train
+    common = dict(shape=(out.channels, side, side), num_classes=num_classes, shard=shard, out=out)
+    return Data(
+        SyntheticLoader(n_train, mode="train", **common),
+        SyntheticLoader(counts.n_val, mode="val", **common),
+        n_train,
+        counts.n_val,
+        counts.kind,
+        lambda limit, batch: SyntheticLoader(
+            limit or n_train,
+            mode="polish",
+            **{**common, "shard": replace(shard, eval_batch=batch)},
+        ),
+    )
+
+
+def _count_fashion_mnist(cfg: DataConfig, kind: str, num_classes: int) -> ImageCounts:
+    if num_classes < FASHION_MNIST_CLASSES:
         raise ConfigError(
-            f"data: {n_train} training images is less than one global batch "
-            f"({key}={global_batch}); lower {key} or use more data"
+            f"model.num_classes={num_classes} but Fashion-MNIST has {FASHION_MNIST_CLASSES} "
+            f"classes; set model.num_classes={FASHION_MNIST_CLASSES}"
         )
+    base = idx_root(cfg.root)
+    paths = {split: images for split, (images, _) in idx_paths(base).items()}
+    if None in paths.values():
+        if not cfg.download:
+            raise missing_idx(base, " and data.download=false")
+        note = f"no idx files in {base}: the run would first try a torchvision download"
+        return ImageCounts(kind, *_limits(cfg, 60000, 10000), str(base), note)
+    n_train, n_val = _limits(cfg, idx_length(paths["train"]), idx_length(paths["val"]))
+    return ImageCounts(kind, n_train, n_val, str(paths["train"].parent))
 
 
-def _fashion_mnist(cfg: DataConfig, shard: Shard, out: Output, num_classes: int) -> Data:
+def _fashion_mnist(
+    cfg: DataConfig, counts: ImageCounts, shard: Shard, out: Output, num_classes: int
+) -> Data:
     splits = load_fashion_mnist(cfg.root, cfg.download)
     (xt, yt), (xv, yv) = splits["train"], splits["val"]
     if cfg.limit_train:
@@ -217,8 +220,6 @@ def _fashion_mnist(cfg: DataConfig, shard: Shard, out: Output, num_classes: int)
         keep, held = holdout_split(len(xt), cfg.holdout)
         (xt, yt), (xv, yv) = (xt[keep], yt[keep]), (xt[held], yt[held])
         log.info(HOLDOUT_LOG, len(xv), len(xt))
-    if int(yt.max()) >= num_classes:
-        raise ConfigError(f"model.num_classes={num_classes} but Fashion-MNIST has 10 classes")
     return Data(
         TensorLoader(xt, yt, shard, "train", augment=cfg.augment, out=out),
         TensorLoader(xv, yv, shard, "val", out=out),
@@ -244,8 +245,10 @@ def scan_classes(cfg: DataConfig, num_classes: int):
     return train_images, val_images
 
 
-def _folder(cfg: DataConfig, kind: str, shard: Shard, out: Output, num_classes: int) -> Data:
+def _count_folder(cfg: DataConfig, kind: str, num_classes: int) -> ImageCounts:
+    """Image folders and shards: scanned once; the lists travel in the counts to the loaders."""
     train_images, val_images = scan_classes(cfg, num_classes)
+    n_classes = len(train_images.classes)
     train_images, val_images = (
         limited(train_images, cfg.limit_train),
         limited(val_images, cfg.limit_val),
@@ -253,6 +256,20 @@ def _folder(cfg: DataConfig, kind: str, shard: Shard, out: Output, num_classes: 
     if cfg.holdout:
         keep, held = holdout_split(len(train_images), cfg.holdout)
         train_images, val_images = subset(train_images, keep), subset(train_images, held)
+    source = f"{cfg.root} ({n_classes} classes" + (
+        f", {cfg.format} shards)" if cfg.format != "folder" else ")"
+    )
+    return ImageCounts(
+        kind, len(train_images), len(val_images), source, images=(train_images, val_images)
+    )
+
+
+def _folder(
+    cfg: DataConfig, counts: ImageCounts, shard: Shard, out: Output, num_classes: int
+) -> Data:
+    train_images, val_images = counts.images
+    kind = counts.kind
+    if cfg.holdout:
         log.info(HOLDOUT_LOG, len(val_images), len(train_images))
     if kind == "dali":
         from dstrain.data.dali import DaliLoader as FolderLoader
@@ -281,3 +298,20 @@ def _folder(cfg: DataConfig, kind: str, shard: Shard, out: Output, num_classes: 
             train_images, "polish", False, limit, replace(shard, eval_batch=batch)
         ),
     )
+
+
+@dataclass(frozen=True)
+class Source:
+    """How one loader kind counts its images and builds its loaders from the counts."""
+
+    count: Callable[[DataConfig, str, int], ImageCounts]
+    build: Callable[[DataConfig, ImageCounts, Shard, Output, int], Data]
+
+
+# data.loader (resolved) -> its source; a new loader kind is one entry here
+SOURCES = {
+    "synthetic": Source(_count_synthetic, _synthetic),
+    "tensor": Source(_count_fashion_mnist, _fashion_mnist),
+    "dali": Source(_count_folder, _folder),
+    "torchvision": Source(_count_folder, _folder),
+}

@@ -1,0 +1,117 @@
+"""A run's start-up checks: one list, one order, one wording for the run and for ``--check``.
+
+:func:`check` is what ``python -m dstrain`` (dstrain/train.py) calls after :func:`dstrain.plan.prepare`
+and before it builds anything, and what ``python -m dstrain --check`` (dstrain/preflight.py) calls
+for the job it is asked about; :func:`stage_lines` is the batch plan both print. In order:
+
+1. the run directory: a file, a used directory without ``resume=auto``, a foreign one, or one that
+   cannot be created is refused (:func:`dstrain.rundir.choose`);
+2. with ``resume=auto``, a checkpoint this config cannot continue (dstrain/compat.py);
+3. the precision on the device (bf16 weight casts with BatchNorm on a CPU);
+4. the data: the loader, its files and image counts (dstrain/data: a missing root, an empty or
+   corrupt shard index...), and at least one global batch of training images at every stage.
+
+Nothing here writes a file or starts a process group.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dstrain import checkpoint, compat, rundir
+from dstrain.components import check_precision
+from dstrain.data import ImageCounts, count_images
+from dstrain.errors import ConfigError
+from dstrain.models import model_from_config
+from dstrain.plan import Plan
+from dstrain.ramp import batch_at
+from dstrain.schedule import LRSchedule
+
+
+@dataclass(frozen=True)
+class Start:
+    """What the checks found: where the run lives, where it continues from, what it reads."""
+
+    run_dir: Path
+    resume_tag: str | None  # the complete checkpoint resume=auto continues from, or None
+    images: ImageCounts  # the loader and its counts; build_data builds from them
+
+    def run_dir_line(self) -> str:
+        """How the run would use its directory, in words."""
+        if self.resume_tag:
+            return f"{self.run_dir} (resume=auto: continues from {self.resume_tag})"
+        if self.run_dir.is_dir():
+            return f"{self.run_dir} (exists; no complete checkpoint, starts fresh)"
+        return f"{self.run_dir} (new)"
+
+
+def check(plan: Plan, device: torch.device) -> Start:
+    """Every start-up check of ``plan`` on ``device``, in the order listed above."""
+    cfg = plan.cfg
+    run_dir = rundir.choose(cfg)
+    tag = resume_tag(plan, run_dir)
+    if not run_dir.exists():
+        check_creatable(run_dir)
+    check_precision(plan.spec.precision, device, model_from_config(cfg.model), plan.spec.path)
+    images = count_images(cfg.data, cfg.model.num_classes)
+    check_images(plan, images.n_train)
+    return Start(run_dir, tag, images)
+
+
+def resume_tag(plan: Plan, run_dir: Path) -> str | None:
+    """resume=auto: the newest complete checkpoint in ``run_dir``, refused (dstrain/compat.py) when
+    this config cannot continue it; None when there is nothing to continue."""
+    root = run_dir / rundir.CHECKPOINTS
+    if plan.cfg.resume != "auto" or not root.is_dir():
+        return None
+    tag = checkpoint.newest_complete(root)
+    if tag:
+        compat.check(run_dir, plan.cfg, plan.spec, plan.world, checkpoint.trainer_state(root, tag))
+    return tag
+
+
+def check_creatable(path: Path) -> None:
+    parent = next((p for p in path.absolute().parents if p.exists()), Path("/"))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"run_dir={str(path)!r}: cannot be created ({parent} is not writable); "
+            "choose another run_dir"
+        )
+
+
+def check_images(plan: Plan, n_train: int) -> None:
+    """At least one global batch of training images at every batch-size stage."""
+    for i, stage in enumerate(plan.stages):
+        if n_train >= stage.global_size:
+            continue
+        asks = (
+            f"batch.global_size={stage.global_size}"
+            if i == 0
+            else f"batch.ramp reaches {stage.global_size} at epoch {stage.epoch + 1}"
+        )
+        key = "batch.global_size" if i == 0 else "batch.ramp"
+        raise ConfigError(
+            f"data: {n_train} training images is less than one global batch ({asks}); "
+            f"lower {key} or use more data"
+        )
+
+
+def stage_lines(plan: Plan, n_train: int, schedule: LRSchedule) -> list[str]:
+    """The batch plan, one line per stage, and the total steps: the run logs these lines and
+    ``--check`` prints them."""
+    cfg = plan.cfg
+    steps = sum(n_train // batch_at(epoch, plan.stages).global_size for epoch in range(cfg.epochs))
+    lines = [
+        f"from epoch {stage.epoch + 1}: global {stage.global_size} = {stage.micro} micro x "
+        f"{stage.accumulation} accumulation x {plan.world} ranks, "
+        f"{n_train // stage.global_size} steps/epoch, peak lr {schedule.peak(stage.global_size):.4g}"
+        for stage in plan.stages
+    ]
+    return lines + [
+        f"{steps} optimizer steps; warmup {cfg.optim.warmup_epochs:g} epochs "
+        f"({cfg.optim.warmup}), decay {cfg.optim.decay}"
+    ]

@@ -1,0 +1,148 @@
+"""Fault injection for the tests, kept out of dstrain's code.
+
+tests/conftest.py's :func:`~tests.conftest.injected` puts this folder on PYTHONPATH when a test
+sets one of the variables below; Python imports ``sitecustomize`` at start-up (every rank a
+launcher starts, too), and this one patches dstrain's modules as they are imported:
+
+``DSTRAIN_FAULT_KILL_AT_STEP=N``
+    SIGKILL the process right after optimizer step N (before the step's checks).
+``DSTRAIN_FAULT_KILL_IN_CHECKPOINT=TAG:PHASE``
+    SIGKILL rank 0 inside the save of checkpoint TAG: ``written`` (every rank's files are in
+    TAG.partial, not yet renamed) or ``renamed`` (TAG is complete, ``latest`` not yet moved).
+``DSTRAIN_FAULT_STALL=PHASE:SECONDS[:RANK[:STEP]]``
+    the main thread hangs for SECONDS the first time it enters PHASE (dstrain/watchdog.py's
+    PHASES) after at least STEP optimizer steps, on rank RANK only (default: every rank).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+KILL_AT_STEP_ENV = "DSTRAIN_FAULT_KILL_AT_STEP"
+KILL_IN_CHECKPOINT_ENV = "DSTRAIN_FAULT_KILL_IN_CHECKPOINT"
+STALL_ENV = "DSTRAIN_FAULT_STALL"
+VARIABLES = (KILL_AT_STEP_ENV, KILL_IN_CHECKPOINT_ENV, STALL_ENV)
+log = logging.getLogger("dstrain.tests.inject")
+
+
+@dataclass
+class InjectedStall:
+    """``DSTRAIN_FAULT_STALL``, parsed: hang in ``phase`` for ``seconds`` once ``after_step``
+    optimizer steps are done."""
+
+    phase: str
+    seconds: float
+    after_step: int = 0
+
+    @classmethod
+    def from_env(cls, rank: int) -> InjectedStall | None:
+        spec = os.environ.get(STALL_ENV, "")
+        if not spec:
+            return None
+        phase, seconds, *rest = spec.split(":")
+        only_rank, after_step = (rest + ["", ""])[:2]
+        if only_rank and int(only_rank) != rank:
+            return None
+        return cls(phase, float(seconds), int(after_step or 0))
+
+    def due(self, phase: str, step: int) -> bool:
+        return phase == self.phase and step >= self.after_step
+
+    def hang(self) -> None:
+        log.warning("%s: hanging for %g s in phase %s", STALL_ENV, self.seconds, self.phase)
+        end = time.monotonic() + self.seconds
+        # a Python signal handler runs between the sleeps and the hang goes on, as in native code
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, 0.5))
+
+
+def _kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def patch_trainer(module) -> None:
+    trainer = module.Trainer
+    kill_at = int(os.environ.get(KILL_AT_STEP_ENV) or 0)
+    if kill_at:
+        after_step = trainer.after_step
+
+        def killing_after_step(self):
+            if self.state.step == kill_at:
+                _kill()
+            return after_step(self)
+
+        trainer.after_step = killing_after_step
+    if os.environ.get(STALL_ENV):
+        from dstrain import dist
+
+        phase, pending = trainer.phase, {}
+
+        def stalling_phase(self, name: str) -> None:
+            phase(self, name)
+            stall = pending.setdefault("stall", InjectedStall.from_env(dist.rank()))
+            if stall is not None and stall.due(name, self.state.step):
+                pending["stall"] = None
+                stall.hang()
+
+        trainer.phase = stalling_phase
+
+
+def patch_checkpoint(module) -> None:
+    spec = os.environ.get(KILL_IN_CHECKPOINT_ENV)
+    if not spec:
+        return
+    tag, where = spec.rsplit(":", 1)
+    agree, write = module._agree_or_fail, module.atomic_write_text
+
+    def agree_then_kill(partial, error):
+        agree(partial, error)
+        # the first agreement: every rank's files are in TAG.partial (the second comes after the rename)
+        if where == "written" and partial.name == f"{tag}.partial" and partial.exists():
+            if module.dist.is_main():
+                _kill()
+
+    def kill_then_write(path, text, *args, **kwargs):
+        if where == "renamed" and path.name == module.POINTER and text.strip() == tag:
+            _kill()  # TAG renamed into place, ``latest`` not yet moved
+        return write(path, text, *args, **kwargs)
+
+    module._agree_or_fail, module.atomic_write_text = agree_then_kill, kill_then_write
+
+
+PATCHES = {"dstrain.trainer": patch_trainer, "dstrain.checkpoint": patch_checkpoint}
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Run PATCHES[name] on module ``name`` right after it is first executed."""
+
+    busy = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in PATCHES or self.busy:
+            return None
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.busy = False
+        if spec is None or spec.loader is None:
+            return None
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            PATCHES[name](module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if any(os.environ.get(v) for v in VARIABLES):
+    sys.meta_path.insert(0, _PatchOnImport())
