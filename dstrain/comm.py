@@ -70,23 +70,38 @@ DTYPES = {
 }
 
 
+INTEGERS = jsonspec.Value("integers")
+
+
 @dataclass
 class CommConfig:
     """The ``dstrain_communication`` block: each field is its JSON key, with its kind, range and
     default (dstrain/jsonspec.py), declared here once."""
 
     mode: Literal["allreduce", "torus2d"] = jsonspec.setting(
-        jsonspec.choice("allreduce", "torus2d"), "allreduce"
+        "allreduce",
+        "allreduce | torus2d (Mikami's 2D-Torus)",
+        json=jsonspec.choice("allreduce", "torus2d"),
     )
     compression: Literal["none", "sign", "powersgd"] = jsonspec.setting(
-        jsonspec.choice("none", "sign", "powersgd"), "none"
+        "none",
+        "none | sign (1-bit with error feedback) | powersgd",
+        json=jsonspec.choice("none", "sign", "powersgd"),
     )
-    # torus2d: [X, Y], X ranks per row; [] or "auto" = most square
-    grid: list[int] = jsonspec.setting(jsonspec.Value("integers"), factory=list)
-    powersgd_rank: int = jsonspec.setting(jsonspec.integer(lambda v: v >= 1, "must be >= 1"), 4)
-    # optimizer steps synchronised uncompressed before compression starts
-    warmup_steps: int = jsonspec.setting(jsonspec.integer(lambda v: v >= 0, "must be >= 0"), 0)
-    bucket_mb: float = jsonspec.setting(jsonspec.positive("MiB"), 25.0)  # gradient bucket size
+    grid: list[int] = jsonspec.setting(
+        [], 'torus2d: [X, Y], X ranks per row; [] or "auto" = most square', json=INTEGERS
+    )
+    powersgd_rank: int = jsonspec.setting(
+        4, "PowerSGD's rank", json=jsonspec.integer(lambda v: v >= 1, "must be >= 1")
+    )
+    warmup_steps: int = jsonspec.setting(
+        0,
+        "optimizer steps synchronised uncompressed before compression starts",
+        json=jsonspec.integer(lambda v: v >= 0, "must be >= 0"),
+    )
+    bucket_mb: float = jsonspec.setting(
+        25.0, "gradient bucket size (MiB)", json=jsonspec.positive("MiB")
+    )
 
 
 @dataclass(frozen=True)

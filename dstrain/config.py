@@ -27,17 +27,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dstrain.errors import ConfigError
+from dstrain.jsonspec import setting
 from dstrain.ramp import batch_arithmetic, batch_plan
 
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
 FASHION_MNIST_DEFAULT_ROOT = "/usr/share/datasets/fashion-mnist"
-
-
-def setting(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's name
-    """A dataclass field with a help text (unit included) kept in its metadata."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -636,10 +630,19 @@ def _polish_rules(cfg: TrainConfig, world_size: int) -> Rules:
 
 
 def help_lines(cls: type = TrainConfig, prefix: str = "") -> list[str]:
-    """``key (type, default): help`` for every field, nested sections flattened."""
+    """``key (type, default): help`` for every field of a :func:`~dstrain.jsonspec.setting`
+    dataclass (the trainer config, or a JSON block's), nested sections flattened."""
     lines = []
     for fld in dataclasses.fields(cls):
-        default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()
+        if fld.default is not dataclasses.MISSING:
+            default = fld.default
+        elif fld.default_factory is not dataclasses.MISSING:
+            default = fld.default_factory()
+        else:
+            lines.append(
+                f"{prefix}{fld.name} ({fld.type}, required): {fld.metadata.get('help', '')}"
+            )
+            continue
         if dataclasses.is_dataclass(default):
             lines += help_lines(type(default), prefix + fld.name + ".")
         else:

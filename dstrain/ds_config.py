@@ -434,3 +434,18 @@ def precision(cfg: dict) -> str:
             dtype, dtype
         )
     return "fp32"
+
+
+def help_lines() -> list[str]:
+    """The JSON side of ``--help-config``: what dstrain reads from the DeepSpeed JSON beyond
+    DeepSpeed's own keys: each optimizer type's parameters and the dstrain_communication block."""
+    from dstrain.comm import CommConfig
+    from dstrain.config import help_lines as lines_of
+    from dstrain.optim import OPTIMIZERS
+
+    lines = []
+    for kind, entry in OPTIMIZERS.items():
+        what = " (layer-wise: ZeRO stage 0)" if entry.layerwise else ""
+        lines.append(f'"optimizer": {{"type": "{kind}" (any case){what}, "params": {{...}}}}')
+        lines += ["  " + line for line in lines_of(entry.params, "optimizer.params.")]
+    return lines + lines_of(CommConfig, "dstrain_communication.")

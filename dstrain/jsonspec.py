@@ -173,12 +173,15 @@ def read_block(
 
 
 # ---------------------------------------------------------------- a block declared as a dataclass
-def setting(value: Value, default: Any = MISSING, *, factory: Callable[[], Any] | None = None):
-    """A dataclass field that carries its JSON declaration: the field's name is the key, ``value``
-    its kind and range, the field's default the value when the JSON leaves the key out."""
-    if factory is not None:
-        return field(default_factory=factory, metadata={"json": value})
-    return field(default=default, metadata={"json": value})
+def setting(default: Any = MISSING, help: str = "", *, json: Value | None = None) -> Any:  # noqa: A002
+    """The one way dstrain declares a setting: a dataclass field with its default (none: required),
+    its help text (unit included) and, for a key of a DeepSpeed JSON block, its :class:`Value`
+    (kind and range). The trainer's YAML config (dstrain/config.py) and the JSON blocks dstrain
+    reads (optimizer parameters, dstrain_communication) both use it; ``--help-config`` lists both."""
+    metadata = {"help": help, **({"json": json} if json is not None else {})}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def declaration(cls: type) -> dict[str, Value]:

@@ -45,7 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # accepted for compatibility
     p.add_argument("--deepspeed", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(
-        "--help-config", action="store_true", help="list every trainer config key with its unit"
+        "--help-config",
+        action="store_true",
+        help="list the trainer config keys and the JSON keys dstrain reads, with units",
     )
     p.add_argument(
         "--check",
@@ -77,7 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     from dstrain.monitor import setup_logging
 
     if args.help_config:
+        from dstrain.ds_config import help_lines as json_lines
+
+        print(
+            "# The trainer config (YAML recipe and key=value overrides): what the trainer schedules"
+        )
         print("\n".join(help_lines()))
+        print(
+            "\n# The DeepSpeed JSON (--deepspeed_config): precision, the optimizer and its "
+            "parameters, communication. dstrain reads these blocks itself:"
+        )
+        print("\n".join(json_lines()))
         return 0
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))

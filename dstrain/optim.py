@@ -203,59 +203,67 @@ BETAS = jsonspec.Value(
     "pair", lambda b: all(0 <= x < 1 for x in b), "must be [beta1, beta2], each in [0, 1)"
 )
 S = jsonspec.setting
+NUMBER, FRACTION, BOOL = jsonspec.non_negative(), jsonspec.fraction(), jsonspec.boolean()
 
 
-# every parameter each optimizer type takes (OPTIMIZERS below): its JSON key, kind, range and
-# default, declared once. weight_decay is set per parameter group by param_groups() (0 for BN/bias);
-# the builders get the rest.
+# every parameter each optimizer type takes (OPTIMIZERS below): its JSON key, default, help, kind
+# and range, declared once. weight_decay is set per parameter group by param_groups() (0 for
+# BN/bias); the builders get the rest.
 @dataclass(frozen=True)
 class Common:
-    lr: float = S(LR)  # required: parse_spec says so by name
-    weight_decay: float = S(jsonspec.non_negative(), 0.0)
-    exclude_bn_bias: bool = S(jsonspec.boolean(), True)  # ndim <= 1: no decay, no trust ratio
-    # the BN/bias group's LR as a fraction of the scheduled LR (with exclude_bn_bias)
-    bn_bias_lr_factor: float = S(jsonspec.non_negative(), 1.0)
+    lr: float = S(help="the LR per optim.lr_reference_batch images", json=LR)
+    weight_decay: float = S(0.0, "L2 weight decay of conv/FC weights", json=NUMBER)
+    exclude_bn_bias: bool = S(
+        True, "tensors with ndim <= 1 (BN, biases): no weight decay, no trust ratio", json=BOOL
+    )
+    bn_bias_lr_factor: float = S(
+        1.0, "the BN/bias group's LR as a fraction of the scheduled LR", json=NUMBER
+    )
 
 
 @dataclass(frozen=True)
 class SGDParams(Common):
-    momentum: float = S(jsonspec.fraction(), 0.0)
-    nesterov: bool = S(jsonspec.boolean(), False)
-    dampening: float = S(jsonspec.fraction(), 0.0)
+    momentum: float = S(0.0, "momentum", json=FRACTION)
+    nesterov: bool = S(False, "Nesterov momentum", json=BOOL)
+    dampening: float = S(0.0, "momentum dampening", json=FRACTION)
 
 
 @dataclass(frozen=True)
 class AdamParams(Common):
-    betas: tuple[float, float] = S(BETAS, (0.9, 0.999))
-    eps: float = S(jsonspec.non_negative(), 1e-8)
+    betas: tuple[float, float] = S((0.9, 0.999), "[beta1, beta2]", json=BETAS)
+    eps: float = S(1e-8, "added to the denominator", json=NUMBER)
 
 
 @dataclass(frozen=True)
 class LARSParams(Common):
-    momentum: float = S(jsonspec.fraction(), 0.9)
-    trust_coefficient: float = S(jsonspec.positive(), 0.001)
-    eps: float = S(jsonspec.non_negative(), 0.0)
-    larc_clip: bool = S(jsonspec.boolean(), False)
-    trust_clip: float = S(jsonspec.non_negative(), 0.0)  # cap on the trust ratio, 0 = none
-    # the weight decay inside the trust ratio: weight_decay, or (Fujitsu) weight_decay x peak LR
-    trust_decay: str = S(jsonspec.choice(*TRUST_DECAY), "weight_decay")
-    momentum_correction: bool = S(jsonspec.boolean(), False)  # momentum x lr_t / lr_(t-1)
+    momentum: float = S(0.9, "momentum", json=FRACTION)
+    trust_coefficient: float = S(0.001, "eta of the trust ratio", json=jsonspec.positive())
+    eps: float = S(0.0, "added to the trust ratio's denominator", json=NUMBER)
+    larc_clip: bool = S(False, "LARC: the ratio clipped so the step is at most the LR's", json=BOOL)
+    trust_clip: float = S(0.0, "cap on the trust ratio, 0 = none", json=NUMBER)
+    trust_decay: str = S(
+        "weight_decay",
+        "the weight decay inside the trust ratio: weight_decay, or (Fujitsu) "
+        "weight_decay_x_peak_lr",
+        json=jsonspec.choice(*TRUST_DECAY),
+    )
+    momentum_correction: bool = S(
+        False, "Goyal's momentum correction: momentum x lr_t / lr_(t-1)", json=BOOL
+    )
 
 
 @dataclass(frozen=True)
 class LAMBParams(Common):
-    betas: tuple[float, float] = S(BETAS, (0.9, 0.999))
-    eps: float = S(jsonspec.non_negative(), 1e-6)
-    max_coeff: float = S(jsonspec.positive(), 10.0)
-    min_coeff: float = S(jsonspec.non_negative(), 0.01)
-    bias_correction: bool = S(jsonspec.boolean(), True)
+    betas: tuple[float, float] = S((0.9, 0.999), "[beta1, beta2]", json=BETAS)
+    eps: float = S(1e-6, "added to the denominator", json=NUMBER)
+    max_coeff: float = S(10.0, "upper clamp of the trust ratio", json=jsonspec.positive())
+    min_coeff: float = S(0.01, "lower clamp of the trust ratio", json=NUMBER)
+    bias_correction: bool = S(True, "Adam's bias correction of the moments", json=BOOL)
 
 
 @dataclass(frozen=True)
 class FusedLambParams(LAMBParams):
-    eps: float = S(
-        jsonspec.non_negative(), 1e-8
-    )  # DeepSpeed's FusedLamb default (and its fallback's)
+    eps: float = S(1e-8, "added to the denominator (DeepSpeed's FusedLamb default)", json=NUMBER)
 
 
 def _moments(params: dict) -> str:

@@ -484,3 +484,7 @@ def test_help_config_lists_keys_with_units(entry):
         in proc.stdout
     )
     assert "fault.collective_timeout_s (float, default 600.0)" in proc.stdout
+    # and the JSON side: each optimizer type's parameters, the dstrain_communication block
+    assert "optimizer.params.trust_coefficient (float, default 0.001): eta" in proc.stdout
+    assert "optimizer.params.lr (float, required)" in proc.stdout
+    assert "dstrain_communication.bucket_mb (float, default 25.0)" in proc.stdout

@@ -92,10 +92,8 @@ def test_every_shipped_optimizer_block_builds(path):
     parsed = parse_spec(spec, str(path))
     opt = build_optimizer(build_model("resnet_small", 10, in_channels=1, width=8), parsed)
     assert parsed.lr == spec["params"]["lr"]
-    kind = spec["type"].lower()
-    expected = {"lars": "LARS", "lamb": "LAMB", "sgd": "SGD"}[kind]
-    assert type(opt).__name__ == expected  # no GPU here: LAMB falls back to dstrain's
-    if kind in ("lars", "lamb"):
+    assert isinstance(opt, torch.optim.Optimizer)
+    if parsed.layerwise:  # the table's layer-wise types: no trust ratio for the BN/bias group
         assert [g.get("lars_exclude", False) for g in opt.param_groups] == [False, True]
     assert [g["weight_decay"] for g in opt.param_groups][1] == 0.0
 
