@@ -75,12 +75,16 @@ def resume_tag(plan: Plan, run_dir: Path) -> str | None:
 
 
 def check_creatable(path: Path) -> None:
+    """A new run directory's nearest existing parent must take it (the wording of
+    :func:`dstrain.rundir.create`'s refusal, which finds an unwritable directory too late)."""
     parent = next((p for p in path.absolute().parents if p.exists()), Path("/"))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"run_dir={str(path)!r}: cannot be created ({parent} is not writable); "
-            "choose another run_dir"
-        )
+    if os.access(parent, os.W_OK | os.X_OK):
+        return
+    read_only = os.statvfs(parent).f_flag & os.ST_RDONLY
+    reason = "Read-only file system" if read_only else "Permission denied"
+    raise ConfigError(
+        f"run_dir={str(path)!r}: not writable ({reason}) in {parent}; choose another run_dir"
+    )
 
 
 def check_images(plan: Plan, n_train: int) -> None:

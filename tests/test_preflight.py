@@ -108,7 +108,7 @@ def test_an_unwritable_run_dir_parent_is_refused(fake_fmnist, tmp_path, capfd):
     locked.mkdir(mode=0o500)
     args = [JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}"]
     code, _, err = check(capfd, [*args, f"run_dir={locked / 'run'}"])
-    assert code == 2 and "is not writable" in err
+    assert code == 2 and "not writable (Permission denied)" in err
 
 
 @pytest.mark.parametrize("kind, name, extra, expected", CASES, ids=[c[1] for c in CASES])
