@@ -75,7 +75,7 @@ def plan_lines(plan: Plan, start: startup.Start, target: Target) -> list[str]:
         lines.append(f"             note: {images.note}")
     *stages, steps = startup.stage_lines(plan, images.n_train, schedule)
     lines += [f"batch        {line}" for line in stages]
-    lines += [f"schedule     {steps}", f"run_dir      {start.run_dir_line()}"]
+    lines += [f"schedule     {steps}", f"run_dir      {start.run_dir_use}"]
     if cfg.log.mlperf:
         lines.append(mlperf_line(plan, images, schedule))
     return lines

@@ -39,14 +39,18 @@ class Start:
     run_dir: Path
     resume_tag: str | None  # the complete checkpoint resume=auto continues from, or None
     images: ImageCounts  # the loader and its counts; build_data builds from them
+    run_dir_use: (
+        str  # how the run uses its directory, in words, as found before anything is written
+    )
 
-    def run_dir_line(self) -> str:
-        """How the run would use its directory, in words."""
-        if self.resume_tag:
-            return f"{self.run_dir} (resume=auto: continues from {self.resume_tag})"
-        if self.run_dir.is_dir():
-            return f"{self.run_dir} (exists; no complete checkpoint, starts fresh)"
-        return f"{self.run_dir} (new)"
+
+def run_dir_use(run_dir: Path, tag: str | None) -> str:
+    if tag:
+        return f"{run_dir} (resume=auto: continues from {tag})"
+    if run_dir.is_dir():
+        held = "no complete checkpoint, starts fresh" if any(run_dir.iterdir()) else "empty"
+        return f"{run_dir} (exists; {held})"
+    return f"{run_dir} (new)"
 
 
 def check(plan: Plan, device: torch.device) -> Start:
@@ -56,10 +60,11 @@ def check(plan: Plan, device: torch.device) -> Start:
     tag = resume_tag(plan, run_dir)
     if not run_dir.exists():
         check_creatable(run_dir)
+    use = run_dir_use(run_dir, tag)
     check_precision(plan.spec.precision, device, model_from_config(cfg.model), plan.spec.path)
     images = count_images(cfg.data, cfg.model.num_classes)
     check_images(plan, images.n_train)
-    return Start(run_dir, tag, images)
+    return Start(run_dir, tag, images, use)
 
 
 def resume_tag(plan: Plan, run_dir: Path) -> str | None:

@@ -194,7 +194,7 @@ def log_plan(plan: Plan, trainer: Trainer, start: startup.Start) -> None:
     log.info(
         "run_dir %s | world %d | precision %s | %s loader, %d train / %d val images | base lr %.4g per %d "
         "images (%s scaling rule)",
-        start.run_dir_line(),
+        start.run_dir_use,
         plan.world,
         plan.spec.precision,
         trainer.data.kind,

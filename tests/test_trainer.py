@@ -400,3 +400,23 @@ def test_the_train_state_round_trips_through_its_state_dict_and_refuses_unknown_
     assert back == state
     with pytest.raises(ConfigError, match=r"\['lr_sched'\].*newer dstrain"):
         TrainState().load_state_dict({**state.state_dict(), "lr_sched": 1})
+
+
+def test_how_the_run_uses_its_directory_is_found_before_building_creates_it(
+    fake_fmnist, tmp_path, world_of_one
+):
+    """The plan line the run logs after building says what the checks found: a new directory
+    is "(new)", although building has created it by then."""
+    cfg = load_config(
+        TINY[1],
+        [
+            *TINY[2:],
+            f"data.root={fake_fmnist}",
+            f"run_dir={tmp_path / 'run'}",
+            "log.tensorboard=false",
+        ],
+    )
+    start = startup.check(prepare(cfg, str(REPO / "ds_configs/fp32.json")), torch.device("cpu"))
+    (tmp_path / "run").mkdir()  # what building does next
+    assert start.run_dir_use == f"{tmp_path / 'run'} (new)"
+    assert startup.run_dir_use(tmp_path / "run", None).endswith("(exists; empty)")
