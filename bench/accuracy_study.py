@@ -49,7 +49,9 @@ one peak LR below 16K), one run each; epochs-to-target = first epoch whose top-1
 Runs are kept in ``--runs`` (default runs/accuracy_study/<grid>-<epochs>ep[_holdoutN]/<row>-<seed>);
 a run whose summary.json exists is read, not retrained, and an interrupted one resumes from its last
 checkpoint (every 5 epochs, ``resume=auto``), so a grid stopped (or split across machines) continues
-where it stopped; each run records the git SHA it started at, shown in the report.
+where it stopped; each run records the git SHA it started at, shown in the report. runs/ is not
+committed: ``--reuse REPORT.json ...`` reads the finished runs a committed report recorded (a new
+checkout continues a grid from its reports; a recorded run of another definition is refused).
 
 Writes <name>.json (every run's history), <name>.csv, <name>.md and plots (<name>_curves.png,
 <name>_ablation.png) under --out (default docs/results), name = accuracy_study_<epochs>ep or
@@ -324,6 +326,15 @@ def trainer_args(cmd: list[str]) -> list[str]:
     return [a for a in cmd[start + 1 :] if not a.startswith(LOCATIONS)]
 
 
+def _changes(old: list[str], new: list[str]) -> str | None:
+    """``gone -> added`` between two trainer argument lists, or None when they are equal."""
+    if old == new:
+        return None
+    gone = [a for a in old if a not in new]
+    added = [a for a in new if a not in old]
+    return f"{' '.join(gone) or 'none'} -> {' '.join(added) or 'none'}, or another order"
+
+
 def stored_differs(run_dir: Path, cmd: list[str]) -> str | None:
     """Why the run kept in ``run_dir`` is not this row as now defined (its command differs), or
     None: a finished run is read, an interrupted one resumed, only if it is the same row."""
@@ -333,17 +344,43 @@ def stored_differs(run_dir: Path, cmd: list[str]) -> str | None:
     stored = json.loads(meta.read_text()).get("command") or []
     if not stored:
         return None
-    old = [a for a in stored[1:] if not a.startswith(LOCATIONS)]
-    new = trainer_args(cmd)
-    if old == new:
+    changes = _changes([a for a in stored[1:] if not a.startswith(LOCATIONS)], trainer_args(cmd))
+    if changes is None:
         return None
-    gone = [a for a in old if a not in new]
-    added = [a for a in new if a not in old]
     return (
-        f"{run_dir}: kept from a run started with other settings ({' '.join(gone) or 'none'} -> "
-        f"{' '.join(added) or 'none'}, or another order); the row is defined differently now. "
-        f"Remove {run_dir} to train it again, or pass --runs DIR to keep both"
+        f"{run_dir}: kept from a run started with other settings ({changes}); the row is "
+        f"defined differently now. Remove {run_dir} to train it again, or pass --runs DIR to "
+        "keep both"
     )
+
+
+def reported_runs(reports: list[str], jobs, args) -> tuple[dict, str | None]:
+    """The finished runs that committed reports (``--reuse``) recorded for these jobs, by (row,
+    seed), read instead of trained: runs/ is not committed, so a new checkout resumes a grid from
+    its reports. A recorded run of another definition is an error (the message), as a kept one is."""
+    found: dict[tuple[str, int], dict] = {}
+    for report in reports:
+        path = Path(report)
+        try:
+            records = json.loads(path.read_text())["runs"]
+        except (OSError, ValueError, KeyError) as e:
+            return {}, f"--reuse {report}: not a study report ({type(e).__name__}: {e})"
+        for rec in records:
+            job = (rec.get("row"), rec.get("seed"))
+            if job not in jobs or job in found or not rec.get("command"):
+                continue
+            row, seed = job
+            run_dir = args.runs / f"{row}-{seed}"
+            new = trainer_args(command(row, seed, args, run_dir))
+            changes = _changes(trainer_args(shlex.split(rec["command"])), new)
+            if changes is not None:
+                return {}, (
+                    f"--reuse {report}: {row} seed {seed} was recorded with other settings "
+                    f"({changes}); the row is defined differently now. Leave that report out "
+                    "to train the row again"
+                )
+            found[job] = rec
+    return found, None
 
 
 def train(row: str, seed: int, args, run_dir: Path, gpu: str | None = None) -> dict:
@@ -687,6 +724,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", help="result file stem (default from grid, epochs, holdout)")
     p.add_argument("--extra", nargs="*", default=[], help="more trainer overrides for every run")
     p.add_argument(
+        "--reuse",
+        nargs="+",
+        default=[],
+        metavar="REPORT",
+        help="study reports (.json) whose finished runs are read, not trained, when runs/ lacks "
+        "them (a new checkout); each must be the row as defined now",
+    )
+    p.add_argument(
         "--finished-only",
         action="store_true",
         help="report the runs that have finished, train none (a grid still running elsewhere); "
@@ -747,17 +792,31 @@ def main(argv: list[str] | None = None) -> int:
         if why:
             print(f"accuracy_study: error: {why}", file=sys.stderr)
             return 2
+    reported, why = reported_runs(args.reuse, jobs, args)
+    if why:
+        print(f"accuracy_study: error: {why}", file=sys.stderr)
+        return 2
+    # a run finished in runs/ is read from there; one only a report has, from the report
+    reported = {j: r for j, r in reported.items() if not finished(args.runs / f"{j[0]}-{j[1]}")}
+    for (row, seed), rec in reported.items():
+        print(f"{row:28s} seed {seed}: final top-1 {100 * rec['final_top1']:.2f}%  (from --reuse)")
     pending = []
     if args.finished_only:  # a report of a grid still running elsewhere: train nothing
-        pending = [job for job in jobs if not finished(args.runs / f"{job[0]}-{job[1]}")]
+        pending = [
+            job
+            for job in jobs
+            if job not in reported and not finished(args.runs / f"{job[0]}-{job[1]}")
+        ]
         jobs = [job for job in jobs if job not in pending]
         if not jobs:
             print(
                 "accuracy_study: error: --finished-only: no run has finished yet", file=sys.stderr
             )
             return 2
+    trained = [job for job in jobs if job not in reported]
     with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process
-        records = list(pool.map(one, enumerate(jobs)))
+        done = dict(zip(trained, pool.map(one, enumerate(trained)), strict=True))
+    records = [reported.get(job) or done[job] for job in jobs]
     records += derived(records)
     rows = [*args.rows, *[d for d in DERIVED if any(r["row"] == d for r in records)]]
     meta = {

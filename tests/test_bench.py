@@ -717,3 +717,45 @@ def test_the_difference_rows_add_one_of_fujitsus_settings_each(tmp_path):
     assert "optim.poly_power=2.2" in decay and "optim.end_lr_factor=0.0025" in decay
     fujitsu_recipe = (study.REPO / "dstrain/recipes/fashion_mnist_fujitsu.yaml").read_text()
     assert "poly_power: 2.2" in fujitsu_recipe and "end_lr_factor: 0.0025" in fujitsu_recipe
+
+
+def test_the_study_reads_finished_runs_from_a_committed_report(tmp_path):
+    """runs/ is not committed: a new checkout continues a grid from its report (--reuse), reading
+    the recorded run instead of training it; a recorded run of another definition is refused."""
+    study = load("accuracy_study")
+    base = ["--epochs", "2", "--rows", "baseline", "--seeds", "0", "--runs", str(tmp_path / "r")]
+    args = study.parse_args(base)
+    cmd = study.command("baseline", 0, args, args.runs / "baseline-0")
+    record = {
+        "row": "baseline",
+        "seed": 0,
+        "final_top1": 0.9,
+        "final_train_top1": 0.92,
+        "best_top1": 0.9,
+        "epochs": 2,
+        "steps": 10,
+        "wall_s": 5.0,
+        "gpu_time_s": 0.0,
+        "world_size": 1,
+        "time_to_90": 5.0,
+        "time_to_92": None,
+        "top1_per_epoch": [0.8, 0.9],
+        "train_top1_per_epoch": [0.85, 0.92],
+        "command": " ".join(["/elsewhere/bin/python", "-m", *cmd[2:]]),
+        "git_sha": "abc",
+    }
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"runs": [record]}))
+    out = tmp_path / "out"
+    argv = [*base, "--reuse", str(report), "--out", str(out), "--name", "n", "--finished-only"]
+    assert study.main(argv) == 0  # --finished-only: nothing trained, the recorded run counts
+    written = json.loads((out / "n.json").read_text())
+    assert [r["final_top1"] for r in written["runs"]] == [0.9] and written["pending"] == []
+    reported, why = study.reported_runs([str(report)], [("baseline", 0)], args)
+    assert why is None and reported[("baseline", 0)]["git_sha"] == "abc"
+    changed = study.parse_args([*base, "--extra", "optim.base_lr=0.3"])
+    reported, why = study.reported_runs([str(report)], [("baseline", 0)], changed)
+    assert not reported and "baseline seed 0" in why and "none -> optim.base_lr=0.3" in why
+    assert study.main([*base, "--extra", "optim.base_lr=0.3", "--reuse", str(report)]) == 2
+    (tmp_path / "bad.json").write_text("{")
+    assert "not a study report" in study.reported_runs([str(tmp_path / "bad.json")], [], args)[1]
