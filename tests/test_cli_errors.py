@@ -6,8 +6,10 @@ files ``case_files`` writes. Every case also lands in the evidence table (``./ru
 """
 
 import hashlib
+import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -261,32 +263,52 @@ def check_one_clear_line(proc, expected: str, ranks: int = 1) -> str:
     return errors[0]
 
 
-@pytest.mark.slow  # a process per case (~3 s each); the quick loop has them in-process (test_preflight)
+@pytest.fixture(scope="module")
+def refused(fake_fmnist, tmp_path_factory) -> dict:
+    """Every case of CASES run by the real run, ``python -m dstrain``'s ``main``, in one process per
+    environment (tests/refusals.py): name -> (its scratch directory, its arguments, the digest of
+    that directory before, what the run showed). One process start instead of 51 (3-8 s each)."""
+    cases, groups = {}, {}
+    for kind, name, extra, _ in CASES:
+        tmp = tmp_path_factory.mktemp("case")
+        subs = {"data": str(fake_fmnist), "tmp": str(tmp), **case_files(tmp)}
+        args = [JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}"]
+        args += [f"run_dir={tmp / 'run'}", *(a.format(**subs) for a in extra)]
+        cases[name] = (tmp, args, tree_digest(tmp))
+        # the CPU's refusals are tested on every node: with the GPUs hidden where there are some
+        groups.setdefault(kind == "precision", []).append(name)
+    for cpu_only, names in groups.items():
+        spec = tmp_path_factory.mktemp("refusals")
+        (spec / "cases.json").write_text(json.dumps([cases[n][1] for n in names]))
+        proc = run_cli(
+            [str(spec / "cases.json"), str(spec / "results.json")],
+            env=CPU_ONLY if cpu_only else None,
+            timeout=600,
+            module="tests.refusals",
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        for name, shown in zip(names, json.loads((spec / "results.json").read_text()), strict=True):
+            cases[name] = (*cases[name], SimpleNamespace(**shown))
+    return cases
+
+
+@pytest.mark.slow  # the real run of every case (one process); the quick loop has --check's (test_preflight)
 @pytest.mark.parametrize("kind, name, extra, expected", CASES, ids=[c[1] for c in CASES])
-def test_bad_input_gives_one_clear_line(
-    kind, name, extra, expected, fake_fmnist, tmp_path, evidence, capfd
-):
-    """The run refuses with one line, and ``--check`` with the same arguments gives that very line
-    (the same check functions in the same order: dstrain/startup.py)."""
+def test_bad_input_gives_one_clear_line(kind, name, extra, expected, refused, evidence, capfd):
+    """The run refuses with one line, exit 2, nothing written, and ``--check`` with the same
+    arguments gives that very line (the same check functions in the same order: dstrain/startup.py)."""
     from dstrain.main import main
 
-    # the CPU's refusals are tested on every node: with the GPUs hidden where there are some
-    env = CPU_ONLY if kind == "precision" else None
-    subs = {"data": str(fake_fmnist), "tmp": str(tmp_path), **case_files(tmp_path)}
-    run_dir = tmp_path / "run"
-    args = [JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}"]
-    args += [a.format(**subs) for a in extra]
-    before = tree_digest(tmp_path)
-    proc = run_cli(args, env=env, timeout=120)
+    tmp, args, before, proc = refused[name]
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     line = check_one_clear_line(proc, expected)
-    assert not run_dir.exists(), "a failed start must not create the run directory"
-    assert tree_digest(tmp_path) == before, "a failed start must not write anything"
+    assert not (tmp / "run").exists(), "a failed start must not create the run directory"
+    assert tree_digest(tmp) == before, "a failed start must not write anything"
     capfd.readouterr()
     assert main([*args, "--check", "--device", "cpu"]) == 2
     checked = [e for e in capfd.readouterr().err.splitlines() if e.startswith("dstrain: error:")]
     assert checked == [line], (checked, line)  # --check's refusal is the run's own line
-    assert tree_digest(tmp_path) == before
+    assert tree_digest(tmp) == before
     evidence(f"bad input: {kind}", name, exit=proc.returncode, seen=line, disk="nothing written")
 
 
@@ -429,7 +451,6 @@ def test_resume_with_an_incompatible_config_is_refused_untouched(
 
 def test_resume_with_allowed_changes_continues(finished_run, fake_fmnist, tmp_path, evidence):
     """epochs, the LR (in the JSON and the trainer config), label smoothing and logging may change."""
-    import json
     import shutil
 
     run_dir = tmp_path / "run"
