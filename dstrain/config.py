@@ -304,8 +304,8 @@ class FaultConfig:
         20.0,
         "after a SIGTERM/SIGINT the step in flight gets this long to finish before the run exits "
         "75 without a new checkpoint (a second signal 2 s or more after the first exits at once); "
-        "DeepSpeed's launcher sends SIGKILL 30 s after forwarding SIGTERM, PBS/Slurm give "
-        "30-60 s; 0 = no limit (seconds)",
+        "DeepSpeed's launcher sends SIGKILL 30 s after forwarding SIGTERM, Slurm's default "
+        "KillWait is 30 s, OpenPBS's kill_delay 10 s; 0 = no limit (seconds)",
     )
 
 

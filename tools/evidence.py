@@ -16,14 +16,12 @@ so a change made and reverted does not count, and uncommitted changes do). A res
 uncommitted tree (SHA ``...-dirty``) says so. The index records staleness as of its writing; the check
 ignores that column, so a code commit does not fail the tests until the index is rewritten.
 
-The docs' numbers are checked against the files in two ways. (1) In README.md and
-docs/results/README.md every percentage and every ratio written ``0.97x`` must be one of the strings a
-result renders from its file (``Result.quotes``), or a published number listed in ``PUBLISHED``.
-(2) In README.md and docs/*.md, a paragraph or table row that links a result file cites it: every
-number with a unit there (``%``, ``x``, ``pt``, ``img/s``, ``ms``, ``s``, ``min``) must be a value of a
-cited file at the precision written (a JSON leaf, as a fraction or in percent; or a number in a
-text/markdown result), a quote, or in ``PUBLISHED``/``STATED``; and every file linked must be
-registered here. A number typed by hand, or left behind when its file was regenerated, fails.
+Every number with a unit in a doc (README.md and every Markdown page but the reports results
+wrote) names where it comes from, and the check recomputes it from there: a link to the result file
+whose title is the value's key path (``[1.57x](bench/results/x.json "ratio.lars")``), a table whose
+rows are lines of a report or whose columns are key paths, a generated table, or, for what is not
+measured, a stated reason (see "the docs' numbers" below). A number equal by chance to another value
+of the file fails, and so does one typed by hand or left behind when its file was regenerated.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,14 +82,17 @@ class Result:
     what: str
     command: str  # from the repository root; `python` is this interpreter
     file: str  # the file the command writes (json, or md for ./run.sh evidence)
-    code: tuple[str, ...]  # what it measures: a change here makes the result stale
-    headline: Callable[[dict], str]
-    quotes: Callable[[dict], dict[str, list[str]]] = field(default=lambda d: {})
+    headline: str | Callable[[dict], str]  # a template of values ({key.path:format}) or a function
+    # what it measures, a change to which makes it stale (default: the trainer, the command's script)
+    code: tuple[str, ...] | None = None
     # part of `run`; False: the long accuracy studies and the test suite, each its own step
     rerun: bool = True
     readme: str = ""  # a row of README's results table, with this label (empty: the index only)
-    # numbers derived from the file (ratios of two rows, ...) that the docs may cite besides its leaves
-    values: Callable[[dict], list[float]] = field(default=lambda d: [])
+
+    def __post_init__(self):
+        if self.code is None:
+            scripts = re.findall(r"(?:bench|tools)/\w+\.py", self.command)
+            object.__setattr__(self, "code", (*TRAINER, *scripts))
 
     def exists(self) -> bool:
         return (REPO / self.file).is_file()
@@ -104,6 +105,17 @@ class Result:
         m = re.search(r"\bgit ([0-9a-f]{40}(?:-dirty)?)", text)
         return {"git_sha": m.group(1) if m else None, "text": text}
 
+    def summary(self, d: dict) -> str:
+        """The headline of the result's data ``d``."""
+        if callable(self.headline):
+            return self.headline(d)
+
+        def value(m: re.Match) -> str:
+            v = resolve(d, m[1])
+            return format(int(v) if v.is_integer() and not m[2] else v, m[2] or "")
+
+        return re.sub(r"\{([^{}:]+)(?::([^{}]*))?\}", value, self.headline)
+
     def shas(self, d: dict) -> list[str]:
         shas = d.get("run_git_shas") or [
             d.get("git_sha") or d.get("environment", {}).get("git_sha")
@@ -111,24 +123,7 @@ class Result:
         return [s for s in shas if s]
 
 
-# ------------------------------------------------------------------- headlines and README quotes
-
-
-def _default_recipe(d: dict) -> str:
-    return f"{pct(d['final_top1'])} top-1, {d['epochs']} epochs, {d['train_wall_time_s']:.0f} s training"
-
-
-def _overhead(d: dict) -> str:
-    ms = d["median_step_ms"]
-    return f"trainer step {ratio(d['overhead_ratio'], 3)} a bare DeepSpeed step (bare {ms['bare']:.1f} ms)"
-
-
-def _scaling(d: dict) -> str:
-    ips = d["images_per_s"]
-    return (
-        f"1 -> 2 ranks (1 thread each): {ips['1x1']:,.0f} -> {ips['2x1']:,.0f} img/s, "
-        f"{ratio(d['speedup'])}, {pct(d['scaling_efficiency'], 0)} efficiency"
-    )
+# ------------------------------------------------------------------- headlines
 
 
 def _loader(d: dict) -> str:
@@ -153,26 +148,6 @@ def _loader_formats(d: dict) -> str:
     )
 
 
-def _polish(d: dict) -> str:
-    s = d["summary"]
-    return (
-        f"{len(s['none']['values'])} seeds, batch 4,096: none {100 * s['none']['mean']:.2f}, refit "
-        f"{100 * s['refit']['mean']:.2f}, last K {100 * s['k_epochs']['mean']:.2f}, both "
-        f"{100 * s['both']['mean']:.2f}; refit {pct(s['refit_fraction']['mean'])} of training time"
-    )
-
-
-def _polish_quotes(d: dict) -> dict[str, list[str]]:
-    s = d["summary"]
-    m = {k: f"{100 * s[k]['mean']:.2f}" for k in ("none", "refit", "k_epochs", "both")}
-    return {
-        "docs/usage.md": [
-            f"({m['none']} -> {m['refit']} refit, {m['k_epochs']} K=1, {m['both']} both",
-            f"for {pct(s['refit_fraction']['mean'])} extra time",
-        ]
-    }
-
-
 def _comm(d: dict) -> str:
     rows = {r["config"].split("/")[-1].removesuffix(".json"): r for r in d["rows"]}
     sign = rows["comm_sign"]
@@ -189,13 +164,6 @@ def _throughput_ratios(d: dict) -> list[float]:
         k = (r.get("data"), r.get("precision"), r.get("channels_last"), r.get("compile"))
         (bare if r["loop"].startswith("bare") else ours)[k] = r["images_per_s"]
     return [ours[k] / bare[k] for k in ours if k in bare]
-
-
-def _row_ratios(d: dict) -> list[float]:
-    """images/s of every row over every other row of one throughput run (twins, DALI vs synthetic,
-    bf16 vs fp32, ...)."""
-    ips = [r["images_per_s"] for r in d["rows"]]
-    return [a / b for a in ips for b in ips if b]
 
 
 def _throughput(d: dict) -> str:
@@ -250,46 +218,6 @@ RECORDS_ROWS = (
 )
 
 
-def _records_quotes(d: dict) -> dict[str, list[str]]:
-    """docs/results/README.md's table of issue 33's rows: test and train top-1, distance to batch 128."""
-    runs = {r["row"]: r for r in d["runs"] if r["seed"] == 0}
-    base = 100 * runs["baseline"]["final_top1"]
-    rows = []
-    for k in RECORDS_ROWS:
-        top1, train = 100 * runs[k]["final_top1"], 100 * runs[k]["final_train_top1"]
-        gap = "" if k == "baseline" else f" {top1 - base:+.2f} |"
-        rows.append(f"| {top1:.2f} | {train:.2f} |{gap}")
-    return {"docs/results/README.md": rows}
-
-
-def _seeds_quotes(d: dict) -> dict[str, list[str]]:
-    by_row = _by_row(d)
-    return {"docs/results/README.md": [_mean_sd(by_row[k]) for k in ("baseline", "fujitsu_span32")]}
-
-
-def _mean_sd(values: list[float]) -> str:
-    return f"{100 * statistics.mean(values):.2f} +- {100 * statistics.stdev(values):.2f}%"
-
-
-def _study10_quotes(d: dict) -> dict[str, list[str]]:
-    by_row = _by_row(d)
-    return {
-        "docs/results/README.md": [
-            _mean_sd(by_row[k]) for k in ("baseline", "recipe_lars", "recipe_lamb")
-        ]
-    }
-
-
-def _throughput_quotes(d: dict) -> dict[str, list[str]]:
-    rs = _throughput_ratios(d)
-    return {"docs/results/README.md": [f"{min(rs):.2f}x-{max(rs):.2f}x"]}
-
-
-def _layouts(d: dict) -> list[float]:
-    ms = d["median_step_ms"]
-    return [ms["dstrain_lamb_channels_last"] / ms["dstrain_lamb"]]
-
-
 def _code_shape(d: dict) -> str:
     widest = d["widest_signatures"][0]["parameters"] if d["widest_signatures"] else 0
     floors = f", {d['floors']} floors" if "floors" in d else ""
@@ -315,510 +243,241 @@ TUNING_30EP = (
     ("fujitsu", "fujitsu_span32", "Fujitsu recipe (peak LR)", ("10", "25")),
     ("goyal", "goyal_4096", "Goyal SGD (LR per 256 images)", ("0.05", "0.1", "0.2")),
 )
+OPTIMIZER_CODE = (
+    "dstrain/lars.py",
+    "dstrain/lamb.py",
+    "dstrain/multitensor.py",
+    "bench/optimizer_step.py",
+)
 R = "python bench/"  # a benchmark
 T = "python tools/"  # project tooling
+# The registry, one entry per result file (bench/results, docs/results): key, what, command, file,
+# headline (a template of the file's values, or a function), then what differs from the defaults.
+# fmt: off
 RESULTS = [
-    Result(
-        "default_recipe",
-        "default recipe (`fashion_mnist`)",
-        R + "default_recipe.py",
-        "bench/results/default_recipe.json",
-        (*TRAINER, "bench/default_recipe.py"),
-        _default_recipe,
-        lambda d: {
-            "docs/usage.md": [
-                f"| {pct(d['final_top1'])} test top-1, {d['train_wall_time_s']:.0f} s training",
-            ]
-        },
-        readme="default recipe (`./run.sh train`), 2 CPU cores",
-    ),
-    Result(
-        "recipe_fashion_mnist_lars",
-        "shipped `fashion_mnist_lars` recipe",
-        R + "default_recipe.py --config fashion_mnist_lars",
-        "bench/results/recipe_fashion_mnist_lars.json",
-        (*TRAINER, "bench/default_recipe.py"),
-        _default_recipe,
-        lambda d: {
-            "docs/usage.md": [
-                f"| {pct(d['final_top1'])} test top-1, {d['train_wall_time_s']:.0f} s"
-            ]
-        },
-        readme="the `fashion_mnist_lars` recipe (batch ramp to 4,096, LARS)",
-    ),
-    Result(
-        "overhead_1rank",
-        "trainer overhead, 1 rank",
-        R + "overhead.py",
-        "bench/results/overhead_cpu_1rank.json",
-        (*TRAINER, "bench/overhead.py"),
-        _overhead,
-        lambda d: {"docs/results/README.md": [f"| {ratio(d['overhead_ratio'], 3)} (1 rank)"]},
-        readme="trainer step vs a bare DeepSpeed loop, 1 rank",
-    ),
-    Result(
-        "overhead_1rank_1thread",
-        "trainer overhead, 1 rank, 1 thread",
-        "OMP_NUM_THREADS=1 "
-        + R
-        + "overhead.py --out bench/results/overhead_cpu_1rank_1thread.json",
-        "bench/results/overhead_cpu_1rank_1thread.json",
-        (*TRAINER, "bench/overhead.py"),
-        _overhead,
-    ),
-    Result(
-        "overhead_2rank",
-        "trainer overhead, 2 ranks",
-        "OMP_NUM_THREADS=1 deepspeed --num_gpus 2 bench/overhead.py",
-        "bench/results/overhead_cpu_2rank.json",
-        (*TRAINER, "bench/overhead.py"),
-        _overhead,
-        lambda d: {"docs/results/README.md": [f", {ratio(d['overhead_ratio'], 3)} (2 ranks)"]},
-        readme="the same, 2 ranks",
-    ),
-    Result(
-        "scaling",
-        "multi-rank CPU scaling (`./launch.sh`)",
-        R + "scaling.py",
-        "bench/results/scaling_cpu.json",
-        (*TRAINER, "launch.sh", "bench/scaling.py"),
-        _scaling,
-        lambda d: {
-            "docs/results/README.md": [
-                f"{d['images_per_s']['1x1']:,.0f} -> {d['images_per_s']['2x1']:,.0f} img/s: "
-                f"{ratio(d['speedup'])}, {pct(d['scaling_efficiency'], 0)} efficiency"
-            ]
-        },
-        readme="1 -> 2 CPU ranks under `./launch.sh`",
-    ),
-    Result(
-        "single_rank_allreduce",
-        "DeepSpeed's single-rank all-reduce (now skipped)",
-        R + "single_rank_allreduce.py",
-        "bench/results/single_rank_allreduce_cpu.json",
-        ("dstrain/trainer.py", "dstrain/compat.py", "bench/single_rank_allreduce.py"),
-        lambda d: f"a step {ratio(d['speedup_without_allreduce'])} faster without it",
-        lambda d: {
-            "docs/results/README.md": [f"a step {ratio(d['speedup_without_allreduce'])} faster"]
-        },
-    ),
-    Result(
-        "bn_span",
-        "BN span 32 cost, channels_last",
-        R + "bn_span.py",
-        "bench/results/bn_span_cpu.json",
-        ("dstrain/bn_span.py", "bench/bn_span.py"),
-        lambda d: f"{ratio(d['span_over_plain'])} the plain-BN step",
-    ),
-    Result(
-        "bn_span_nchw",
-        "BN span 32 cost, NCHW",
-        R + "bn_span.py --channels-last off --out bench/results/bn_span_cpu_nchw.json",
-        "bench/results/bn_span_cpu_nchw.json",
-        ("dstrain/bn_span.py", "bench/bn_span.py"),
-        lambda d: f"{ratio(d['span_over_plain'])} the plain-BN step",
-    ),
-    Result(
-        "optimizer_step",
-        "LARS/LAMB step on ResNet-50's parameters",
-        R + "optimizer_step.py",
-        "bench/results/optimizer_step_cpu.json",
-        ("dstrain/lars.py", "dstrain/lamb.py", "dstrain/multitensor.py", "bench/optimizer_step.py"),
-        lambda d: (
-            f"LARS {ratio(d['ratio_vs_sgd_foreach']['dstrain_lars'])}, LAMB "
-            f"{ratio(d['ratio_vs_sgd_foreach']['dstrain_lamb'])} the time of SGD(foreach)"
-        ),
-        lambda d: {
-            "docs/usage.md": [
-                f"takes {ratio(d['ratio_vs_sgd_foreach']['dstrain_lars'])} the time",
-                "its {} CPU target is {}".format(
-                    re.search(r"within (\S+) of", d["targets"])[1],
-                    "met" if d["ratio_vs_sgd_foreach"]["dstrain_lars"] <= 1.15 else "missed",
-                ),
-            ]
-        },
-        readme="LARS/LAMB step on ResNet-50 parameters vs SGD",
-    ),
-    Result(
-        "loader",
-        "DALI loader vs a plain DALI pipeline (the ceiling)",
-        R + "loader.py --batch 64 --batches-per-epoch 25 100 --threads 2 --prefetch 2 --epochs 3",
-        "bench/results/loader_cpu.json",
-        ("dstrain/data", "bench/loader.py"),
-        _loader,
-        lambda d: {
-            "docs/usage.md": [
-                f"**{ratio(d['rows'][0]['ratio_dali_over_plain'])}** the ceiling at "
-                f"{d['rows'][0]['batches_per_epoch']} batches an epoch, "
-                f"**{ratio(d['rows'][1]['ratio_dali_over_plain'])}** at"
-            ]
-        },
-        readme="DALI loader vs a plain DALI pipeline (CPU decode)",
-    ),
-    Result(
-        "loader_formats",
-        "the same loader over shards (WebDataset, RecordIO) vs the folder, same files",
-        R + "loader.py --batch 64 --batches-per-epoch 25 --threads 2 --prefetch 2 --epochs 3 "
-        "--devices cpu --loaders dali dali@wds dali@recordio torchvision torchvision@wds "
-        "torchvision@recordio --out bench/results/loader_cpu_formats.json",
-        "bench/results/loader_cpu_formats.json",
-        ("dstrain/data", "bench/loader.py"),
-        _loader_formats,
-    ),
-    Result(
-        "polish",
-        "Final Polishing (BN refit, last K epochs)",
-        R + "polish.py",
-        "bench/results/polish.json",
-        (*TRAINER, "bench/polish.py"),
-        _polish,
-        _polish_quotes,
-        readme="Final Polishing at batch 4,096, 3 seeds (top-1 %)",
-    ),
-    Result(
-        "comm_accuracy",
-        "gradient communication, accuracy and bytes (2 ranks)",
-        R + "comm_accuracy.py --epochs 2",
-        "bench/results/comm_accuracy.json",
-        (*TRAINER, "bench/comm_accuracy.py"),
-        _comm,
-        readme="2D-Torus and 1-bit compression vs all-reduce, 2 ranks",
-    ),
-    Result(
-        "throughput_cpu",
-        "the GPU throughput bench on CPU (resnet18, 64 px, fp32; synthetic and DALI data)",
-        R
-        + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 1280 --bare-steps 40 "
-        "--bare-warmup 5 --epochs 3 --dali-images 1280 --dali-threads 2",
-        "bench/results/throughput_cpu_2_cores.json",
-        (*TRAINER, "bench/throughput.py"),
-        _throughput,
-        _throughput_quotes,
-        values=_row_ratios,
-        readme="throughput bench on CPU (resnet18, 64 px)",
-    ),
-    Result(
-        "throughput_cpu_compile",
-        "the same, synthetic data only, channels_last and torch.compile on/off (a second run)",
-        R
-        + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 640 --bare-steps 20 "
-        "--bare-warmup 5 --epochs 3 --loaders synthetic --channels-last on off --compile off on "
-        "--out bench/results/throughput_cpu_2_cores_compile.json",
-        "bench/results/throughput_cpu_2_cores_compile.json",
-        (*TRAINER, "bench/throughput.py"),
-        _throughput,
-        _throughput_quotes,
-        values=_row_ratios,
-    ),
-    Result(
-        "loader_settings",
-        "DALI loader threads / prefetch",
-        R + "loader.py --batch 64 --batches-per-epoch 25 --threads 1 2 --prefetch 1 2 3 --epochs 3 "
-        "--out bench/results/loader_cpu_settings.json",
-        "bench/results/loader_cpu_settings.json",
-        ("dstrain/data", "bench/loader.py"),
-        lambda d: f"{len(d['rows'])} settings: "
-        + _loader(d).split(",")[0]
-        + " (first); see docs/data.md",
-    ),
-    Result(
-        "comm_model",
-        "all-reduce cost model (ring, hierarchical, 2D-Torus; modelled, not measured)",
-        R + "comm_model.py",
-        "bench/results/comm_model.json",
-        ("bench/comm_model.py",),
-        lambda d: f"{len(d['rows'])} cluster sizes, {d['rows'][0]['gpus']} to {d['rows'][-1]['gpus']} GPUs",
-    ),
-    Result(
-        "faults",
-        "bad inputs and faults, what the user sees",
-        "./run.sh evidence",
-        "docs/results/faults.md",
-        (*TRAINER, "launch.sh", "run.sh"),
-        _faults,
-    ),
-    Result(
-        "commit_ab_default",
-        "the default recipe at c8827d4 (its first result) and now, alternating on one machine",
-        T + "commit_ab.py --base c8827d4 --rounds 2 epochs=2",
-        "bench/results/commit_ab_c8827d4.json",
-        (*TRAINER, "tools/commit_ab.py"),
-        lambda d: (
-            f"training time now {ratio(d['head_over_base'])} that at c8827d4 "
-            f"({d['median_wall_time_s']['head']:.1f} vs {d['median_wall_time_s']['base']:.1f} s)"
-        ),
-    ),
-    Result(
-        "suite_cpu",
-        "the test suite on this CPU (CI's first step)",
-        "./run.sh test -q --junitxml=/tmp/dstrain-suite.xml; python tools/suite.py "
-        "--junit /tmp/dstrain-suite.xml --ran './run.sh test -q'",
-        "bench/results/suite_cpu_2_cores.json",
-        (*SUITE, "requirements.txt"),
-        suite_headline,
-        lambda d: {"docs/testing.md": [suite_headline(d)]},
-        rerun=False,
-        readme="the test suite (CI step 1)",
-    ),
-    Result(
-        "suite_cpu_oldest",
-        "the `oldest` tests on the oldest torch declared (CI's second step)",
-        "./run.sh test-oldest -q --junitxml=/tmp/dstrain-oldest.xml; .venv-oldest/bin/python "
-        "tools/suite.py --junit /tmp/dstrain-oldest.xml --ran './run.sh test-oldest -q' "
-        "--out bench/results/suite_cpu_2_cores_oldest.json",
-        "bench/results/suite_cpu_2_cores_oldest.json",
-        (*SUITE, "requirements-oldest.txt"),
-        lambda d: f"torch {d['torch']}: {suite_headline(d)}",
-        lambda d: {"docs/testing.md": [f"torch {d['torch'].split('+')[0]}: {suite_headline(d)}"]},
-        rerun=False,
-        readme="the `oldest` tests on torch 2.11 (CI step 2)",
-    ),
-    Result(
-        "study_30ep",
-        "large-batch study at the records' step budget (CPU: 30 epochs)",
-        R + "accuracy_study.py --epochs 30 --rows baseline naive_4096 lars lars_span32 --seeds 0",
-        "docs/results/accuracy_study_30ep.json",
-        (*TRAINER, "bench/accuracy_study.py"),
-        _study,
-        rerun=False,
-    ),
-    Result(
-        "study_30ep_records",
-        "large-batch study, issue 33's rows: Goyal SGD, LARS in the records' regime, Fujitsu recipe",
-        R + "accuracy_study.py --epochs 30 --rows " + " ".join(RECORDS_ROWS) + " --seeds 0 "
-        "--name accuracy_study_30ep_records",
-        "docs/results/accuracy_study_30ep_records.json",
-        (*TRAINER, "bench/accuracy_study.py"),
-        _study,
-        _records_quotes,
-        rerun=False,
-        readme="large-batch study, 30 epochs, seed 0 (test top-1)",
-    ),
-    Result(
-        "study_30ep_seeds",
-        "large-batch study, 30 epochs, 3 seeds: batch 128 vs the best batch-4,096 row",
-        R + "accuracy_study.py --epochs 30 --rows baseline fujitsu_span32 --seeds 0 1 2 "
-        "--name accuracy_study_30ep_seeds",
-        "docs/results/accuracy_study_30ep_seeds.json",
-        (*TRAINER, "bench/accuracy_study.py"),
-        _study,
-        _seeds_quotes,
-        rerun=False,
-        readme="batch 128 vs 4,096 (Fujitsu recipe), 30 epochs, 3 seeds",
-    ),
-    Result(
-        "study_90ep_baseline",
-        "the goal's measurement, batch 128 half: 90 epochs, 3 seeds, test set (CPU)",
-        R + "accuracy_study.py --epochs 90 --rows baseline --seeds 0 1 2 "
-        "--name accuracy_study_90ep_baseline",
-        "docs/results/accuracy_study_90ep_baseline.json",
-        (*TRAINER, "bench/accuracy_study.py"),
-        _study,
-        rerun=False,
-        readme="batch 128, 90 epochs, 3 seeds (the goal's reference)",
-    ),
-    Result(
-        "brakes_holdout",
-        "issue 39, item 1: one brake at a time on the Fujitsu row, 6,000 held-out images, 30 "
-        "epochs, chosen by the worst of 3 seeds (in progress: the report names the pending runs)",
-        R + "accuracy_study.py --epochs 30 --holdout 6000 --rows fujitsu_span32 "
-        "fujitsu_span32_bn_lr0.1 fujitsu_span32_trust_clip1 fujitsu_span32_momentum_correction "
-        "fujitsu_span32_warmup50 fujitsu_span32_lr5 --seeds 0 1 2 --finished-only "
-        "--out docs/results/tuning --name brakes_30ep_holdout6000",
-        "docs/results/tuning/brakes_30ep_holdout6000.json",
-        (*TRAINER, "bench/accuracy_study.py"),
-        _study,
-        rerun=False,
-    ),
-    Result(
-        "study_10ep",
-        "earlier large-batch study (10 epochs, LRs tuned on the test set)",
-        R + "accuracy_study.py --jobs 2",
-        "docs/results/accuracy_study.json",
-        (*TRAINER, "bench/accuracy_study.py"),
-        _study,
-        _study10_quotes,
-        rerun=False,
-    ),
-    Result(
-        "throughput_cpu_dali",
-        "the trainer fed by DALI vs synthetic data (CPU, resnet18, 64 px, fp32)",
-        R
-        + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 640 --dali-images 640 "
-        "--dali-threads 2 --bare-steps 20 --bare-warmup 5 --epochs 3 --loaders synthetic dali "
-        "--channels-last off --compile off --precisions fp32 --out bench/results/throughput_cpu_2_cores_dali.json",
-        "bench/results/throughput_cpu_2_cores_dali.json",
-        (*TRAINER, "bench/throughput.py"),
-        _throughput,
-        values=_row_ratios,
-    ),
-    Result(
-        "throughput_cpu_fp32_bf16",
-        "bf16 autocast vs fp32 on a CPU without AVX-512 BF16 (an earlier machine)",
-        R + "throughput.py --model resnet18 --batch 16 --image-size 32 --images 64 --bare-steps 4 "
-        "--bare-warmup 1 --epochs 2 --loaders synthetic --channels-last off --compile off --precisions "
-        "fp32 bf16 --out bench/results/throughput_cpu_2_cores_fp32_bf16.json",
-        "bench/results/throughput_cpu_2_cores_fp32_bf16.json",
-        (*TRAINER, "bench/throughput.py"),
-        _throughput,
-        values=_row_ratios,
-        rerun=False,  # its point is the other machine's CPU
-    ),
-    Result(
-        "optimizer_step_layouts",
-        "LAMB on NCHW vs channels_last parameters (15 rounds)",
-        R + "optimizer_step.py --rounds 15 --out bench/results/optimizer_step_cpu_layouts.json",
-        "bench/results/optimizer_step_cpu_layouts.json",
-        ("dstrain/lars.py", "dstrain/lamb.py", "dstrain/multitensor.py", "bench/optimizer_step.py"),
-        lambda d: f"LAMB channels_last {ratio(_layouts(d)[0], 3)} the time of LAMB NCHW",
-        values=_layouts,
-    ),
-    Result(
-        "overhead_1rank_95e4140",
-        "trainer overhead at 95e4140 (the loop before issue 15), same machine as overhead_1rank",
-        "git worktree add /tmp/base 95e4140 && cd /tmp/base && python bench/overhead.py",
-        "bench/results/overhead_cpu_1rank_95e4140.json",
-        (),
-        _overhead,
-        rerun=False,  # a measurement of an old commit
-    ),
-    Result(
-        "code_shape",
-        "code shape of the package (files, lines, cycles, signatures)",
-        T + "code_shape.py",
-        "bench/results/code_shape.json",
-        ("dstrain",),
-        _code_shape,
-    ),
-    Result(
-        "code_shape_71a43a9",
-        "code shape at 71a43a9 (before issue 32's second step)",
-        T
-        + "code_shape.py --package CHECKOUT_AT_71a43a9/dstrain --out bench/results/code_shape_71a43a9.json",
-        "bench/results/code_shape_71a43a9.json",
-        (),
-        _code_shape,
-        rerun=False,
-    ),
-    Result(
-        "code_shape_95e4140",
-        "code shape at 95e4140 (before the redesign)",
-        T + "code_shape.py --package /tmp/base/dstrain --out bench/results/code_shape_95e4140.json",
-        "bench/results/code_shape_95e4140.json",
-        (),
-        _code_shape,
-        rerun=False,
-    ),
-    Result(
-        "cpu_channels_last_crash",
-        "oneDNN's channels_last backward crash on narrow convolutions (CPU)",
-        R + "cpu_channels_last_crash.py",
-        "bench/results/cpu_channels_last_crash.json",
-        ("bench/cpu_channels_last_crash.py",),
-        _crash,
-    ),
-    Result(
-        "recipe_fashion_mnist_c8827d4",
-        "default recipe at c8827d4, with augmentation (its first result)",
-        "python -m dstrain --config fashion_mnist data.augment=true",
-        "bench/results/recipe_fashion_mnist.json",
-        (),
-        _default_recipe,
-        rerun=False,
-    ),
-    Result(
-        "suite_cpu_quick",
-        "the quick loop (`-m 'not slow'`)",
-        T + "suite.py --out bench/results/suite_cpu_2_cores_quick.json -- -q -m 'not slow'",
-        "bench/results/suite_cpu_2_cores_quick.json",
-        (*SUITE, "requirements.txt"),
-        suite_headline,
-        rerun=False,
-        readme='the quick loop, `./run.sh test -m "not slow"`',
-    ),
-    Result(
-        "accuracy_sweep",
-        "one-seed LR / warmup / ramp sweep, batch 4,096, 10 epochs (LRs chosen on the test set)",
-        "bench/accuracy_study.py at 4a0cead with uncommitted --jobs (the note in the file)",
-        "docs/results/accuracy_sweep.json",
-        (),
-        _sweep,
-        rerun=False,
-    ),
-    Result(
-        "probe_lars_lr_1.25",
-        "`fashion_mnist_lars` at LR 1.25 diverging at the switch to batch 4,096 (a log)",
-        "python -m dstrain --config fashion_mnist_lars optim.base_lr=1.25",
-        "bench/results/probe_lars_base_lr_1.25.log",
-        (),
-        lambda d: d["text"].splitlines()[1].lstrip("# "),
-        rerun=False,
-    ),
-    *[
-        Result(
-            f"recipe_lars_{e}ep",
-            f"the `recipe_lars` row run for {e} epochs (seed 0)",
-            R + f"accuracy_study.py --rows recipe_lars --seeds 0 --epochs {e} "
-            f"--out docs/results/recipe_epochs/e{e}",
-            f"docs/results/recipe_epochs/e{e}/accuracy_study.json",
-            (*TRAINER, "bench/accuracy_study.py"),
-            _study,
-            rerun=False,
-        )
-        for e in (20, 30)
-    ],
-    Result(
-        "lars_tensors_fujitsu_seed2",
-        "Fujitsu recipe, seed 2, 30-epoch row rerun with log.lars_tensors (the run of "
-        "`accuracy_study.py --epochs 30 --rows fujitsu_span32 --seeds 2 --runs "
-        "runs/accuracy_study/diag-30ep --extra log.tensorboard=true log.lars_tensors=true "
-        "log.every_steps=1`), 30 epochs",
-        R + "lars_tensors.py runs/accuracy_study/diag-30ep/fujitsu_span32-2 "
-        "--name lars_tensors_fujitsu_span32_seed2_30ep",
-        "docs/results/stability/lars_tensors_fujitsu_span32_seed2_30ep.json",
-        (*TRAINER, "bench/accuracy_study.py", "bench/lars_tensors.py"),
-        _lars_tensors,
-        rerun=False,
-    ),
-    *[
-        Result(
-            f"tuning_fujitsu_lr{lr}",
-            f"Fujitsu recipe, peak LR {lr}, on 6,000 held-out images",
-            R + f"accuracy_study.py --epochs 10 --holdout 6000 --rows fujitsu_span32 --seeds 0 "
-            f"--out docs/results/tuning --name fujitsu_lr{lr}_10ep_holdout6000 --extra optim.base_lr={lr}",
-            f"docs/results/tuning/fujitsu_lr{lr}_10ep_holdout6000.json",
-            (*TRAINER, "bench/accuracy_study.py"),
-            _tuning,
-            rerun=False,
-        )
-        for lr in ("1.6", "4", "10")
-    ],
-    *[
-        Result(
-            f"tuning_{stem}_lr{lr}_30ep",
-            f"{what}, LR {lr}, 30 epochs, on 6,000 held-out images",
-            R + f"accuracy_study.py --epochs 30 --holdout 6000 --rows {row} --seeds 0 "
-            f"--runs runs/accuracy_study/tune-{stem}-30ep-lr{lr} --out docs/results/tuning "
-            f"--name {stem}_lr{lr}_30ep_holdout6000 --extra optim.base_lr={lr}",
-            f"docs/results/tuning/{stem}_lr{lr}_30ep_holdout6000.json",
-            (*TRAINER, "bench/accuracy_study.py"),
-            _tuning,
-            rerun=False,
-        )
-        for stem, row, what, lrs in TUNING_30EP
-        for lr in lrs
-    ],
-    Result(
-        "goyal_lr0.4_30ep",
-        "Goyal SGD at the baseline's 0.4 per 256 images (6.4 at 4,096), 30 epochs, test set",
-        R + "accuracy_study.py --epochs 30 --rows goyal_4096 --seeds 0 "
-        "--runs runs/accuracy_study/goyal-lr0.4-30ep --name goyal_lr0.4_30ep --extra optim.base_lr=0.4",
-        "docs/results/goyal_lr0.4_30ep.json",
-        (*TRAINER, "bench/accuracy_study.py"),
-        _study,
-        rerun=False,
-    ),
+    Result("default_recipe", "default recipe (`fashion_mnist`)", R + "default_recipe.py",
+           "bench/results/default_recipe.json",
+           "{final_top1:.1%} top-1, {epochs} epochs, {train_wall_time_s:.0f} s training",
+           readme="default recipe (`./run.sh train`), 2 CPU cores"),
+    Result("recipe_fashion_mnist_lars", "shipped `fashion_mnist_lars` recipe",
+           R + "default_recipe.py --config fashion_mnist_lars",
+           "bench/results/recipe_fashion_mnist_lars.json",
+           "{final_top1:.1%} top-1, {epochs} epochs, {train_wall_time_s:.0f} s training",
+           readme="the `fashion_mnist_lars` recipe (batch ramp to 4,096, LARS)"),
+    Result("overhead_1rank", "trainer overhead, 1 rank", R + "overhead.py",
+           "bench/results/overhead_cpu_1rank.json",
+           "trainer step {overhead_ratio:.3f}x a bare DeepSpeed step (bare {median_step_ms.bare:.1f} ms)",
+           readme="trainer step vs a bare DeepSpeed loop, 1 rank"),
+    Result("overhead_1rank_1thread", "trainer overhead, 1 rank, 1 thread",
+           "OMP_NUM_THREADS=1 " + R + "overhead.py --out bench/results/overhead_cpu_1rank_1thread.json",
+           "bench/results/overhead_cpu_1rank_1thread.json",
+           "trainer step {overhead_ratio:.3f}x a bare DeepSpeed step (bare {median_step_ms.bare:.1f} ms)"),
+    Result("overhead_2rank", "trainer overhead, 2 ranks",
+           "OMP_NUM_THREADS=1 deepspeed --num_gpus 2 bench/overhead.py",
+           "bench/results/overhead_cpu_2rank.json",
+           "trainer step {overhead_ratio:.3f}x a bare DeepSpeed step (bare {median_step_ms.bare:.1f} ms)",
+           readme="the same, 2 ranks"),
+    Result("scaling", "multi-rank CPU scaling (`./launch.sh`)", R + "scaling.py",
+           "bench/results/scaling_cpu.json",
+           "1 -> 2 ranks (1 thread each): {images_per_s.1x1:,.0f} -> {images_per_s.2x1:,.0f} img/s, "
+           "{speedup:.2f}x, {scaling_efficiency:.0%} efficiency",
+           code=(*TRAINER, "launch.sh", "bench/scaling.py"),
+           readme="1 -> 2 CPU ranks under `./launch.sh`"),
+    Result("single_rank_allreduce", "DeepSpeed's single-rank all-reduce (now skipped)",
+           R + "single_rank_allreduce.py", "bench/results/single_rank_allreduce_cpu.json",
+           "a step {speedup_without_allreduce:.2f}x faster without it",
+           code=("dstrain/trainer.py", "dstrain/compat.py", "bench/single_rank_allreduce.py")),
+    Result("bn_span", "BN span 32 cost, channels_last", R + "bn_span.py",
+           "bench/results/bn_span_cpu.json", "{span_over_plain:.2f}x the plain-BN step",
+           code=("dstrain/bn_span.py", "bench/bn_span.py")),
+    Result("bn_span_nchw", "BN span 32 cost, NCHW",
+           R + "bn_span.py --channels-last off --out bench/results/bn_span_cpu_nchw.json",
+           "bench/results/bn_span_cpu_nchw.json", "{span_over_plain:.2f}x the plain-BN step",
+           code=("dstrain/bn_span.py", "bench/bn_span.py")),
+    Result("optimizer_step", "LARS/LAMB step on ResNet-50's parameters", R + "optimizer_step.py",
+           "bench/results/optimizer_step_cpu.json",
+           "LARS {ratio_vs_sgd_foreach.dstrain_lars:.2f}x, LAMB {ratio_vs_sgd_foreach.dstrain_lamb:.2f}x"
+           " the time of SGD(foreach)",
+           code=OPTIMIZER_CODE, readme="LARS/LAMB step on ResNet-50 parameters vs SGD"),
+    Result("loader", "DALI loader vs a plain DALI pipeline (the ceiling)",
+           R + "loader.py --batch 64 --batches-per-epoch 25 100 --threads 2 --prefetch 2 --epochs 3",
+           "bench/results/loader_cpu.json", _loader, code=("dstrain/data", "bench/loader.py"),
+           readme="DALI loader vs a plain DALI pipeline (CPU decode)"),
+    Result("loader_formats",
+           "the same loader over shards (WebDataset, RecordIO) vs the folder, same files",
+           R + "loader.py --batch 64 --batches-per-epoch 25 --threads 2 --prefetch 2 --epochs 3 "
+           "--devices cpu --loaders dali dali@wds dali@recordio torchvision torchvision@wds "
+           "torchvision@recordio --out bench/results/loader_cpu_formats.json",
+           "bench/results/loader_cpu_formats.json", _loader_formats,
+           code=("dstrain/data", "bench/loader.py")),
+    Result("polish", "Final Polishing (BN refit, last K epochs)", R + "polish.py",
+           "bench/results/polish.json",
+           "{summary.none.values | count:.0f} seeds, batch 4,096: none {summary.none.mean:.2%}, refit "
+           "{summary.refit.mean:.2%}, last K {summary.k_epochs.mean:.2%}, both {summary.both.mean:.2%}; "
+           "refit {summary.refit_fraction.mean:.1%} of training time",
+           readme="Final Polishing at batch 4,096, 3 seeds (top-1 %)"),
+    Result("comm_accuracy", "gradient communication, accuracy and bytes (2 ranks)",
+           R + "comm_accuracy.py --epochs 2", "bench/results/comm_accuracy.json", _comm,
+           readme="2D-Torus and 1-bit compression vs all-reduce, 2 ranks"),
+    Result("throughput_cpu",
+           "the GPU throughput bench on CPU (resnet18, 64 px, fp32; synthetic and DALI data)",
+           R + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 1280 --bare-steps 40 "
+           "--bare-warmup 5 --epochs 3 --dali-images 1280 --dali-threads 2",
+           "bench/results/throughput_cpu_2_cores.json", _throughput,
+           readme="throughput bench on CPU (resnet18, 64 px)"),
+    Result("throughput_cpu_compile",
+           "the same, synthetic data only, channels_last and torch.compile on/off (a second run)",
+           R + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 640 --bare-steps 20 "
+           "--bare-warmup 5 --epochs 3 --loaders synthetic --channels-last on off --compile off on "
+           "--out bench/results/throughput_cpu_2_cores_compile.json",
+           "bench/results/throughput_cpu_2_cores_compile.json", _throughput),
+    Result("loader_settings", "DALI loader threads / prefetch",
+           R + "loader.py --batch 64 --batches-per-epoch 25 --threads 1 2 --prefetch 1 2 3 --epochs 3 "
+           "--out bench/results/loader_cpu_settings.json", "bench/results/loader_cpu_settings.json",
+           lambda d: f"{len(d['rows'])} settings: {_loader(d).split(',')[0]} (first); see docs/data.md",
+           code=("dstrain/data", "bench/loader.py")),
+    Result("comm_model",
+           "all-reduce cost model (ring, hierarchical, 2D-Torus; modelled, not measured)",
+           R + "comm_model.py", "bench/results/comm_model.json",
+           "{rows | count:.0f} cluster sizes, {rows[0].gpus} to {rows[-1].gpus} GPUs",
+           code=("bench/comm_model.py",)),
+    Result("faults", "bad inputs and faults, what the user sees", "./run.sh evidence",
+           "docs/results/faults.md", _faults, code=(*TRAINER, "launch.sh", "run.sh")),
+    Result("commit_ab_default",
+           "the default recipe at c8827d4 (its first result) and now, alternating on one machine",
+           T + "commit_ab.py --base c8827d4 --rounds 2 epochs=2",
+           "bench/results/commit_ab_c8827d4.json",
+           "training time now {head_over_base:.2f}x that at c8827d4 ({median_wall_time_s.head:.1f} vs "
+           "{median_wall_time_s.base:.1f} s)"),
+    Result("suite_cpu", "the test suite on this CPU (CI's first step)",
+           "./run.sh test -q --junitxml=/tmp/dstrain-suite.xml; python tools/suite.py "
+           "--junit /tmp/dstrain-suite.xml --ran './run.sh test -q'",
+           "bench/results/suite_cpu_2_cores.json", suite_headline,
+           code=(*SUITE, "requirements.txt"), rerun=False, readme="the test suite (CI step 1)"),
+    Result("suite_cpu_oldest", "the `oldest` tests on the oldest torch declared (CI's second step)",
+           "./run.sh test-oldest -q --junitxml=/tmp/dstrain-oldest.xml; .venv-oldest/bin/python "
+           "tools/suite.py --junit /tmp/dstrain-oldest.xml --ran './run.sh test-oldest -q' "
+           "--out bench/results/suite_cpu_2_cores_oldest.json",
+           "bench/results/suite_cpu_2_cores_oldest.json",
+           lambda d: f"torch {d['torch']}: {suite_headline(d)}",
+           code=(*SUITE, "requirements-oldest.txt"), rerun=False,
+           readme="the `oldest` tests on torch 2.11 (CI step 2)"),
+    Result("study_30ep", "large-batch study at the records' step budget (CPU: 30 epochs)",
+           R + "accuracy_study.py --epochs 30 --rows baseline naive_4096 lars lars_span32 --seeds 0",
+           "docs/results/accuracy_study_30ep.json", _study, rerun=False),
+    Result("study_30ep_records",
+           "large-batch study, issue 33's rows: Goyal SGD, LARS in the records' regime, Fujitsu recipe",
+           R + "accuracy_study.py --epochs 30 --rows " + " ".join(RECORDS_ROWS) + " --seeds 0 "
+           "--name accuracy_study_30ep_records", "docs/results/accuracy_study_30ep_records.json",
+           _study, rerun=False, readme="large-batch study, 30 epochs, seed 0 (test top-1)"),
+    Result("study_30ep_seeds",
+           "large-batch study, 30 epochs, 3 seeds: batch 128 vs the best batch-4,096 row",
+           R + "accuracy_study.py --epochs 30 --rows baseline fujitsu_span32 --seeds 0 1 2 "
+           "--name accuracy_study_30ep_seeds", "docs/results/accuracy_study_30ep_seeds.json",
+           _study, rerun=False, readme="batch 128 vs 4,096 (Fujitsu recipe), 30 epochs, 3 seeds"),
+    Result("study_90ep_baseline",
+           "the goal's measurement, batch 128 half: 90 epochs, 3 seeds, test set (CPU)",
+           R + "accuracy_study.py --epochs 90 --rows baseline --seeds 0 1 2 "
+           "--name accuracy_study_90ep_baseline", "docs/results/accuracy_study_90ep_baseline.json",
+           _study, rerun=False, readme="batch 128, 90 epochs, 3 seeds (the goal's reference)"),
+    Result("brakes_holdout",
+           "issue 39, item 1: one brake at a time on the Fujitsu row, 6,000 held-out images, 30 "
+           "epochs, chosen by the worst of 3 seeds (in progress: the report names the pending runs)",
+           R + "accuracy_study.py --epochs 30 --holdout 6000 --rows fujitsu_span32 "
+           "fujitsu_span32_bn_lr0.1 fujitsu_span32_trust_clip1 fujitsu_span32_momentum_correction "
+           "fujitsu_span32_warmup50 fujitsu_span32_lr5 --seeds 0 1 2 --finished-only "
+           "--out docs/results/tuning --name brakes_30ep_holdout6000",
+           "docs/results/tuning/brakes_30ep_holdout6000.json", _study, rerun=False),
+    Result("study_10ep", "earlier large-batch study (10 epochs, LRs tuned on the test set)",
+           R + "accuracy_study.py --jobs 2", "docs/results/accuracy_study.json", _study,
+           rerun=False),
+    Result("throughput_cpu_dali",
+           "the trainer fed by DALI vs synthetic data (CPU, resnet18, 64 px, fp32)",
+           R + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 640 --dali-images 640 "
+           "--dali-threads 2 --bare-steps 20 --bare-warmup 5 --epochs 3 --loaders synthetic dali "
+           "--channels-last off --compile off --precisions fp32 --out bench/results/throughput_cpu_2_cores_dali.json",
+           "bench/results/throughput_cpu_2_cores_dali.json", _throughput),
+    Result("throughput_cpu_fp32_bf16",
+           "bf16 autocast vs fp32 on a CPU without AVX-512 BF16 (an earlier machine)",
+           R + "throughput.py --model resnet18 --batch 16 --image-size 32 --images 64 --bare-steps 4 "
+           "--bare-warmup 1 --epochs 2 --loaders synthetic --channels-last off --compile off --precisions "
+           "fp32 bf16 --out bench/results/throughput_cpu_2_cores_fp32_bf16.json",
+           "bench/results/throughput_cpu_2_cores_fp32_bf16.json", _throughput, rerun=False),
+    Result("optimizer_step_layouts", "LAMB on NCHW vs channels_last parameters (15 rounds)",
+           R + "optimizer_step.py --rounds 15 --out bench/results/optimizer_step_cpu_layouts.json",
+           "bench/results/optimizer_step_cpu_layouts.json",
+           "LAMB channels_last {median_step_ms.dstrain_lamb_channels_last / median_step_ms.dstrain_lamb"
+           ":.3f}x the time of LAMB NCHW", code=OPTIMIZER_CODE),
+    Result("overhead_1rank_95e4140",
+           "trainer overhead at 95e4140 (the loop before issue 15), same machine as overhead_1rank",
+           "git worktree add /tmp/base 95e4140 && cd /tmp/base && python bench/overhead.py",
+           "bench/results/overhead_cpu_1rank_95e4140.json",
+           "trainer step {overhead_ratio:.3f}x a bare DeepSpeed step (bare {median_step_ms.bare:.1f} ms)",
+           code=(), rerun=False),
+    Result("code_shape", "code shape of the package (files, lines, cycles, signatures)",
+           T + "code_shape.py", "bench/results/code_shape.json", _code_shape, code=("dstrain",)),
+    Result("code_shape_71a43a9", "code shape at 71a43a9 (before issue 32's second step)",
+           T + "code_shape.py --package CHECKOUT_AT_71a43a9/dstrain --out bench/results/code_shape_71a43a9.json",
+           "bench/results/code_shape_71a43a9.json", _code_shape, code=(), rerun=False),
+    Result("code_shape_95e4140", "code shape at 95e4140 (before the redesign)",
+           T + "code_shape.py --package /tmp/base/dstrain --out bench/results/code_shape_95e4140.json",
+           "bench/results/code_shape_95e4140.json", _code_shape, code=(), rerun=False),
+    Result("cpu_channels_last_crash",
+           "oneDNN's channels_last backward crash on narrow convolutions (CPU)",
+           R + "cpu_channels_last_crash.py", "bench/results/cpu_channels_last_crash.json", _crash,
+           code=("bench/cpu_channels_last_crash.py",)),
+    Result("recipe_fashion_mnist_c8827d4",
+           "default recipe at c8827d4, with augmentation (its first result)",
+           "python -m dstrain --config fashion_mnist data.augment=true",
+           "bench/results/recipe_fashion_mnist.json",
+           "{final_top1:.1%} top-1, {epochs} epochs, {train_wall_time_s:.0f} s training", code=(),
+           rerun=False),
+    Result("suite_cpu_quick", "the quick loop (`-m 'not slow'`)",
+           T + "suite.py --out bench/results/suite_cpu_2_cores_quick.json -- -q -m 'not slow'",
+           "bench/results/suite_cpu_2_cores_quick.json", suite_headline,
+           code=(*SUITE, "requirements.txt"), rerun=False,
+           readme='the quick loop, `./run.sh test -m "not slow"`'),
+    Result("accuracy_sweep",
+           "one-seed LR / warmup / ramp sweep, batch 4,096, 10 epochs (LRs chosen on the test set)",
+           "bench/accuracy_study.py at 4a0cead with uncommitted --jobs (the note in the file)",
+           "docs/results/accuracy_sweep.json", _sweep, code=(), rerun=False),
+    Result("probe_lars_lr_1.25",
+           "`fashion_mnist_lars` at LR 1.25 diverging at the switch to batch 4,096 (a log)",
+           "python -m dstrain --config fashion_mnist_lars optim.base_lr=1.25",
+           "bench/results/probe_lars_base_lr_1.25.log",
+           lambda d: d["text"].splitlines()[1].lstrip("# "), code=(), rerun=False),
+    *[Result(f"recipe_lars_{e}ep", f"the `recipe_lars` row run for {e} epochs (seed 0)",
+             R + f"accuracy_study.py --rows recipe_lars --seeds 0 --epochs {e} "
+             f"--out docs/results/recipe_epochs/e{e}",
+             f"docs/results/recipe_epochs/e{e}/accuracy_study.json", _study, rerun=False)
+      for e in (20, 30)],
+    Result("lars_tensors_fujitsu_seed2",
+           "Fujitsu recipe, seed 2, 30-epoch row rerun with log.lars_tensors (the run of "
+           "`accuracy_study.py --epochs 30 --rows fujitsu_span32 --seeds 2 --runs "
+           "runs/accuracy_study/diag-30ep --extra log.tensorboard=true log.lars_tensors=true "
+           "log.every_steps=1`), 30 epochs",
+           R + "lars_tensors.py runs/accuracy_study/diag-30ep/fujitsu_span32-2 "
+           "--name lars_tensors_fujitsu_span32_seed2_30ep",
+           "docs/results/stability/lars_tensors_fujitsu_span32_seed2_30ep.json", _lars_tensors,
+           code=(*TRAINER, "bench/accuracy_study.py", "bench/lars_tensors.py"), rerun=False),
+    *[Result(f"tuning_fujitsu_lr{lr}", f"Fujitsu recipe, peak LR {lr}, on 6,000 held-out images",
+             R + f"accuracy_study.py --epochs 10 --holdout 6000 --rows fujitsu_span32 --seeds 0 "
+             f"--out docs/results/tuning --name fujitsu_lr{lr}_10ep_holdout6000 --extra optim.base_lr={lr}",
+             f"docs/results/tuning/fujitsu_lr{lr}_10ep_holdout6000.json", _tuning, rerun=False)
+      for lr in ("1.6", "4", "10")],
+    *[Result(f"tuning_{stem}_lr{lr}_30ep", f"{what}, LR {lr}, 30 epochs, on 6,000 held-out images",
+             R + f"accuracy_study.py --epochs 30 --holdout 6000 --rows {row} --seeds 0 "
+             f"--runs runs/accuracy_study/tune-{stem}-30ep-lr{lr} --out docs/results/tuning "
+             f"--name {stem}_lr{lr}_30ep_holdout6000 --extra optim.base_lr={lr}",
+             f"docs/results/tuning/{stem}_lr{lr}_30ep_holdout6000.json", _tuning, rerun=False)
+      for stem, row, what, lrs in TUNING_30EP for lr in lrs],
+    Result("goyal_lr0.4_30ep",
+           "Goyal SGD at the baseline's 0.4 per 256 images (6.4 at 4,096), 30 epochs, test set",
+           R + "accuracy_study.py --epochs 30 --rows goyal_4096 --seeds 0 "
+           "--runs runs/accuracy_study/goyal-lr0.4-30ep --name goyal_lr0.4_30ep --extra optim.base_lr=0.4",
+           "docs/results/goyal_lr0.4_30ep.json", _study, rerun=False),
 ]
+# fmt: on
 
 
 def _gpu(d: dict) -> str:
@@ -848,8 +507,8 @@ def gpu_results(registry: Path = REPO / GPU_IMPORTS) -> list[Result]:
             f"GPU `{e['part']}` part" + ("" if e["complete"] else " (partial)"),
             f"./run.sh gpu {e['part']}",
             e["file"],
-            (*TRAINER, "bench/*.py", "tools/gpu_run.py"),
             _gpu,
+            code=(*TRAINER, "bench/*.py", "tools/gpu_run.py"),
             rerun=False,
         )
         for e in entries
@@ -858,34 +517,20 @@ def gpu_results(registry: Path = REPO / GPU_IMPORTS) -> list[Result]:
 
 RESULTS += gpu_results()
 
-# Numbers README and the index quote that no result file of ours holds: published results and the
-# arithmetic of the recipes. Each with where it comes from.
+# Numbers the docs write that no result file of ours holds, each with where it comes from:
+# published results, and arithmetic (checked: the number must print from the formula's value).
 PUBLISHED = {
     "75.98%": "Fujitsu's MLPerf v0.6 record (METHODS.md)",
     "75.9%": "MLPerf's ResNet-50 target (MLCommons rcps_resnet.json)",
     "76.3%": "the usual ResNet-50 top-1 at small batch (METHODS.md)",
-    "6.8%": "4,096 / 60,000: the study's batch as a share of Fashion-MNIST",
-    "6.7%": "86,016 / 1,281,167: Fujitsu's batch as a share of ImageNet",
-    "0.25%": "Fujitsu's end LR: 0.0025 of the peak (the recipe's poly decay)",
     "0.96x": "issue 16: an H100 run of the code before it, bf16/autocast fp16 vs a bare AMP loop",
     "0.52x": "issue 16: the same H100 run, DeepSpeed's native fp16 engine",
 }
-NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:%|x(?![\w]))")
-# Numbers with a unit that stand in a passage citing a result but are not measured by it: settings,
-# thresholds and arithmetic, each with what it is (doc -> number as written -> why).
-STATED: dict[str, dict[str, str]] = {
-    "docs/testing.md": {"15 min": "pytest-timeout's limit per test (pyproject.toml)"},
-    "docs/large-batch.md": {
-        "1.15x": "the CPU target for a LARS step (issue 12)",
-        "1.3x": "the GPU target for a LARS step (issue 12)",
-        "1.14x": "optimizer_step_cpu.json before its 40-round rerun: git show 067825a:bench/results/...",
-        "27.6 ms": "the same earlier file: SGD(foreach=True)",
-        "31.4 ms": "the same earlier file: dstrain LARS",
-        "84.9%": "the recipe's first version: recipe_fashion_mnist_lars.json at e829e24 (git history)",
-        "4x": "arithmetic: the probe's LR over the recipe's, and the LR jump at a 1,024 -> 4,096 switch",
-    },
+ARITHMETIC = {
+    "6.8%": (4096 / 60000, "the study's batch as a share of Fashion-MNIST's training set"),
+    "6.7%": (86016 / 1281167, "Fujitsu's batch as a share of ImageNet's training set"),
+    "0.25%": (0.0025, "Fujitsu's end LR: 0.0025 of the peak (the recipe's poly decay)"),
 }
-
 
 # ------------------------------------------------------------------- staleness
 
@@ -950,7 +595,7 @@ def index_table(results: list[Result], stale: bool = True) -> str:
         now = staleness(shas, r.code) if stale else "-"
         lines.append(
             f"| {r.what} | `{r.command}` | {_link(r, 'docs/results')} | {sha_text} | "
-            f"{r.headline(d)} | {now} |"
+            f"{r.summary(d)} | {now} |"
         )
     return "\n".join(lines)
 
@@ -962,7 +607,7 @@ def readme_table(results: list[Result]) -> str:
         if not r.readme:
             continue
         if r.exists():
-            lines.append(f"| {r.readme} | {r.headline(r.load())} | {_link(r, '')} |")
+            lines.append(f"| {r.readme} | {r.summary(r.load())} | {_link(r, '')} |")
         else:  # no link to a file that is not there yet
             lines.append(f"| {r.readme} | not run yet | `{r.file}` |")
     return "\n".join(lines)
@@ -998,73 +643,262 @@ def without_staleness(text: str) -> str:
     return "\n".join(out)
 
 
-def _masked(text: str, begin: str, end: str) -> list[bool]:
-    covered = [False] * len(text)
-    if begin in text and end in text:  # a generated table is checked by regenerating it
-        a, b = text.index(begin), text.index(end)
-        covered[a:b] = [True] * (b - a)
-    return covered
+# ------------------------------------------------------------------- the docs' numbers
+#
+# Every number with a unit in a doc is one of: (1) in a generated block (the index, README's results
+# table), checked by regenerating it; (2) the text of a link to a result file whose title names the
+# value: [90.13%](results/x.json "runs[row=fujitsu_span32].final_top1 | mean"), one value per number
+# in the text, separated by ";"; (3) a cell of a table under a directive: <!-- evidence rows of FILE
+# --> (every row is a line of FILE, a report the study wrote) or <!-- evidence columns [of FILE]: E1 ;
+# E2 ; ... --> (cell i is the value Ei names in FILE, or in the file the row links; "{1}" in Ei is
+# the row's first cell, "{2}" its second, ...; an empty Ei: not a number); (4) in a code span or block (a command, a
+# setting); (5) in ARITHMETIC (checked: it must print from its formula) or PUBLISHED (from a paper
+# or a rulebook), with where from, or stated by the doc with why: <!-- stated 15 min: the limit -->.
+
+_UNIT = r"(?:\s?(%|pt\b|points?\b|img/s|ms\b|min\b|s\b(?!/))|(x)(?!\w))"
+UNIT_NUMBER = re.compile(r"(?<![\w.])([-+]?\d[\d,]*(?:\.\d+)?)" + _UNIT)  # what must be sourced
+NUMBER = re.compile(r"(?<![\w.])([-+]?\d[\d,]*(?:\.\d+)?)" + _UNIT + "?")  # in a label or cell
+SOURCED = re.compile(r'\[([^\[\]]*)\]\(([^)\s]+)\s+"([^"]+)"\)')
+LINK = re.compile(r"\]\(([^)\s#]+)")
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+STATED = re.compile(r"<!-- stated (.+?): (.+?) -->", re.S)  # a setting or threshold, and why
+DIRECTIVE = re.compile(
+    r"<!-- evidence (rows|columns)(?: of (\S+))?(?::\s(.*?))? -->\n+((?:\|[^\n]*\n?)+)", re.S
+)
+COMMENT = re.compile(r"<!--.*?-->", re.S)
+STEP = re.compile(r"([^.\[\]]+)|\[([^\]]*)\]")
+FUNCTIONS: dict[str, Callable[[list[float]], float]] = {
+    "mean": statistics.mean,
+    "sd": statistics.stdev,
+    "median": statistics.median,
+    "min": min,
+    "max": max,
+    "count": len,
+    "sum": sum,
+    "dip": lambda curves: max(map(_dip, curves)),  # the largest dip of a row's seeds (fraction)
+}
+UNARY: dict[str, Callable[[float], float]] = {
+    "minutes": lambda v: round(v) // 60,  # the "M" of "M min S s"
+    "seconds": lambda v: round(v) % 60,  # the "S" of "M min S s"
+    "abs": abs,
+}
+SCALES = {"%": (1, 100), "pt": (1, 100), "point": (1, 100), "points": (1, 100), "min": (1, 1 / 60)}
 
 
-def unquoted_numbers(name: str, text: str, quotes: list[str]) -> list[str]:
-    """Percentages and ratios in ``text`` (the doc ``name``) that are neither in a quote nor published."""
-    covered = [
-        a or b for a, b in zip(_masked(text, BEGIN, END), _masked(text, README_BEGIN, README_END))
-    ]
-    for q in quotes:
-        for m in re.finditer(re.escape(q), text):
-            covered[m.start() : m.end()] = [True] * (m.end() - m.start())
+def _dip(curve: list) -> float:
+    """How far a top-1 curve ever fell below its best before (as bench/accuracy_study.py's table)."""
+    best, dip = None, 0.0
+    for top1 in (v for v in curve if v is not None):
+        dip = dip if best is None else max(dip, best - top1)
+        best = top1 if best is None else max(best, top1)
+    return dip
+
+
+def walk(data, path: str):
+    """The value at a key path: ``a.b[0].c``; ``[k=v,k2=v2]`` selects the items of a list whose keys
+    have those values, ``[*]`` all of them; a key after a selection maps over it."""
+    cur, many = data, False
+    for key, sel in STEP.findall(path):
+        if key:
+            cur = [c[key] for c in cur] if many else cur[key]
+        elif sel == "*":
+            many = True
+        elif re.fullmatch(r"-?\d+", sel):
+            cur, many = cur[int(sel)], False
+        else:
+            want = dict(kv.split("=", 1) for kv in sel.split(","))
+            cur = [
+                c for c in cur if all(str(c.get(k)).lower() == v.lower() for k, v in want.items())
+            ]
+            many = True
+    return cur
+
+
+def resolve(data, expr: str) -> float:
+    """The number ``expr`` names in a result file's data: a key path (:func:`walk`) with functions
+    after ``|`` (mean, sd, median, min, max, count, sum, dip over curves; minutes, seconds, abs), or
+    two of them (or one and a constant) joined by one of `` / ``, `` - ``, `` + ``."""
+    for op, f in ((" / ", float.__truediv__), (" - ", float.__sub__), (" + ", float.__add__)):
+        if op in expr:
+            x, y = expr.split(op, 1)
+            return f(resolve(data, x), resolve(data, y))
+    path, *fns = [part.strip() for part in expr.split("|")]
+    if re.fullmatch(r"-?\d+(\.\d+)?", path):  # a constant: the goal's 0.3 pt as 0.003
+        return float(path)
+    value = data if path == "." else walk(data, path)
+    for fn in fns:
+        if fn in FUNCTIONS:
+            floats = value if fn in ("count", "dip") else [float(v) for v in value]
+            value = FUNCTIONS[fn](floats)
+        else:
+            value = UNARY[fn](value)
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise ValueError(f"{len(value)} values, not one (add | mean, | min, ... or select)")
+        value = value[0]
+    return float(value)
+
+
+def prints_as(written: str, unit: str | None, value: float) -> bool:
+    """Whether ``value`` (a fraction or in percent for %/pt; seconds or minutes for min) is written
+    so; a number written without a sign may be the value's magnitude (a drop of 1.5 pt)."""
+    plain = written.replace(",", "")
+    decimals = len(plain.split(".")[1]) if "." in plain else 0
+    for scale in SCALES.get(unit or "", (1,)):
+        shown = float(f"{value * scale:.{decimals}f}")
+        if shown == float(plain) or (plain[0] not in "+-" and abs(shown) == float(plain)):
+            return True
+    return False
+
+
+def _load(rel: str) -> dict:
+    path = REPO / rel
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    return {"lines": path.read_text().splitlines()}
+
+
+def check_value(rel: str, expr: str, written: str, unit: str | None) -> str | None:
+    """None when ``written`` prints from the value ``expr`` names in ``rel``; else what is wrong."""
+    try:
+        value = resolve(_load(rel), expr)
+    except (KeyError, IndexError, TypeError, ValueError, statistics.StatisticsError) as e:
+        return f'"{expr}" names no value in {rel} ({type(e).__name__}: {e})'
+    if prints_as(written, unit, value):
+        return None
+    return f'{written}{unit or ""} is not "{expr}" in {rel} ({value:.6g})'
+
+
+def _label_problems(rel: str, label: str, exprs: str, sep: str) -> list[str]:
+    """What is wrong with the numbers of a link's text or a table cell against the values named."""
+    numbers = list(NUMBER.finditer(label))
+    named = [" ".join(e.split()) for e in exprs.split(sep)]
+    if len(numbers) != len(named):
+        return [f"{label!r} holds {len(numbers)} number(s) but names {len(named)} value(s)"]
+    whys = (check_value(rel, e, n[1], n[2] or n[3]) for n, e in zip(numbers, named, strict=True))
+    return [w for w in whys if w]
+
+
+def _result_file(doc: str, target: str) -> str | None:
+    """A link's target as a repository path when it is a result file, else None."""
+    if "://" in target:
+        return None
+    try:
+        rel = str(((REPO / doc).parent / target).resolve().relative_to(REPO))
+    except ValueError:
+        return None
+    ok = rel.startswith(RESULT_DIRS) and Path(rel).name != "README.md" and rel not in NOT_RESULTS
+    return rel if ok else None
+
+
+def _blank(text: str, spans) -> str:
+    """``text`` with the given spans replaced by spaces (lines kept): checked, or not numbers."""
+    chars = list(text)
+    for a, b in spans:
+        chars[a:b] = [c if c == "\n" else " " for c in text[a:b]]
+    return "".join(chars)
+
+
+def _table_problems(doc: str, m: re.Match, results: list[Result]) -> list[str]:
+    kind, of, exprs, table = m.groups()
+    where = f"{doc}:{m.string.count(chr(10), 0, m.start(4)) + 1}"
+    rows = [r for r in table.strip("\n").splitlines() if not re.fullmatch(r"\|[-:| ]+\|", r)]
+    source = _result_file(doc, of) if of else None
+    if of and source is None:
+        return [f"{where}: {of} is not a result file"]
+    if kind == "rows":
+        lines = set((REPO / source).read_text().splitlines())
+        return [
+            f"{where}: a row that is not a line of {source}: {r}" for r in rows if r not in lines
+        ]
+    columns = [e.strip() for e in (exprs or "").split(";")]
     problems = []
-    for m in NUMBER.finditer(text):
-        if not covered[m.start()] and m.group() not in PUBLISHED:
-            line = text.count("\n", 0, m.start()) + 1
-            problems.append(f"{name}:{line}: {m.group()} is quoted from no result file")
+    for row in rows[1:]:  # the header names the columns
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        rel = source or next(
+            (f for f in map(lambda t: _result_file(doc, t), LINK.findall(row)) if f), None
+        )
+        if rel is None:
+            problems.append(
+                f"{where}: the row links no result file and the directive names none: {row}"
+            )
+            continue
+        named = {f"{{{i}}}": re.sub(r"[`*]", "", c) for i, c in enumerate(cells, 1)}
+        for cell, expr in zip(cells, columns, strict=False):
+            if expr:
+                problems += [
+                    f"{where}: {w}"
+                    for w in _label_problems(
+                        rel, cell, re.sub(r"\{\d+\}", lambda k, named=named: named[k[0]], expr), "&"
+                    )
+                ]
     return problems
 
 
-# ------------------------------------------------------------------- numbers that cite a file
+def doc_problems(doc: str, text: str, results: list[Result]) -> list[str]:
+    """Every number with a unit in ``text`` (the doc ``doc``) that no source backs, and every
+    sourced number, table and linked file that disagrees with its result file."""
+    problems: list[str] = []
+    for begin, end in ((BEGIN, END), (README_BEGIN, README_END)):  # generated: compared whole
+        if begin in text and end in text:
+            text = _blank(text, [(text.index(begin), text.index(end))])
+    code = [(x.start(), x.end()) for x in CODE.finditer(text)]  # commands and settings
 
-UNIT_NUMBER = re.compile(
-    r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)(?:\s?(%|pt\b|points?\b|img/s|ms\b|min\b|s\b(?!/))|(x)(?!\w))"
-)
-LINK = re.compile(r"\]\(([^)\s#]+)")
+    def line(pos: int) -> int:
+        return text.count("\n", 0, pos) + 1
 
+    def outside(matches):
+        return [m for m in matches if not any(a <= m.start() < b for a, b in code)]
 
-def blocks(text: str):
-    """(first line number, text) of each paragraph; a table is one block with the paragraph that
-    introduces it (the rows cite what the table or that paragraph links)."""
-    line, before = 1, None
-    for para in re.split(r"(\n\s*\n)", text):
-        if para.strip() and not para.startswith("\n"):
-            if para.lstrip().startswith("|"):
-                if before is not None:
-                    yield before[0], before[1] + "\n\n" + para
-                    before = None
-                else:
-                    yield line, para
-            else:
-                if before is not None:
-                    yield before
-                before = (line, para)
-        line += para.count("\n")
-    if before is not None:
-        yield before
-
-
-def cited(doc: str, block: str) -> list[str]:
-    """Repository paths of the result files a block links (README.md pages are indexes, not results)."""
-    out = []
-    for target in LINK.findall(block):
-        if "://" in target:
+    for m in outside(LINK.finditer(text)):
+        rel = _result_file(doc, m[1])
+        if rel and registered_file(rel, results) is None:
+            problems.append(f"{doc}: links {rel}, which no Result in tools/evidence.py registers")
+    done = code
+    for m in outside(SOURCED.finditer(text)):
+        label, target, exprs = m.groups()
+        rel = _result_file(doc, target)
+        if rel is None:
             continue
-        path = (REPO / doc).parent / target
-        try:
-            rel = str(path.resolve().relative_to(REPO))
-        except ValueError:
+        problems += [
+            f"{doc}:{line(m.start())}: {w}" for w in _label_problems(rel, label, exprs, ";")
+        ]
+        done.append((m.start(), m.end()))
+    for m in outside(DIRECTIVE.finditer(text)):
+        problems += _table_problems(doc, m, results)
+        done.append((m.start(4), m.end(4)))
+    comments = [(m.start(), m.end()) for m in COMMENT.finditer(text)]
+    stated = [  # a stated number counts in the paragraph of its comment
+        (text.rfind("\n\n", 0, m.start()), text.find("\n\n", m.end()) % (len(text) + 1), m[1])
+        for m in STATED.finditer(text)
+    ]
+    text = _blank(text, done + comments)
+    for m in UNIT_NUMBER.finditer(text):
+        shown = m.group(0)
+        if shown in PUBLISHED or any(a < m.start() < b and n == shown for a, b, n in stated):
             continue
-        if rel.startswith(RESULT_DIRS) and Path(rel).name != "README.md" and rel not in NOT_RESULTS:
-            out.append(rel)
-    return out
+        if shown in ARITHMETIC:
+            value, _ = ARITHMETIC[shown]
+            if not prints_as(m.group(1), m.group(2) or m.group(3), value):
+                problems.append(
+                    f"{doc}:{line(m.start())}: {shown} is not its arithmetic ({value:.6g})"
+                )
+            continue
+        problems.append(
+            f"{doc}:{line(m.start())}: {shown} names no source: link it to its value "
+            f'([{shown}](path/to/result.json "key.path")) or say why it is stated (<!-- stated {shown}: why -->)'
+        )
+    return problems
+
+
+def docs(results: list[Result]) -> list[Path]:
+    """The docs whose numbers are checked: every Markdown page but the reports results wrote."""
+    pages = [REPO / "README.md"] + [
+        p
+        for d in ("docs", "ds_configs", "bench", "tools", "hostfiles")
+        for p in (REPO / d).rglob("*.md")
+    ]
+    return sorted(p for p in pages if registered_file(str(p.relative_to(REPO)), results) is None)
 
 
 def registered_file(rel: str, results: list[Result]) -> Result | None:
@@ -1076,87 +910,10 @@ def registered_file(rel: str, results: list[Result]) -> Result | None:
     return None
 
 
-def file_values(rel: str) -> list[float]:
-    """Every number a result file holds: JSON leaves, or the numbers of a text report."""
-    path = REPO / rel
-    if not path.is_file() or path.suffix in (".png", ".csv"):
-        return []
-    if path.suffix == ".json":
-        out: list[float] = []
-
-        def walk(x):
-            if isinstance(x, bool):
-                return
-            if isinstance(x, int | float):
-                out.append(float(x))
-            elif isinstance(x, dict):
-                for v in x.values():
-                    walk(v)
-            elif isinstance(x, list):
-                for v in x:
-                    walk(v)
-
-        walk(json.loads(path.read_text()))
-        return out
-    return [float(m.replace(",", "")) for m in re.findall(r"\d[\d,]*(?:\.\d+)?", path.read_text())]
-
-
-def written_as(number: str, unit: str, values: list[float]) -> bool:
-    """Whether one of ``values`` (a fraction or already in percent for %/pt) prints as ``number``."""
-    plain = number.replace(",", "")
-    decimals = len(plain.split(".")[1]) if "." in plain else 0
-    if unit in ("%", "pt", "point", "points"):
-        values = [*values, *(100 * v for v in values)]
-    elif unit == "min":  # minutes, or the minutes of "M min S s"
-        values = [*values, *(v / 60 for v in values), *(v // 60 for v in values)]
-    elif unit == "s":  # seconds, or the seconds of "M min S s"
-        values = [*values, *(v % 60 for v in values)]
-    return any(f"{v:.{decimals}f}" in (plain, "-" + plain) for v in values)
-
-
-def cited_numbers(doc: str, text: str, results: list[Result], quotes: list[str]) -> list[str]:
-    """Numbers with a unit in blocks that link a result file, not found in what they cite."""
-    problems = []
-    stated = STATED.get(doc, {})
-    for begin, end in ((BEGIN, END), (README_BEGIN, README_END)):  # generated: checked as a whole
-        if begin in text and end in text:
-            a, b = text.index(begin), text.index(end)
-            text = text[:a] + "\n" * text.count("\n", a, b) + text[b:]
-    for line, block in blocks(text):
-        files = cited(doc, block)
-        if not files:
-            continue
-        values: list[float] = []
-        for rel in files:
-            r = registered_file(rel, results)
-            if r is None:
-                problems.append(
-                    f"{doc}:{line}: links {rel}, which no Result in tools/evidence.py registers"
-                )
-                continue
-            values += file_values(rel) + file_values(r.file) + r.values(r.load())
-        covered = [False] * len(block)
-        for q in quotes:
-            for m in re.finditer(re.escape(q), block):
-                covered[m.start() : m.end()] = [True] * (m.end() - m.start())
-        for m in UNIT_NUMBER.finditer(block):
-            number, unit = m.group(1), m.group(2) or m.group(3)
-            shown = m.group(0)
-            if covered[m.start()] or shown in PUBLISHED or shown in stated:
-                continue
-            if not written_as(number, unit, values):
-                at = line + block.count("\n", 0, m.start())
-                problems.append(
-                    f"{doc}:{at}: {shown} is in none of the files this passage links ({', '.join(files)})"
-                )
-    return problems
-
-
 def check(texts: dict[str, str] | None = None, results: list[Result] | None = None) -> list[str]:
     """Every way the docs disagree with the result files (``texts``: doc -> text, default the files)."""
     results = RESULTS if results is None else results
-    pages = [README, INDEX, *sorted((REPO / "docs").glob("*.md"))]
-    texts = {str(p.relative_to(REPO)): p.read_text() for p in pages} | (texts or {})
+    texts = {str(p.relative_to(REPO)): p.read_text() for p in docs(results)} | (texts or {})
     index, readme = str(INDEX.relative_to(REPO)), str(README.relative_to(REPO))
     problems = []
     if without_staleness(render_index(texts[index], results, stale=False)) != without_staleness(
@@ -1169,19 +926,8 @@ def check(texts: dict[str, str] | None = None, results: list[Result] | None = No
         problems.append(
             f"{readme}: the results table differs from the result files; run python tools/evidence.py index"
         )
-    quotes: dict[str, list[str]] = {}
-    for r in filter(Result.exists, results):  # without a file, its quotes are unchecked numbers
-        for doc, wanted in r.quotes(r.load()).items():
-            problems += [
-                f"{doc}: expected {q!r} from {r.file} ({r.key}), not found"
-                for q in wanted
-                if q not in texts[doc]
-            ]
-            quotes.setdefault(doc, []).extend(wanted)
-    for doc in (readme, index):
-        problems += unquoted_numbers(doc, texts[doc], quotes.get(doc, []))
-    for doc in texts:
-        problems += cited_numbers(doc, texts[doc], results, quotes.get(doc, []))
+    for doc, text in texts.items():
+        problems += doc_problems(doc, text, results)
     for rel in unregistered(results):
         problems.append(f"{rel}: a result file no Result in tools/evidence.py registers")
     return problems
