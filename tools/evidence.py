@@ -27,6 +27,7 @@ of the file fails, and so does one typed by hand or left behind when its file wa
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import shlex
@@ -651,9 +652,10 @@ def without_staleness(text: str) -> str:
 # in the text, separated by ";"; (3) a cell of a table under a directive: <!-- evidence rows of FILE
 # --> (every row is a line of FILE, a report the study wrote) or <!-- evidence columns [of FILE]: E1 ;
 # E2 ; ... --> (cell i is the value Ei names in FILE, or in the file the row links; "{1}" in Ei is
-# the row's first cell, "{2}" its second, ...; an empty Ei: not a number); (4) in a code span or block (a command, a
-# setting); (5) in ARITHMETIC (checked: it must print from its formula) or PUBLISHED (from a paper
-# or a rulebook), with where from, or stated by the doc with why: <!-- stated 15 min: the limit -->.
+# the row's first cell, "{2}" its second, ...; an empty Ei: a column without a number with a unit);
+# (4) in a code span or block (a command, a setting); (5) in ARITHMETIC (checked: it must print from
+# its formula) or PUBLISHED (from a paper or a rulebook), with where from, or stated by the doc with
+# why, for its paragraph: <!-- stated 15 min: pytest-timeout's limit -->.
 
 _UNIT = r"(?:\s?(%|pt\b|points?\b|img/s|ms\b|min\b|s\b(?!/))|(x)(?!\w))"
 UNIT_NUMBER = re.compile(r"(?<![\w.])([-+]?\d[\d,]*(?:\.\d+)?)" + _UNIT)  # what must be sourced
@@ -766,7 +768,8 @@ def check_value(rel: str, expr: str, written: str, unit: str | None) -> str | No
         return f'"{expr}" names no value in {rel} ({type(e).__name__}: {e})'
     if prints_as(written, unit, value):
         return None
-    return f'{written}{unit or ""} is not "{expr}" in {rel} ({value:.6g})'
+    shown = written + ("" if unit in (None, "%", "x") else " ") + (unit or "")
+    return f'{shown} is not "{expr}" in {rel} ({value:.6g})'
 
 
 def _label_problems(rel: str, label: str, exprs: str, sep: str) -> list[str]:
@@ -804,8 +807,8 @@ def _table_problems(doc: str, m: re.Match, results: list[Result]) -> list[str]:
     where = f"{doc}:{m.string.count(chr(10), 0, m.start(4)) + 1}"
     rows = [r for r in table.strip("\n").splitlines() if not re.fullmatch(r"\|[-:| ]+\|", r)]
     source = _result_file(doc, of) if of else None
-    if of and source is None:
-        return [f"{where}: {of} is not a result file"]
+    if (of or kind == "rows") and source is None:
+        return [f"{where}: {of or 'a rows directive without a file'} is not a result file"]
     if kind == "rows":
         lines = set((REPO / source).read_text().splitlines())
         return [
@@ -824,8 +827,13 @@ def _table_problems(doc: str, m: re.Match, results: list[Result]) -> list[str]:
             )
             continue
         named = {f"{{{i}}}": re.sub(r"[`*]", "", c) for i, c in enumerate(cells, 1)}
-        for cell, expr in zip(cells, columns, strict=False):
-            if expr:
+        for cell, expr in itertools.zip_longest(cells, columns[: len(cells)], fillvalue=""):
+            if not expr:  # not a value column: a number with a unit here would go unchecked
+                problems += [
+                    f"{where}: {n[0]} is in a column the directive names no value for"
+                    for n in UNIT_NUMBER.finditer(cell)
+                ]
+            else:
                 problems += [
                     f"{where}: {w}"
                     for w in _label_problems(
