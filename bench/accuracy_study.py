@@ -500,11 +500,21 @@ def worst_seed_choice(records: list[dict], rows: list[str]) -> list[str]:
     most = max(len(v) for v in by_row.values())
     full = {row: v for row, v in by_row.items() if len(v) == most}
     best = max(full, key=lambda row: min(full[row]))
+    worst = min(full[best])
     partial = sorted(set(by_row) - set(full))
+    # a row's worst of all its seeds is at most the worst of those it has: below the chosen row's
+    # worst seed already, more seeds cannot make it the choice
+    out = [row for row in partial if min(by_row[row]) < worst]
+    open_ = [row for row in partial if row not in out]
     return [
-        f"Chosen by the worst of {most} seeds: {best} (worst seed {min(full[best]):.2f}%, mean "
+        f"Chosen by the worst of {most} seeds: {best} (worst seed {worst:.2f}%, mean "
         f"{statistics.mean(full[best]):.2f}%)"
-        + (f"; not compared, fewer seeds: {', '.join(partial)}" if partial else "")
+        + (
+            f"; ruled out with fewer seeds (a seed already below {worst:.2f}%): {', '.join(out)}"
+            if out
+            else ""
+        )
+        + (f"; not compared, fewer seeds: {', '.join(open_)}" if open_ else "")
         + "."
     ]
 

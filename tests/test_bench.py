@@ -137,7 +137,12 @@ def test_a_spike_shows_as_a_dip_and_the_worst_seed_chooses():
     ]
     (line,) = study.worst_seed_choice(records, ["baseline", "a", "b", "c"])
     assert line.startswith("Chosen by the worst of 3 seeds: b (worst seed 89.00%")
-    assert "fewer seeds: c" in line
+    assert "not compared, fewer seeds: c" in line and "ruled out" not in line
+    records.append(
+        rec("d", 0, 0.885)
+    )  # one seed, already below b's worst (89): out, whatever comes
+    (line,) = study.worst_seed_choice(records, ["baseline", "a", "b", "c", "d"])
+    assert "ruled out with fewer seeds (a seed already below 89.00%): d; not compared" in line
 
 
 def test_study_derived_no_refit_row_reads_the_recipe_runs_before_the_refit():

@@ -386,8 +386,9 @@ RESULTS = [
            "epochs, chosen by the worst of 3 seeds (in progress: the report names the pending runs)",
            R + "accuracy_study.py --epochs 30 --holdout 6000 --rows fujitsu_span32 "
            "fujitsu_span32_bn_lr0.1 fujitsu_span32_trust_clip1 fujitsu_span32_momentum_correction "
-           "fujitsu_span32_warmup50 fujitsu_span32_lr5 --seeds 0 1 2 --finished-only "
-           "--out docs/results/tuning --name brakes_30ep_holdout6000",
+           "fujitsu_span32_warmup50 fujitsu_span32_lr5 --seeds 0 1 2 --finished-only --reuse "
+           "docs/results/tuning/brakes_30ep_holdout6000.json --out docs/results/tuning "
+           "--name brakes_30ep_holdout6000",
            "docs/results/tuning/brakes_30ep_holdout6000.json", _study, rerun=False),
     Result("study_10ep", "earlier large-batch study (10 epochs, LRs tuned on the test set)",
            R + "accuracy_study.py --jobs 2", "docs/results/accuracy_study.json", _study,
