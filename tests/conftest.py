@@ -93,6 +93,18 @@ def fake_fmnist(tmp_path_factory) -> Path:
     return make_fake_fashion_mnist(tmp_path_factory.mktemp("fmnist"))
 
 
+@pytest.fixture(scope="session")
+def tiny_on_two_ranks(fake_fmnist, tmp_path_factory) -> subprocess.CompletedProcess:
+    """TINY in FP32 on 2 CPU ranks through DeepSpeed's launcher, trained once for the session: the
+    run test_e2e inspects and the reference test_multihost's two-host runs (CPU ranks, as its hosts
+    run) must equal bit for bit. The finished process, with ``run_dir`` set."""
+    run_dir = tmp_path_factory.mktemp("tiny2") / "run"
+    args = ["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}"]
+    proc = run_cli([*args, f"run_dir={run_dir}"], launcher=deepspeed_launcher(2), env=CPU_ONLY)
+    proc.run_dir = run_dir
+    return proc
+
+
 # ---------------------------------------------------------------- devices: the same suite on CPU and GPU nodes
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}  # ranks that see no GPU, gloo
 

@@ -18,18 +18,8 @@ def final_module_state(run_dir: Path) -> dict:
 
 
 @pytest.mark.oldest
-def test_two_rank_cpu_run_through_the_deepspeed_launcher(fake_fmnist, tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_cli(
-        [
-            "--deepspeed_config",
-            "ds_configs/fp32.json",
-            *TINY,
-            f"data.root={fake_fmnist}",
-            f"run_dir={run_dir}",
-        ],
-        launcher=deepspeed_launcher(2),
-    )
+def test_two_rank_cpu_run_through_the_deepspeed_launcher(tiny_on_two_ranks):
+    proc, run_dir = tiny_on_two_ranks, tiny_on_two_ranks.run_dir
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     hist = summary["history"]

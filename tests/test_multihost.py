@@ -74,11 +74,22 @@ def local_run(fake_fmnist, run_dir: Path, ranks: int, *extra: str) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+@pytest.fixture
+def two_local_ranks(tiny_on_two_ranks) -> tuple[Path, dict]:
+    """The reference the two-host runs of TINY are compared with: the same training on 2 local
+    ranks (run directory, summary), trained once for the session (conftest)."""
+    proc, run_dir = tiny_on_two_ranks, tiny_on_two_ranks.run_dir
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return run_dir, json.loads((run_dir / "summary.json").read_text())
+
+
 def run(cmd: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_deepspeed_hostfile_on_two_hosts_trains_as_two_local_ranks(cluster, fake_fmnist, tmp_path):
+def test_deepspeed_hostfile_on_two_hosts_trains_as_two_local_ranks(
+    cluster, fake_fmnist, tmp_path, two_local_ranks
+):
     """`deepspeed --hostfile` (2 hosts, slots=1) over pdsh: a rank on each host, the environment a
     remote rank needs given through DeepSpeed's env file, the same weights as 2 local ranks."""
     env_file = tmp_path / "ds_env"  # what a user puts in ~/.deepspeed_env or $DS_ENV_FILE
@@ -110,8 +121,7 @@ def test_deepspeed_hostfile_on_two_hosts_trains_as_two_local_ranks(cluster, fake
     for r in records:  # what had to reach the remote ranks did
         assert r["env"]["GLOO_SOCKET_IFNAME"] == "eth0" and r["env"]["DSTRAIN_PROBE"] == "arrived"
         assert r["env"]["MASTER_ADDR"] == h0.addr
-    local = tmp_path / "local"
-    summary = local_run(fake_fmnist, local, 2)
+    local, summary = two_local_ranks
     hosts = json.loads((run_dir / "summary.json").read_text())
     assert hosts["final_top1"] == summary["final_top1"] and hosts["world_size"] == 2
     assert same_weights(run_dir, local)
@@ -134,7 +144,7 @@ def pbs_job(cluster, tmp_path: Path, slots: int, **extra: str) -> dict:
     return env
 
 
-def test_launch_sh_in_a_pbs_job_on_two_hosts(cluster, fake_fmnist, tmp_path):
+def test_launch_sh_in_a_pbs_job_on_two_hosts(cluster, fake_fmnist, tmp_path, two_local_ranks):
     """launch.sh reads the node file, writes the hostfile and the env file (--iface eth0 becomes
     GLOO_SOCKET_IFNAME on every rank), starts pdsh; the same weights as 2 local ranks."""
     run_dir = tmp_path / "pbs"
@@ -149,16 +159,15 @@ def test_launch_sh_in_a_pbs_job_on_two_hosts(cluster, fake_fmnist, tmp_path):
         assert r["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
         assert r["env"]["DSTRAIN_PROBE"] == "from-the-job"
         assert r["env"]["DSTRAIN_RUN_DIR_FILE"]  # launch.sh's pointer: how it finds the run
-    local = tmp_path / "local"
-    local_run(fake_fmnist, local, 2)
-    assert same_weights(run_dir, local)
+    assert same_weights(run_dir, two_local_ranks[0])
 
 
 def test_a_2x2_torus_over_four_ranks_on_two_hosts(cluster, fake_fmnist, tmp_path):
     """Rows of the 2D-Torus within a host, columns across hosts: the same weights as 4 local ranks."""
     run_dir = tmp_path / "torus"
     env = pbs_job(cluster, tmp_path, slots=2)
-    extra = ["--deepspeed_config", "ds_configs/comm_torus2d.json"]
+    # one epoch: the weights must be equal bit for bit after any number of steps
+    extra = ["--deepspeed_config", "ds_configs/comm_torus2d.json", "epochs=1"]
     cmd = [str(REPO / "launch.sh"), "--iface", "eth0", *trainer_args(fake_fmnist, run_dir), *extra]
     proc = run(cmd, env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -236,7 +245,9 @@ def test_a_lost_host_ends_the_job_naming_the_rank_and_host(fault, cluster, fake_
     assert rank_records(run_dir)[0]["state"] == "lost_peer"
 
 
-def test_resume_on_the_remaining_host_with_fewer_ranks(cluster, fake_fmnist, tmp_path):
+def test_resume_on_the_remaining_host_with_fewer_ranks(
+    cluster, fake_fmnist, tmp_path, two_local_ranks
+):
     """Host 1 lost in epoch 2 of 3; resume=auto on host 0 alone (1 rank, ZeRO 0, the same global
     batch of 32 as 16 micro x 2 accumulation: the same micro batches the 2 ranks had) continues from
     epoch0001 and ends on the parameters of an uninterrupted 2-rank run, bit for bit."""
@@ -260,8 +271,7 @@ def test_resume_on_the_remaining_host_with_fewer_ranks(cluster, fake_fmnist, tmp
     assert "resum" in proc.stdout + proc.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 1 and summary["epochs"] == 3
-    local = tmp_path / "local"
-    reference = local_run(fake_fmnist, local, 2)
+    local, reference = two_local_ranks
     # exact: every parameter (and so the momentum that made it). Not exact: BN's running
     # estimates, which on 2 ranks are rank 0's own (its 16 images a step, the file holds rank 0's)
     # and on 1 rank see both micro batches; evaluation uses them, so top-1 is close, not equal
