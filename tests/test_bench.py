@@ -511,6 +511,7 @@ def test_e(no_such_fixture):
 """
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_suite_summary_counts_each_outcome_and_keeps_pytests_exit(tmp_path):
     """A toy suite of known outcomes through tools/suite.py: its counts, the skip's reason, each failure's
     first line, the device and SHA, and pytest's exit status (1: a test failed) as the script's own."""

@@ -148,6 +148,7 @@ def test_a_network_with_span_trains_as_the_concatenation_of_its_groups():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_polish_refit_with_a_span_sees_what_training_sees():
     """The refit on batches of 32 with span 8 equals the refit of the plain model on batches of 8:
     every BN layer gets the same inputs (the earlier layers normalise per span in both)."""
@@ -177,6 +178,7 @@ def test_compiled_span_layer_matches_eager():
     torch.testing.assert_close(compiled.running_var, ref.running_var)
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.timeout(300)
 def test_compile_engine_takes_new_batch_shapes_of_a_span_model_in_seconds():
     """The trainer's compile (models.compile_engine) on a channels_last BF16 span ResNet fed four

@@ -312,6 +312,7 @@ def test_bad_input_gives_one_clear_line(kind, name, extra, expected, refused, ev
     evidence(f"bad input: {kind}", name, exit=proc.returncode, seen=line, disk="nothing written")
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_batch_that_does_not_split_over_the_world_size(fake_fmnist, tmp_path, evidence):
     run_dir = tmp_path / "run"
     proc = run_cli(
@@ -379,6 +380,7 @@ def finished_run(fake_fmnist, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_resume_with_a_different_model_is_refused(finished_run, fake_fmnist, evidence):
     before = tree_digest(finished_run)
     proc = run_cli(
@@ -422,6 +424,7 @@ INCOMPATIBLE = [
 ]
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("case, extra, text", INCOMPATIBLE, ids=[c[0][:20] for c in INCOMPATIBLE])
 def test_resume_with_an_incompatible_config_is_refused_untouched(
     case, extra, text, finished_run, fake_fmnist, evidence
@@ -449,6 +452,7 @@ def test_resume_with_an_incompatible_config_is_refused_untouched(
     )
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_resume_with_allowed_changes_continues(finished_run, fake_fmnist, tmp_path, evidence):
     """epochs, the LR (in the JSON and the trainer config), label smoothing and logging may change."""
     import shutil
@@ -473,6 +477,7 @@ def test_resume_with_allowed_changes_continues(finished_run, fake_fmnist, tmp_pa
     )
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("case", ["not a run directory", "a different model"])
 def test_polish_refuses_a_checkpoint_it_cannot_use(case, finished_run, tmp_path, evidence):
     target = str(tmp_path) if case == "not a run directory" else str(finished_run)

@@ -359,6 +359,7 @@ def test_run_sh_gpu_status_runs_offline_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # --status writes nothing
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_tests_skipped_for_want_of_dali_run_again_once_it_arrives(tmp_path, monkeypatch):
     """The tests part is complete without DALI, but its DALI tests were skipped: once DALI's parts
     have all arrived, a later job runs those again (and only those)."""

@@ -132,6 +132,7 @@ def test_lars_excluded_group_is_plain_momentum_sgd():
         assert torch.allclose(g.double(), w, atol=1e-6) and torch.allclose(g, s, atol=1e-6)
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_lars_matches_timm_on_a_small_model_over_several_steps():
     timm_optim = pytest.importorskip("timm.optim")
     torch.manual_seed(0)
@@ -272,6 +273,7 @@ def test_lars_tensor_stats_give_each_tensors_trust_and_relative_step():
     assert adapted and all(0 < t for t in adapted)
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_a_run_with_lars_tensors_logs_every_tensor_by_name(fake_fmnist, tmp_path):
     """log.lars_tensors through the trainer: per log step a trust ratio for every LARS-adapted
     weight and a relative step for every tensor, named as the model names them, and the three

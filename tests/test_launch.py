@@ -275,6 +275,7 @@ def run_sh(*args, timeout=300):
     )
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_run_sh_trains_for_real_and_refuses_an_unknown_command(fake_fmnist, tmp_path):
     """./run.sh as the README shows it (the venv it made is reused: no install here)."""
     venv = Path(sys.executable).parent.parent

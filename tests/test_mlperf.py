@@ -237,6 +237,7 @@ def test_the_rcp_check_refuses_too_few_runs_and_a_resumed_one(tmp_path, capsys):
     assert tool.main([str(tmp_path / "nothing")]) == 2
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_check_says_whether_the_log_would_meet_the_closed_rules(tmp_path):
     """--check judges the log the run would write with MLPerf's own checker: the b3264 recipe with
     its JSON meets the closed rules (once top-1 reaches 0.759); with the shared lars_fp16.json

@@ -69,6 +69,7 @@ ZERO_STEP_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("optimizer", ["sgd", "lars"])
 @pytest.mark.parametrize("mode, buffers", [("guarded", 0), ("unguarded", 4)])
 def test_deepspeed_initialize_zero_gradient_step_is_harmless(mode, buffers, optimizer):
@@ -239,6 +240,7 @@ SINGLE_RANK_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("json_name", ["fp32", "bf16", "lars_fp32"])
 def test_skipping_deepspeeds_single_rank_allreduce_changes_nothing(json_name):
     """dstrain.train sets enable_backward_allreduce=False for one rank (ZeRO 0): the weights must not change."""

@@ -174,6 +174,7 @@ def _rank_worker(rank: int, world: int, port: int, out: dict) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("world", [2, 3])
 def test_refit_across_ranks_equals_one_process(world):
     """Uneven shards (8 batches of 7 over 3 ranks: 2, 3, 3) still give the single-process refit."""

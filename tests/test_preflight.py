@@ -130,6 +130,7 @@ def test_check_refuses_what_the_run_refuses(
     assert tree_digest(tmp_path) == before
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_check_through_the_real_command_line(fake_fmnist, tmp_path):
     """As a user types it: one process, exit 2 with one line; exit 0 with the plan."""
     run_dir = tmp_path / "run"

@@ -77,6 +77,7 @@ BOUNDARY_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("mode, exact", [("driven", True), ("deepspeed_counter", False)])
 def test_first_step_after_a_switch_averages_exactly_the_new_batch(mode, exact):
     """Driving the boundary ourselves (as the trainer does) gives the exact step; DeepSpeed's counter does not.

@@ -219,6 +219,7 @@ def test_a_member_without_its_label_and_a_label_outside_the_classes(converted, t
     assert ".cls: label 2 is outside the 2 classes" in line and "model.num_classes" in line
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_the_cli_refuses_a_damaged_shard_before_writing_anything(converted, tmp_path):
     root, shard = damaged(converted, tmp_path, "recordio")
     shard.write_bytes(shard.read_bytes()[:100])

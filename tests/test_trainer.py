@@ -57,6 +57,7 @@ def make_trainer(fake_fmnist, tmp_path, *overrides, ds="fp32"):
     return trainer, plan
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_fit_follows_the_batch_plan_in_process(fake_fmnist, tmp_path, world_of_one):
     trainer, plan = make_trainer(
         fake_fmnist, tmp_path, "epochs=2", "batch.ramp=[[1,64]]", "batch.micro_per_rank=32"
@@ -105,6 +106,7 @@ def _one_step(trainer):
     trainer.after_step()
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_fp16_autocast_skips_overflowing_steps_counts_them_and_halves_the_scale(
     fake_fmnist, tmp_path, world_of_one, caplog
 ):
@@ -188,6 +190,7 @@ def test_fused_lamb_with_channels_last_is_refused_before_anything_starts(fake_fm
 
 
 # ---------------------------------------------------------------- torch.compile
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_compiled_training_composes_with_ramp_eval_checkpoints_and_resume(
     fake_fmnist, tmp_path, world_of_one, caplog
 ):
@@ -226,6 +229,7 @@ def test_compiled_training_composes_with_ramp_eval_checkpoints_and_resume(
         assert torch.equal(a, b), name
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize(
     "ds, comm",
     [("lamb_bf16", {"compression": "sign", "warmup_steps": 0}), ("lars_fp16", None)],
@@ -274,6 +278,7 @@ def test_compiled_training_composes_with_channels_last_precision_optimizers_and_
     assert second["train_loss"] < first["train_loss"] and metrics["val_top1"] > 0.2
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_the_trainers_first_step_after_a_ramp_switch_averages_exactly_the_new_batch(
     fake_fmnist, tmp_path, world_of_one
 ):
@@ -326,6 +331,7 @@ def test_the_trainers_first_step_after_a_ramp_switch_averages_exactly_the_new_ba
 
 
 # ---------------------------------------------- MLPerf log and target (the checker: tests/test_mlperf.py)
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_target_top1_ends_training_and_a_resume_trains_no_more(fake_fmnist, tmp_path, world_of_one):
     """The first evaluation at or above target_top1 ends the run there (its checkpoint written), in
     the summary and the MLPerf log as success; a resumed run trains nothing more."""
@@ -350,6 +356,7 @@ def test_target_top1_ends_training_and_a_resume_trains_no_more(fake_fmnist, tmp_
     again.mlperf.close()
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_the_mlperf_log_holds_the_values_the_run_uses(fake_fmnist, tmp_path, world_of_one):
     """Keys in MLPerf's order (init, submission, hyperparameters, run, epochs with their
     evaluations, run_stop), values resolved from the run: the peak LR after the scaling rule, the

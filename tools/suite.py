@@ -175,6 +175,7 @@ def main() -> int:
         "--ran",
         help="with --junit: the commands that wrote them (recorded; default: the XML files' names)",
     )
+    p.add_argument("--note", help="how the machine was loaded, or anything else a reader needs")
     p.add_argument("pytest_args", nargs="*", help="after --: arguments for pytest")
     args = p.parse_args()
     for junit in args.junit or []:
@@ -197,6 +198,8 @@ def main() -> int:
             print(f"[suite] pytest wrote no junit XML (exit {status}); nothing recorded")
             return status or 1
     record.update(ran=ran.strip(), exit_status=status, **summarise(junits))
+    if args.note:
+        record["note"] = args.note
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
