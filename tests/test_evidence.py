@@ -81,6 +81,7 @@ def test_key_paths_select_aggregate_and_combine():
     assert evidence.resolve(data, "runs[row=a,seed=1].top1") == 0.92
     assert evidence.resolve(data, "runs[*].top1 | min") == 0.80
     assert evidence.resolve(data, "runs[row=a] | count") == 2
+    assert evidence.resolve(data, "runs[top1>0.85,seed<1].top1") == 0.90
     assert evidence.resolve(data, "runs[row=a].top1 | mean - runs[row=b].top1") == pytest.approx(
         0.11
     )
