@@ -52,6 +52,16 @@ def case_files(tmp_path: Path) -> dict:
 
 
 JSON = "--deepspeed_config"
+
+
+def case_args(extra: list[str], data: Path, tmp: Path) -> list[str]:
+    """A case's full command line: the tiny run in ``tmp/run`` with the case's arguments, its files
+    written to ``tmp`` (``case_files``) and ``{data}``, ``{tmp}``, ``{<file>}`` filled in."""
+    subs = {"data": str(data), "tmp": str(tmp), **case_files(tmp)}
+    args = [JSON, "ds_configs/fp32.json", *TINY, f"data.root={data}", f"run_dir={tmp / 'run'}"]
+    return args + [a.format(**subs) for a in extra]
+
+
 CASES = [
     # kind, name, extra args, text the error line must contain
     ("config", "malformed JSON", [JSON, "{bad_json}"], "bad.json:3:"),
@@ -271,9 +281,7 @@ def refused(fake_fmnist, tmp_path_factory) -> dict:
     cases, groups = {}, {}
     for kind, name, extra, _ in CASES:
         tmp = tmp_path_factory.mktemp("case")
-        subs = {"data": str(fake_fmnist), "tmp": str(tmp), **case_files(tmp)}
-        args = [JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}"]
-        args += [f"run_dir={tmp / 'run'}", *(a.format(**subs) for a in extra)]
+        args = case_args(extra, fake_fmnist, tmp)
         cases[name] = (tmp, args, tree_digest(tmp))
         # the CPU's refusals are tested on every node: with the GPUs hidden where there are some
         groups.setdefault(kind == "precision", []).append(name)

@@ -16,7 +16,7 @@ import pytest
 
 from dstrain.main import main
 from tests.conftest import REPO, TINY, run_cli
-from tests.test_cli_errors import CASES, JSON, case_files, check_one_clear_line, tree_digest
+from tests.test_cli_errors import CASES, JSON, case_args, check_one_clear_line, tree_digest
 
 # CASES the run finds only after it started (none today): --check cannot see them
 RUNTIME_ONLY: set[str] = set()
@@ -118,10 +118,7 @@ def test_check_refuses_what_the_run_refuses(
     """The same inputs as tests/test_cli_errors.py, the same line, with --check (in-process)."""
     if name in RUNTIME_ONLY:
         pytest.skip("found only once the run has started")
-    subs = {"data": str(fake_fmnist), "tmp": str(tmp_path), **case_files(tmp_path)}
-    run_dir = tmp_path / "run"
-    args = [JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", f"run_dir={run_dir}"]
-    args += [a.format(**subs) for a in extra]
+    args = case_args(extra, fake_fmnist, tmp_path)
     before = tree_digest(tmp_path)
     code, out, err = check(capfd, [*args, "--device", "cpu"])
     assert code == 2, out[-2000:] + err[-2000:]
