@@ -547,6 +547,9 @@ def test_suite_summary_counts_each_outcome_and_keeps_pytests_exit(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(again.read_text())["counts"] == r["counts"]
     assert json.loads(again.read_text())["ran"] == "pytest toy"
+    assert "note" not in json.loads(again.read_text())  # only when given
+    noted = bench("suite.py", "--out", str(again), "--junit", str(xml), "--note", "beside 2 runs")
+    assert noted.returncode == 0 and json.loads(again.read_text())["note"] == "beside 2 runs"
     # a suite run in two parts (here: the same part twice) is summed
     args = ["--out", str(again), "--junit", str(xml), str(xml), "--ran", "two parts"]
     assert bench("suite.py", *args).returncode == 0
