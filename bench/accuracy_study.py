@@ -52,7 +52,9 @@ a run whose summary.json exists is read, not retrained, and an interrupted one r
 checkpoint (every 5 epochs, ``resume=auto``), so a grid stopped (or split across machines) continues
 where it stopped; each run records the git SHA it started at, shown in the report. runs/ is not
 committed: ``--reuse REPORT.json ...`` reads the finished runs a committed report recorded (a new
-checkout continues a grid from its reports; a recorded run of another definition is refused).
+checkout continues a grid from its reports; a recorded run of another definition is refused). Runs
+are compared by what they are (the config the trainer builds, the JSON's name), not by the words of
+their commands: a run recorded under another row counts when it is the same run.
 
 Writes <name>.json (every run's history), <name>.csv, <name>.md and plots (<name>_curves.png,
 <name>_ablation.png) under --out (default docs/results), name = accuracy_study_<epochs>ep or
@@ -333,25 +335,75 @@ def trainer_args(cmd: list[str]) -> list[str]:
     return [a for a in cmd[start + 1 :] if not a.startswith(LOCATIONS)]
 
 
-def _changes(old: list[str], new: list[str]) -> str | None:
-    """``gone -> added`` between two trainer argument lists, or None when they are equal."""
-    if old == new:
+def definition(trainer_argv: list[str]) -> dict:
+    """What a run is, whatever words its command used: the DeepSpeed JSON's file name and the
+    config the trainer builds from the recipe and the overrides (a later key=value wins, a value
+    equal to the recipe's is no change), without the locations (``LOCATIONS``)."""
+    from omegaconf import OmegaConf
+
+    from dstrain.config import load_config
+
+    recipe, ds_json, overrides, rest = None, None, [], iter(trainer_argv)
+    for arg in rest:
+        if arg == "--config":
+            recipe = next(rest)
+        elif arg == "--deepspeed_config":
+            ds_json = Path(next(rest)).name  # derived JSONs are named by what they change
+        elif not arg.startswith(LOCATIONS):
+            overrides.append(arg)
+    config = OmegaConf.to_container(load_config(recipe, overrides))
+    config.pop("run_dir")
+    config["data"].pop("root")
+    return {"deepspeed_config": ds_json, **config}
+
+
+def _definition_or_none(recorded_command: str) -> dict | None:
+    from dstrain.config import ConfigError
+
+    try:
+        return definition(trainer_args(shlex.split(recorded_command)))
+    except ConfigError:  # a recipe or key that no longer exists: not the same run
         return None
-    gone = [a for a in old if a not in new]
-    added = [a for a in new if a not in old]
-    return f"{' '.join(gone) or 'none'} -> {' '.join(added) or 'none'}, or another order"
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _changes(old: list[str], new: list[str]) -> str | None:
+    """``key: old -> new, ...`` between the runs two trainer argument lists define, or None when
+    they define the same run."""
+    from dstrain.config import ConfigError
+
+    try:
+        before = _flat(definition(old))
+    except ConfigError as err:
+        return f"its settings no longer load: {err}"
+    after = _flat(definition(new))
+    changed = [
+        f"{key}: {before.get(key)} -> {after.get(key)}"
+        for key in sorted(before.keys() | after.keys())
+        if before.get(key) != after.get(key)
+    ]
+    return ", ".join(changed) or None
 
 
 def stored_differs(run_dir: Path, cmd: list[str]) -> str | None:
-    """Why the run kept in ``run_dir`` is not this row as now defined (its command differs), or
-    None: a finished run is read, an interrupted one resumed, only if it is the same row."""
+    """Why the run kept in ``run_dir`` is not this row as now defined, or None: a finished run is
+    read, an interrupted one resumed, only if it is the same run."""
     meta = run_dir / "meta.json"
     if not meta.is_file():
         return None
     stored = json.loads(meta.read_text()).get("command") or []
     if not stored:
         return None
-    changes = _changes([a for a in stored[1:] if not a.startswith(LOCATIONS)], trainer_args(cmd))
+    changes = _changes(stored[1:], trainer_args(cmd))
     if changes is None:
         return None
     return (
@@ -364,21 +416,22 @@ def stored_differs(run_dir: Path, cmd: list[str]) -> str | None:
 def reported_runs(reports: list[str], jobs, args) -> tuple[dict, str | None]:
     """The finished runs that committed reports (``--reuse``) recorded for these jobs, by (row,
     seed), read instead of trained: runs/ is not committed, so a new checkout resumes a grid from
-    its reports. A recorded run of another definition is an error (the message), as a kept one is."""
+    its reports. A run recorded under the job's row must be that row as now defined (else the
+    error is the message); a run recorded under another row is this job's when it is the same run
+    (the same seed and definition: the chosen row's batch-4,096 run is ``target_b4096``'s)."""
     found: dict[tuple[str, int], dict] = {}
+    recorded: list[tuple[str, dict]] = []
     for report in reports:
-        path = Path(report)
         try:
-            records = json.loads(path.read_text())["runs"]
+            runs = json.loads(Path(report).read_text())["runs"]
         except (OSError, ValueError, KeyError) as e:
             return {}, f"--reuse {report}: not a study report ({type(e).__name__}: {e})"
-        for rec in records:
-            job = (rec.get("row"), rec.get("seed"))
-            if job not in jobs or job in found or not rec.get("command"):
+        recorded += [(report, rec) for rec in runs if rec.get("command")]
+    for row, seed in jobs:
+        new = trainer_args(command(row, seed, args, args.runs / f"{row}-{seed}"))
+        for report, rec in recorded:
+            if rec.get("row") != row or rec.get("seed") != seed:
                 continue
-            row, seed = job
-            run_dir = args.runs / f"{row}-{seed}"
-            new = trainer_args(command(row, seed, args, run_dir))
             changes = _changes(trainer_args(shlex.split(rec["command"])), new)
             if changes is not None:
                 return {}, (
@@ -386,7 +439,15 @@ def reported_runs(reports: list[str], jobs, args) -> tuple[dict, str | None]:
                     f"({changes}); the row is defined differently now. Leave that report out "
                     "to train the row again"
                 )
-            found[job] = rec
+            found[row, seed] = rec
+            break
+        else:
+            mine = definition(new)
+            for report, rec in recorded:
+                if rec.get("seed") == seed and mine == _definition_or_none(rec["command"]):
+                    same = f"{report}: {rec['row']} seed {seed}"
+                    found[row, seed] = {**rec, "row": row, "same_run_as": same}
+                    break
     return found, None
 
 
@@ -816,7 +877,10 @@ def main(argv: list[str] | None = None) -> int:
     # a run finished in runs/ is read from there; one only a report has, from the report
     reported = {j: r for j, r in reported.items() if not finished(args.runs / f"{j[0]}-{j[1]}")}
     for (row, seed), rec in reported.items():
-        print(f"{row:28s} seed {seed}: final top-1 {100 * rec['final_top1']:.2f}%  (from --reuse)")
+        print(
+            f"{row:28s} seed {seed}: final top-1 {100 * rec['final_top1']:.2f}%  (from --reuse"
+            + (f", the same run as {rec['same_run_as']})" if "same_run_as" in rec else ")")
+        )
     pending = []
     if args.finished_only:  # a report of a grid still running elsewhere: train nothing
         pending = [

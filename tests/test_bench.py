@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def test_the_study_refuses_a_kept_run_of_another_definition(tmp_path):
     )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
-    assert str(run_dir) in line and "none -> optim.base_lr=0.3" in line and "--runs DIR" in line
+    assert str(run_dir) in line and "optim.base_lr: 0.4 -> 0.3" in line and "--runs DIR" in line
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
@@ -764,7 +765,34 @@ def test_the_study_reads_finished_runs_from_a_committed_report(tmp_path):
     assert why is None and reported[("baseline", 0)]["git_sha"] == "abc"
     changed = study.parse_args([*base, "--extra", "optim.base_lr=0.3"])
     reported, why = study.reported_runs([str(report)], [("baseline", 0)], changed)
-    assert not reported and "baseline seed 0" in why and "none -> optim.base_lr=0.3" in why
+    assert not reported and "baseline seed 0" in why and "optim.base_lr: 0.4 -> 0.3" in why
     assert study.main([*base, "--extra", "optim.base_lr=0.3", "--reuse", str(report)]) == 2
     (tmp_path / "bad.json").write_text("{")
     assert "not a study report" in study.reported_runs([str(tmp_path / "bad.json")], [], args)[1]
+
+
+def test_a_recorded_run_counts_for_any_row_that_defines_the_same_run(tmp_path):
+    """Reuse compares what a run is, not the words of its command: the 90-epoch study's chosen
+    batch-4,096 run is the target grid's target_b4096 (the same recipe, JSON and settings, one
+    override spelled out that the recipe already sets); another seed or batch is not."""
+    study = load("accuracy_study")
+    runs = ["--epochs", "90", "--seeds", "0", "1", "--runs", str(tmp_path / "r")]
+    chosen = study.parse_args([*runs, "--rows", study.CHOSEN])
+    target = study.parse_args([*runs, "--grid", "target", "--target", "0.9"])
+    cmd = study.command(study.CHOSEN, 0, chosen, tmp_path / "study" / f"{study.CHOSEN}-0")
+    record = {"row": study.CHOSEN, "seed": 0, "final_top1": 0.92, "command": shlex.join(cmd)}
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"runs": [record]}))
+    assert study.trainer_args(cmd) != study.trainer_args(
+        study.command("target_b4096", 0, target, tmp_path / "t")
+    )  # the words differ
+    jobs = [(f"target_b{b}", seed) for b in (2048, 4096) for seed in (0, 1)]
+    reported, why = study.reported_runs([str(report)], jobs, target)
+    assert why is None and list(reported) == [("target_b4096", 0)]
+    assert reported["target_b4096", 0]["row"] == "target_b4096"
+    assert reported["target_b4096", 0]["same_run_as"] == f"{report}: {study.CHOSEN} seed 0"
+    assert reported["target_b4096", 0]["command"] == record["command"]  # what was trained
+    # the same words with the recipe's value changed are another run
+    other = {**record, "command": record["command"] + " optim.label_smoothing=0.05"}
+    report.write_text(json.dumps({"runs": [other]}))
+    assert study.reported_runs([str(report)], jobs, target) == ({}, None)
