@@ -194,6 +194,34 @@ def _skip_shm_op() -> None:
         backend.build_shm_op = lambda: None
 
 
+def local_ranks() -> int:
+    """Ranks on this node: LOCAL_WORLD_SIZE (torchrun, mpirun via launch.sh) or LOCAL_SIZE
+    (DeepSpeed's launcher); 1 when neither says."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or 1)
+
+
+def share_cpu_cores() -> int | None:
+    """CPU ranks sharing a node each take their share of its cores for torch's threads, as torchrun
+    does (DeepSpeed's launcher does not, without --bind_cores_to_rank): every rank otherwise opens
+    a thread per core, and OpenMP threads spinning on cores the other ranks need made a 2-rank run
+    on 2 cores 30x slower per step (73.9 s against 2.4 s, tests/test_dist.py). The threads set, or
+    None: a GPU rank, a rank alone on its node, or OMP_NUM_THREADS given (the user's choice)."""
+    ranks = local_ranks()
+    if use_gpu() or ranks <= 1 or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cores or 1) // ranks)
+    torch.set_num_threads(threads)
+    log.info(
+        "%d CPU ranks on this node share its %d cores: %d torch thread(s) each "
+        "(set OMP_NUM_THREADS to choose)",
+        ranks,
+        cores,
+        threads,
+    )
+    return threads
+
+
 def init_process_group(timeout_s: float) -> None:
     """Join the job's process group (NCCL on GPUs, gloo on CPUs) with ``timeout_s`` for every collective."""
     from datetime import timedelta
@@ -202,6 +230,7 @@ def init_process_group(timeout_s: float) -> None:
 
     if not use_gpu():
         _skip_shm_op()
+    share_cpu_cores()
     deepspeed.init_distributed(
         dist_backend="nccl" if use_gpu() else "gloo",
         timeout=timedelta(seconds=timeout_s),

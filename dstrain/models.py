@@ -7,7 +7,6 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torchvision
 
 from dstrain.bn_span import apply_bn_span
 from dstrain.config import ModelConfig
@@ -107,6 +106,8 @@ def build_model(
         if zero_init_residual:
             zero_init_last_bn(model)
         return model
+    import torchvision  # ~2 s (it imports torch._dynamo): only when a run names one of its models
+
     available = torchvision.models.list_models(module=torchvision.models)
     if name not in available:
         raise ConfigError(

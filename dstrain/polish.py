@@ -145,6 +145,7 @@ def polish_run_dir(args: argparse.Namespace) -> dict:
     import torch.distributed as tdist
 
     if world > 1 and not tdist.is_initialized():
+        dist.share_cpu_cores()
         tdist.init_process_group("nccl" if dist.use_gpu() else "gloo")
     if why := dist.rank_without_gpu():
         raise ConfigError(why)

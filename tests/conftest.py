@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import re
@@ -100,13 +101,33 @@ def tiny_on_two_ranks(fake_fmnist, tmp_path_factory) -> subprocess.CompletedProc
     run) must equal bit for bit. The finished process, with ``run_dir`` set."""
     run_dir = tmp_path_factory.mktemp("tiny2") / "run"
     args = ["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}"]
-    proc = run_cli([*args, f"run_dir={run_dir}"], launcher=deepspeed_launcher(2), env=CPU_ONLY)
+    env = {**CPU_ONLY, **ONE_THREAD}  # as test_multihost's hosts run
+    proc = run_cli([*args, f"run_dir={run_dir}"], launcher=deepspeed_launcher(2), env=env)
     proc.run_dir = run_dir
     return proc
 
 
 # ---------------------------------------------------------------- devices: the same suite on CPU and GPU nodes
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}  # ranks that see no GPU, gloo
+# CPU ranks that must compute bit for bit what ranks elsewhere compute (two-host runs against local
+# ones): one torch thread each, on a machine of any size (dstrain gives local ranks cores // ranks)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+@contextlib.contextmanager
+def one_thread_per_rank():
+    """Processes spawned inside (torch.multiprocessing) start with one torch thread each: ranks
+    spawned by a test share this machine's cores, as dstrain's own ranks do (dist.share_cpu_cores);
+    with a thread per core each, OpenMP's spinning threads made a 2-rank run 30x slower per step."""
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
 
 
 def gpu_count() -> int:

@@ -173,7 +173,9 @@ class Cluster:
         share this machine, and its GPUs (if any) are not one per rank of the test's jobs."""
         path = f"{self.bin}{os.pathsep}{os.environ['PATH']}"
         cpu = {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
-        return {**os.environ, "PATH": path, **cpu, **extra}
+        # one torch thread per rank: the hosts share this machine's cores (a real host has its
+        # own), and the local runs they are compared with bit for bit run so too (conftest)
+        return {**os.environ, "PATH": path, **cpu, "OMP_NUM_THREADS": "1", **extra}
 
     def ssh(self, host: Host, command: str, check: bool = True, timeout: float = 30):
         return sh(str(self.bin / "ssh"), host.addr, command, check=check, timeout=timeout)

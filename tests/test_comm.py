@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from dstrain import comm
 from dstrain.dist import free_port
 from dstrain.errors import ConfigError
-from tests.conftest import TINY, deepspeed_launcher, run_cli
+from tests.conftest import TINY, deepspeed_launcher, one_thread_per_rank, run_cli
 
 SIZES = (1, 7, 1001, 4099, 33)  # odd sizes; bucket_mb below makes several buckets
 
@@ -47,7 +47,8 @@ def _torus_worker(rank: int, world: int, port: int, grids, out, backend: str = "
 
 def _spawn(fn, world: int, *args) -> dict:
     out = mp.Manager().dict()
-    mp.spawn(fn, args=(world, free_port(), *args, out), nprocs=world, join=True)
+    with one_thread_per_rank():
+        mp.spawn(fn, args=(world, free_port(), *args, out), nprocs=world, join=True)
     return dict(out)
 
 
@@ -489,7 +490,8 @@ def test_sign_compressed_training_on_a_2x2_torus_reaches_the_uncompressed_accura
     world = 4
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_torus_training_worker, args=(world, free_port(), out), nprocs=world)
+        with one_thread_per_rank():
+            mp.spawn(_torus_training_worker, args=(world, free_port(), out), nprocs=world)
         results = dict(out)
     top1 = {name: [results[(r, name)][0] for r in range(world)] for name in TORUS_RUNS}
     for name, values in top1.items():

@@ -11,6 +11,7 @@ from dstrain.data import Shard
 from dstrain.data.fashion_mnist import TensorLoader
 from dstrain.dist import free_port, sync_bn_buffers
 from dstrain.evaluate import evaluate
+from tests.conftest import one_thread_per_rank
 
 pytestmark = pytest.mark.oldest  # ./run.sh test-oldest runs this module on torch 2.11
 
@@ -58,7 +59,8 @@ def _worker(rank: int, world: int, port: int, out: dict) -> None:
 def test_bn_sync_and_exact_distributed_eval():
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_worker, args=(2, free_port(), out), nprocs=2, join=True)
+        with one_thread_per_rank():
+            mp.spawn(_worker, args=(2, free_port(), out), nprocs=2, join=True)
         out = dict(out)
     for r in range(2):
         assert torch.allclose(out[f"mean{r}"], torch.full((3,), 0.5))
@@ -83,3 +85,35 @@ def test_bn_sync_and_exact_distributed_eval():
     assert (
         abs(single["val_loss"] - out["eval0"]["val_loss"]) < 1e-6
     )  # fp32 batch means, summed in fp64
+
+
+@pytest.mark.parametrize(
+    "env, gpu, threads",
+    [
+        ({"LOCAL_SIZE": "2"}, False, "half"),  # DeepSpeed's launcher, 2 CPU ranks
+        ({"LOCAL_WORLD_SIZE": "2"}, False, "half"),  # torchrun, mpirun through launch.sh
+        ({"LOCAL_WORLD_SIZE": "1"}, False, None),  # alone on its node: every core
+        ({"LOCAL_SIZE": "2", "OMP_NUM_THREADS": "2"}, False, None),  # the user chose
+        ({"LOCAL_SIZE": "2"}, True, None),  # a GPU rank
+        ({"LOCAL_SIZE": "64"}, False, 1),  # more ranks than cores: one thread, never zero
+    ],
+)
+def test_cpu_ranks_on_one_node_share_its_cores(monkeypatch, env, gpu, threads):
+    """Each CPU rank takes cores // local ranks torch threads unless OMP_NUM_THREADS says: two
+    ranks with a thread per core each on 2 cores trained 30x slower per step."""
+    from dstrain import dist as ddist
+
+    for var in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(ddist, "use_gpu", lambda: gpu)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    before = torch.get_num_threads()
+    try:
+        got = ddist.share_cpu_cores()
+        expected = 4 if threads == "half" else threads
+        assert got == expected
+        assert torch.get_num_threads() == (expected or before)
+    finally:
+        torch.set_num_threads(before)

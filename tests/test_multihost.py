@@ -21,7 +21,15 @@ import pytest
 import torch
 
 from tests import multihost
-from tests.conftest import CPU_ONLY, REPO, TINY, deepspeed_launcher, error_lines, run_cli
+from tests.conftest import (
+    CPU_ONLY,
+    ONE_THREAD,
+    REPO,
+    TINY,
+    deepspeed_launcher,
+    error_lines,
+    run_cli,
+)
 
 WHY_NOT = multihost.unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
@@ -68,7 +76,7 @@ def local_run(fake_fmnist, run_dir: Path, ranks: int, *extra: str) -> dict:
     proc = run_cli(
         trainer_args(fake_fmnist, run_dir, *extra),
         launcher=deepspeed_launcher(ranks),
-        env=CPU_ONLY,
+        env={**CPU_ONLY, **ONE_THREAD},
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads((run_dir / "summary.json").read_text())
