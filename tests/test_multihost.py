@@ -103,7 +103,11 @@ def test_deepspeed_hostfile_on_two_hosts_trains_as_two_local_ranks(
     env_file = tmp_path / "ds_env"  # what a user puts in ~/.deepspeed_env or $DS_ENV_FILE
     # DS_ACCELERATOR=cpu: the remote ranks on the CPU on a GPU node too (DeepSpeed's launcher sets
     # CUDA_VISIBLE_DEVICES from the hostfile's slots; this reaches them through the env file)
-    env_file.write_text("GLOO_SOCKET_IFNAME=eth0\nDSTRAIN_PROBE=arrived\nDS_ACCELERATOR=cpu\n")
+    # OMP_NUM_THREADS=1: the local ranks compared with run one thread each (conftest.ONE_THREAD);
+    # the remote ranks get only what the env file says
+    env_file.write_text(
+        "GLOO_SOCKET_IFNAME=eth0\nDSTRAIN_PROBE=arrived\nDS_ACCELERATOR=cpu\nOMP_NUM_THREADS=1\n"
+    )
     h0 = cluster.hosts[0]
     run_dir = tmp_path / "hosts"
     cmd = [
@@ -266,13 +270,14 @@ def test_resume_on_the_remaining_host_with_fewer_ranks(
     assert code == 4
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch0001"
     # the job again, on the host that is left: its node file lists host 0 only (launch.sh: one
-    # node, local ranks), run there over ssh
+    # node, local ranks), run there over ssh (a login shell's environment: one thread per rank
+    # given again, as the 2-rank run it is compared with bit for bit had)
     h0 = cluster.hosts[0]
     (tmp_path / "left").write_text(f"{h0.addr}\n")
     args = [*trainer_args(fake_fmnist, run_dir), "resume=auto", "batch.micro_per_rank=16"]
     remote = (
         f"cd {REPO} && PBS_NODEFILE={tmp_path / 'left'} PBS_JOBID=4243.pbs1 TMPDIR={tmp_path} "
-        f"DSTRAIN_CPU_RANKS=1 ./launch.sh " + " ".join(args)
+        f"DSTRAIN_CPU_RANKS=1 OMP_NUM_THREADS=1 ./launch.sh " + " ".join(args)
     )
     proc = cluster.ssh(h0, remote, check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -399,11 +399,12 @@ RESULTS = [
            "docs/results/tuning/brakes_30ep_holdout6000.json", _study, rerun=False),
     Result("differences_holdout",
            "issue 39, item 2: Fujitsu's differences one at a time on LARS in the records' regime, "
-           "6,000 held-out images, 30 epochs (in progress: the report names the pending runs)",
+           "6,000 held-out images, 30 epochs, 2 seeds: the trust coefficient 0.0025 carries the lead",
            R + "accuracy_study.py --epochs 30 --holdout 6000 --rows lars_records "
            "records_plus_eta0.0025 records_plus_m0.96 records_plus_trust_decay records_plus_warmup40 "
-           "records_plus_decay52 records_plus_span32 --seeds 0 1 --finished-only --out "
-           "docs/results/tuning --name differences_30ep_holdout6000",
+           "records_plus_decay52 records_plus_span32 --seeds 0 1 --jobs 2 --out "
+           "docs/results/tuning --name differences_30ep_holdout6000 "
+           "--reuse docs/results/tuning/differences_30ep_holdout6000.json",
            "docs/results/tuning/differences_30ep_holdout6000.json", _study, rerun=False),
     Result("study_10ep", "earlier large-batch study (10 epochs, LRs tuned on the test set)",
            R + "accuracy_study.py --jobs 2", "docs/results/accuracy_study.json", _study,
