@@ -106,7 +106,7 @@ def build_model(
         if zero_init_residual:
             zero_init_last_bn(model)
         return model
-    import torchvision  # ~2 s (it imports torch._dynamo): only when a run names one of its models
+    import torchvision  # a heavy import: only when a run names one of its models
 
     available = torchvision.models.list_models(module=torchvision.models)
     if name not in available:

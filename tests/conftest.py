@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -119,15 +120,8 @@ def one_thread_per_rank():
     """Processes spawned inside (torch.multiprocessing) start with one torch thread each: ranks
     spawned by a test share this machine's cores, as dstrain's own ranks do (dist.share_cpu_cores);
     with a thread per core each, OpenMP's spinning threads made a 2-rank run 30x slower per step."""
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
+    with mock.patch.dict(os.environ, ONE_THREAD):
         yield
-    finally:
-        if saved is None:
-            del os.environ["OMP_NUM_THREADS"]
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
 
 
 def gpu_count() -> int:
