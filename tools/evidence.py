@@ -406,6 +406,15 @@ RESULTS = [
            "docs/results/tuning --name differences_30ep_holdout6000 "
            "--reuse docs/results/tuning/differences_30ep_holdout6000.json",
            "docs/results/tuning/differences_30ep_holdout6000.json", _study, rerun=False),
+    Result("eta_vs_chosen_holdout",
+           "issue 39: the records-regime LARS with the trust coefficient 0.0025 against the chosen "
+           "braked Fujitsu row, 6,000 held-out images, 30 epochs, by the worst of 3 seeds",
+           R + "accuracy_study.py --epochs 30 --holdout 6000 --rows fujitsu_span32_bn_lr0.1 "
+           "records_plus_eta0.0025 --seeds 0 1 2 --jobs 1 --out docs/results/tuning "
+           "--name eta_vs_chosen_30ep_holdout6000 --reuse "
+           "docs/results/tuning/brakes_30ep_holdout6000.json "
+           "docs/results/tuning/differences_30ep_holdout6000.json",
+           "docs/results/tuning/eta_vs_chosen_30ep_holdout6000.json", _study, rerun=False),
     Result("study_10ep", "earlier large-batch study (10 epochs, LRs tuned on the test set)",
            R + "accuracy_study.py --jobs 2", "docs/results/accuracy_study.json", _study,
            rerun=False),
