@@ -427,6 +427,7 @@ def reported_runs(reports: list[str], jobs, args) -> tuple[dict, str | None]:
         except (OSError, ValueError, KeyError) as e:
             return {}, f"--reuse {report}: not a study report ({type(e).__name__}: {e})"
         recorded += [(report, rec) for rec in runs if rec.get("command")]
+    theirs: dict[str, dict | None] = {}  # each recorded command's definition, built once
     for row, seed in jobs:
         new = trainer_args(command(row, seed, args, args.runs / f"{row}-{seed}"))
         for report, rec in recorded:
@@ -444,7 +445,11 @@ def reported_runs(reports: list[str], jobs, args) -> tuple[dict, str | None]:
         else:
             mine = definition(new)
             for report, rec in recorded:
-                if rec.get("seed") == seed and mine == _definition_or_none(rec["command"]):
+                if rec.get("seed") != seed:
+                    continue
+                if rec["command"] not in theirs:
+                    theirs[rec["command"]] = _definition_or_none(rec["command"])
+                if mine == theirs[rec["command"]]:
                     same = f"{report}: {rec['row']} seed {seed}"
                     found[row, seed] = {**rec, "row": row, "same_run_as": same}
                     break

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.conftest import CPU_ONLY, ONE_THREAD
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 IFACE = "eth0"  # the name of each host's interface inside its namespace
 
@@ -172,10 +174,9 @@ class Cluster:
         """This environment with the harness's ssh first on PATH, every rank on the CPU: the hosts
         share this machine, and its GPUs (if any) are not one per rank of the test's jobs."""
         path = f"{self.bin}{os.pathsep}{os.environ['PATH']}"
-        cpu = {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"}
         # one torch thread per rank: the hosts share this machine's cores (a real host has its
         # own), and the local runs they are compared with bit for bit run so too (conftest)
-        return {**os.environ, "PATH": path, **cpu, "OMP_NUM_THREADS": "1", **extra}
+        return {**os.environ, "PATH": path, **CPU_ONLY, **ONE_THREAD, **extra}
 
     def ssh(self, host: Host, command: str, check: bool = True, timeout: float = 30):
         return sh(str(self.bin / "ssh"), host.addr, command, check=check, timeout=timeout)
