@@ -203,10 +203,10 @@ def local_ranks() -> int:
 def share_cpu_cores() -> int | None:
     """CPU ranks sharing a node each take their share of its cores for torch's threads, as torchrun
     does (DeepSpeed's launcher does not, without --bind_cores_to_rank): every rank otherwise opens
-    a thread per core, and OpenMP threads spinning on cores the other ranks need made a 2-rank run
-    on 2 cores 30x slower per step (a tiny model's 3 epochs: 73.9 s of training against 2.4 s, in
-    the commit that brought this). The threads set, or None: a GPU rank, a rank alone on its node,
-    or OMP_NUM_THREADS given (the user's choice)."""
+    a thread per core, and OpenMP threads spinning on cores the other ranks need halve a 2-rank
+    run's speed on 2 cores, and cost more beside other work (bench/results/scaling_cpu_threads*
+    .json, docs/multinode.md). The threads set, or None: a GPU rank, a rank alone on its node, or
+    OMP_NUM_THREADS given (the user's choice)."""
     ranks = local_ranks()
     if use_gpu() or ranks <= 1 or os.environ.get("OMP_NUM_THREADS"):
         return None

@@ -119,7 +119,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 def one_thread_per_rank():
     """Processes spawned inside (torch.multiprocessing) start with one torch thread each: ranks
     spawned by a test share this machine's cores, as dstrain's own ranks do (dist.share_cpu_cores);
-    with a thread per core each, OpenMP's spinning threads made a 2-rank run 30x slower per step."""
+    with a thread per core each, OpenMP's spinning threads slow every rank down."""
     with mock.patch.dict(os.environ, ONE_THREAD):
         yield
 

@@ -99,8 +99,8 @@ def test_bn_sync_and_exact_distributed_eval():
     ],
 )
 def test_cpu_ranks_on_one_node_share_its_cores(monkeypatch, env, gpu, threads):
-    """Each CPU rank takes cores // local ranks torch threads unless OMP_NUM_THREADS says: two
-    ranks with a thread per core each on 2 cores trained 30x slower per step."""
+    """Each CPU rank takes cores // local ranks torch threads unless OMP_NUM_THREADS says (two
+    ranks with a thread per core each on 2 cores trained at half the speed: docs/multinode.md)."""
     from dstrain import dist as ddist
 
     for var in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
