@@ -11,7 +11,8 @@
 #   ./run.sh gpu-import FILE                                             a job's gpu_state.tar.gz, here
 #   ./run.sh rcp-check RUN_DIR... | FOLDER [--json F]                    MLPerf's RCP checker on 5 runs
 #   ./run.sh setup                                                       only install
-# Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv).
+# Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv),
+#   DSTRAIN_TEST_WORKERS (pytest-xdist workers for `test`, default 2).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -84,7 +85,10 @@ case "$cmd" in
         say "ruff: lint and format check (pyproject.toml [tool.ruff]; fix with: $VENV/bin/ruff format . && $VENV/bin/ruff check --fix .)"
         "$VENV/bin/ruff" check dstrain tests bench tools
         "$VENV/bin/ruff" format --check dstrain tests bench tools
-        exec "$VENV/bin/python" -m pytest "$@" ;;
+        # pytest-xdist: DSTRAIN_TEST_WORKERS workers (2; one per core on CI's 2 cores), tests that share
+        # a session's run or the multi-host harness kept on one worker (xdist_group); `-n 0` after
+        # the command runs everything in this process
+        exec "$VENV/bin/python" -m pytest -n "${DSTRAIN_TEST_WORKERS:-2}" --dist loadgroup "$@" ;;
     test-oldest)
         # the oldest torch pyproject.toml declares, in its own venv: the tests marked `oldest`
         VENV=${DSTRAIN_OLDEST_VENV:-.venv-oldest}

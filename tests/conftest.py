@@ -17,6 +17,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# pytest-xdist (./run.sh test runs 2 workers): the workers share the cores as dstrain's ranks do
+# (dist.share_cpu_cores), each with cores // workers torch threads, and so do the processes a test
+# starts (they inherit it); with a thread per core each, OpenMP's spinning threads slow every
+# worker down. Set before torch is imported anywhere in the worker.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))
+
 
 def write_idx(path: Path, array: np.ndarray) -> None:
     header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(
@@ -190,9 +198,10 @@ def run_cli(
 
 
 def deepspeed_launcher(num_procs: int) -> list[str]:
+    from dstrain.dist import free_port  # a port no other test (pytest-xdist worker) holds
+
     exe = Path(sys.executable).parent / "deepspeed"
-    port = str(29500 + os.getpid() % 1000)
-    return [str(exe), "--num_gpus", str(num_procs), "--master_port", port]
+    return [str(exe), "--num_gpus", str(num_procs), "--master_port", str(free_port())]
 
 
 # 512 images / 32 per step = 16 steps per epoch; peak LR 0.2 (no scaling)
@@ -282,6 +291,15 @@ def pytest_addoption(parser):
         metavar="FILE.md",
         help="write the table of every bad input and fault the tests tried, with what was observed",
     )
+
+
+def pytest_configure(config):
+    workers = getattr(config.option, "numprocesses", None)
+    if config.getoption("--evidence") and workers not in (None, 0):
+        raise pytest.UsageError(
+            f"--evidence collects every test's row in one process, not on {workers} pytest-xdist "
+            "workers: add -n 0 (./run.sh evidence does not start workers)"
+        )
 
 
 def error_lines(text: str) -> list[str]:

@@ -188,10 +188,26 @@ def test_epochs_to_target_and_its_table():
     lines = study.target_table(records, 0.905)
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
     assert cells == [
-        ["128", "2", "93.00", "1.00x"],
-        ["4,096", "4", "92.00", "2.00x"],
-        ["8,192", "not in 5", "85.00", "-"],
+        ["128", "0.21%", "2", "93.00", "1.00x"],
+        ["4,096", "6.83%", "4", "92.00", "2.00x"],
+        ["8,192", "13.65%", "not in 5", "85.00", "-"],
     ]
+
+
+def test_mlperfs_reference_points_are_read_as_its_rcp_checker_reads_them():
+    """ruleset 4.0.0's ResNet points, as issue 39 quotes them: 35.15 epochs at batch 3,264, 39.9 at
+    4,096, 41.9 at 8,192, 56.0 at 32,768, 85.85 at 67,840 (mean without the fastest and slowest)."""
+    pytest.importorskip("mlperf_logging")
+    study = load("accuracy_study")
+    rcps = {p["batch"]: p for p in study.mlperf_rcps("4.0.0")}
+    quoted = {3264: 35.15, 4096: 39.9, 8192: 41.9, 32768: 56.0, 67840: 85.85}
+    assert {b: round(rcps[b]["epochs"], 2) for b in quoted} == pytest.approx(quoted, abs=0.03)
+    first = min(rcps)
+    assert first == 1632 and rcps[first]["ratio"] == 1.0
+    assert rcps[67840]["ratio"] == pytest.approx(85.846 / 35.0, abs=1e-3)
+    assert rcps[67840]["share"] == pytest.approx(67840 / 1_281_167)
+    lines = study.rcp_table(list(rcps.values()))
+    assert "| 67,840 | 5.30% | 85.85 | 28 | 2.45x |" in lines
 
 
 def test_study_rows_follow_the_epoch_budget(tmp_path):
@@ -485,10 +501,14 @@ def test_the_report_states_each_goal_with_its_distance():
     assert "lars: 92.10% vs 92.50%, -0.40 pt -> missed" in line
     curves = {128: [0.5, 0.9, 0.95], 4096: [0.3, 0.6, 0.9], 8192: [0.2, 0.5, 0.7]}
     recs = [{"row": f"target_b{b}", "top1_per_epoch": c} for b, c in curves.items()]
-    (line,) = study.goal_lines(recs, "target", 0.9)
+    rcps = [{"batch": 1632, "ratio": 1.0}, {"batch": 67840, "ratio": 2.45}]
+    (line,) = study.goal_lines(recs, "target", 0.9, rcps)
+    assert "less than MLPerf's 2.45x (batch 1,632 to 67,840)" in line
     assert "worst ratio here 1.50x; never reached by batch 8,192 -> missed" in line
-    (line,) = study.goal_lines(recs[:2], "target", 0.9)
+    (line,) = study.goal_lines(recs[:2], "target", 0.9, rcps)
     assert "worst ratio here 1.50x -> met" in line
+    (line,) = study.goal_lines(recs[:2], "target", 0.9, None)
+    assert "no MLPerf points to compare" in line
 
 
 TOY_SUITE = """

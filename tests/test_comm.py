@@ -11,7 +11,14 @@ import torch.multiprocessing as mp
 from dstrain import comm
 from dstrain.dist import free_port
 from dstrain.errors import ConfigError
-from tests.conftest import TINY, deepspeed_launcher, one_thread_per_rank, run_cli
+from tests.conftest import (
+    CPU_ONLY,
+    ONE_THREAD,
+    TINY,
+    deepspeed_launcher,
+    one_thread_per_rank,
+    run_cli,
+)
 
 SIZES = (1, 7, 1001, 4099, 33)  # odd sizes; bucket_mb below makes several buckets
 
@@ -245,9 +252,13 @@ def _final_weights(run_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("hosts")  # the worker that trains tiny_on_two_ranks (conftest) for others
 def test_training_with_torus2d_gives_the_default_weights_and_compression_logs_bytes(
-    fake_fmnist, tmp_path
+    fake_fmnist, tmp_path, tiny_on_two_ranks
 ):
+    """The same TINY run on 2 CPU ranks through the launcher with our torus, sign compression and
+    DeepSpeed's bf16 all-reduce; the reference, DeepSpeed's fp32 all-reduce, is the session's
+    shared run (the same arguments and environment: one torch thread per rank)."""
     from tests.conftest import REPO
 
     sign = json.loads((REPO / "ds_configs" / "comm_sign.json").read_text())
@@ -255,8 +266,16 @@ def test_training_with_torus2d_gives_the_default_weights_and_compression_logs_by
         0  # compress from the first step of this short run
     )
     (tmp_path / "comm_sign.json").write_text(json.dumps(sign))
-    runs = {}
-    for name in ("fp32", "comm_torus2d", "comm_sign", "bf16_comm_bf16"):
+    base_proc = tiny_on_two_ranks
+    assert base_proc.returncode == 0, base_proc.stdout[-3000:] + base_proc.stderr[-3000:]
+    runs = {
+        "fp32": (
+            json.loads((base_proc.run_dir / "summary.json").read_text()),
+            _final_weights(base_proc.run_dir),
+            base_proc.stdout,
+        )
+    }
+    for name in ("comm_torus2d", "comm_sign", "bf16_comm_bf16"):
         run_dir = tmp_path / name
         path = tmp_path / "comm_sign.json" if name == "comm_sign" else f"ds_configs/{name}.json"
         proc = run_cli(
@@ -264,11 +283,11 @@ def test_training_with_torus2d_gives_the_default_weights_and_compression_logs_by
                 "--deepspeed_config",
                 str(path),
                 *TINY,
-                "epochs=1",
                 f"data.root={fake_fmnist}",
                 f"run_dir={run_dir}",
             ],
             launcher=deepspeed_launcher(2),
+            env={**CPU_ONLY, **ONE_THREAD},  # as tiny_on_two_ranks runs
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         runs[name] = (
@@ -277,6 +296,7 @@ def test_training_with_torus2d_gives_the_default_weights_and_compression_logs_by
             proc.stdout,
         )
     base = runs["fp32"][1]
+    assert set(base) == set(runs["comm_torus2d"][1])
     torus_summary, torus, torus_log = runs["comm_torus2d"]
     for key in base:  # our torus on 2 ranks (a 2x1 grid: ring reduce-scatter + all-gather) = DeepSpeed's all-reduce
         assert torch.allclose(base[key].float(), torus[key].float(), rtol=1e-5, atol=1e-6), key

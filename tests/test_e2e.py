@@ -18,6 +18,7 @@ def final_module_state(run_dir: Path) -> dict:
 
 
 @pytest.mark.oldest
+@pytest.mark.xdist_group("hosts")  # the worker that trains tiny_on_two_ranks (conftest) for others
 def test_two_rank_cpu_run_through_the_deepspeed_launcher(tiny_on_two_ranks):
     proc, run_dir = tiny_on_two_ranks, tiny_on_two_ranks.run_dir
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dstrain.dist import free_port
 from tests.conftest import REPO, TINY, injected, rank_env, run_cli
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ def launch_sh(args: list[str]) -> list[str]:
 
 
 def launch_env(ranks: int = 2) -> dict:
-    return clean_env(DSTRAIN_CPU_RANKS=str(ranks), MASTER_PORT=str(29700 + os.getpid() % 200))
+    return clean_env(DSTRAIN_CPU_RANKS=str(ranks), MASTER_PORT=str(free_port()))
 
 
 class Running:
@@ -314,7 +315,7 @@ def test_a_rank_killed_under_the_launcher_is_named(fake_fmnist, tmp_path, eviden
 
 def start_ranks(args: list[str], world: int) -> list[subprocess.Popen]:
     """Ranks started by hand, as a multi-node job's ranks are: no launcher watches over them."""
-    port = str(29900 + os.getpid() % 90)
+    port = str(free_port())
     procs = []
     for r in range(world):
         env = clean_env(

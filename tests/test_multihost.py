@@ -32,7 +32,11 @@ from tests.conftest import (
 )
 
 WHY_NOT = multihost.unavailable()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT)),
+    pytest.mark.xdist_group("hosts"),  # one worker makes the hosts, one cluster at a time
+]
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 
 
