@@ -185,13 +185,28 @@ def test_epochs_to_target_and_its_table():
             "top1_per_epoch": [0.5, 0.7, 0.8, 0.84, 0.85],
         },
     ]
-    lines = study.target_table(records, 0.905)
+    lines = study.target_table(records, [0.905])
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
-    assert cells == [
-        ["128", "0.21%", "2", "93.00", "1.00x"],
-        ["4,096", "6.83%", "4", "92.00", "2.00x"],
-        ["8,192", "13.65%", "not in 5", "85.00", "-"],
+    assert cells == [  # without reference runs: against the smallest batch's run
+        ["128", "the chosen row", "0.21%", "2", "1.00x", "93.00"],
+        ["4,096", "the chosen row", "6.83%", "4", "2.00x", "92.00"],
+        ["8,192", "the chosen row", "13.65%", "not in 5", "-", "85.00"],
     ]
+    # the goal's batch-128 runs as the reference: its seeds' epochs and their mean, per target
+    reference = [
+        {"row": "baseline", "final_top1": 0.93, "top1_per_epoch": [0.9, 0.91, 0.93, 0.93, 0.93]},
+        {"row": "baseline", "final_top1": 0.94, "top1_per_epoch": [0.91, 0.92, 0.93, 0.94, 0.94]},
+    ]
+    lines = study.target_table(records, [0.935, 0.9], reference)
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
+    assert cells[0] == [
+        *("128", "baseline (SGD), the goal's reference", "0.21%"),
+        *("never, 4", "-"),  # seed 0 never reached 93.5%: no mean, no ratio
+        *("mean 1.0: 1, 1", "1.00x"),
+        "93.50 (mean)",
+    ]
+    assert cells[2] == ["4,096", "the chosen row", "6.83%", "not in 5", "-", "3", "3.00x", "92.00"]
+    assert "vs batch 128, baseline (2 seeds)" in lines[0]
 
 
 def test_mlperfs_reference_points_are_read_as_its_rcp_checker_reads_them():
@@ -504,11 +519,16 @@ def test_the_report_states_each_goal_with_its_distance():
     rcps = [{"batch": 1632, "ratio": 1.0}, {"batch": 67840, "ratio": 2.45}]
     (line,) = study.goal_lines(recs, "target", 0.9, rcps)
     assert "less than MLPerf's 2.45x (batch 1,632 to 67,840)" in line
-    assert "worst ratio here 1.50x; never reached by batch 8,192 -> missed" in line
+    assert "batch 8,192 never reached it -> missed" in line
     (line,) = study.goal_lines(recs[:2], "target", 0.9, rcps)
-    assert "worst ratio here 1.50x -> met" in line
+    assert "from the smallest batch (2.0 epochs) to batch 4,096 (3 epochs), 1.50x -> met" in line
     (line,) = study.goal_lines(recs[:2], "target", 0.9, None)
     assert "no MLPerf points to compare" in line
+    # against batch 128's baseline runs (reached at epoch 1 and 2: mean 1.5), one paragraph a target
+    reference = [{"top1_per_epoch": [0.9, 0.95]}, {"top1_per_epoch": [0.5, 0.9]}]
+    line, gap, other = study.goal_lines(recs[:2], "target", 0.9, rcps, reference, [0.99])
+    assert "from batch 128's baseline (1.5 epochs) to batch 4,096 (3 epochs), 2.00x -> met" in line
+    assert gap == "" and "batch 128's baseline never reached it" in other
 
 
 TOY_SUITE = """
