@@ -188,6 +188,20 @@ def _study(d: dict) -> str:
     return f"{d['epochs']} epochs, {n} seed(s): {body}"
 
 
+def _target(d: dict) -> str:
+    """Epochs to each target per batch, as the study computed them (its ``epochs_to_target``)."""
+    parts = []
+    for level in [d["target"], *d.get("extra_targets", [])]:
+        got = [
+            f"{e['batch']:,}{' SGD' if e['row'] == 'baseline' else ''} "
+            + (f"{round(e['epochs'], 1):g}" if e["epochs"] else "never")
+            for e in d["epochs_to_target"]
+            if e["level"] == level
+        ]
+        parts.append(f"to {100 * level:.2f}%: {', '.join(got)}")
+    return f"{d['epochs']} epochs, epochs " + "; ".join(parts)
+
+
 def _tuning(d: dict) -> str:
     (run,) = [r for r in d["runs"] if not r["row"].endswith("_no_refit")]
     lr = re.search(r"optim\.base_lr=(\S+)", d["command"]).group(1)
@@ -429,6 +443,15 @@ RESULTS = [
            "docs/results/tuning/brakes_30ep_holdout6000.json "
            "docs/results/tuning/differences_30ep_holdout6000.json",
            "docs/results/tuning/eta_vs_chosen_30ep_holdout6000.json", _study, rerun=False),
+    Result("epochs_to_target_90ep",
+           "issue 39, item 4: epochs to batch 128's final top-1 minus 0.3 pt, the chosen row at batch "
+           "128 ... 8,192, 90 epochs, seed 0, test set (CPU), beside MLPerf's reference convergence "
+           "points (batch 4,096's run read from accuracy_study_90ep.json)",
+           R + "accuracy_study.py --grid target --epochs 90 --seeds 0 --jobs 2 --target-from "
+           "docs/results/accuracy_study_90ep.json --extra-targets 0.9 --reuse "
+           "docs/results/accuracy_study_90ep.json docs/results/epochs_to_target_90ep.json",
+           "docs/results/epochs_to_target_90ep.json", _target, rerun=False,
+           readme="epochs to target, batch 128 ... 8,192, 90 epochs (the chosen row)"),
     Result("study_10ep", "earlier large-batch study (10 epochs, LRs tuned on the test set)",
            R + "accuracy_study.py --jobs 2", "docs/results/accuracy_study.json", _study,
            rerun=False),
