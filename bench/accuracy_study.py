@@ -662,19 +662,32 @@ def reached(
             base = statistics.mean(seeds) if all(seeds) else None
             final = statistics.mean(r.get("final_top1", 0.0) for r in reference)
             out.append(
-                {"level": t, "row": "baseline", "batch": 128, "share": 128 / train_images}
-                | {"seed_epochs": seeds}
-                | {"epochs": base, "ratio": 1.0 if base else None, "final_top1": final}
+                {
+                    "level": t,
+                    "row": "baseline",
+                    "batch": 128,
+                    "share": 128 / train_images,
+                    "seed_epochs": seeds,
+                    "epochs": base,
+                    "ratio": 1.0 if base else None,
+                    "final_top1": final,
+                }
             )
         else:
             base = epochs_to(grid[0]["top1_per_epoch"], t) if grid else None
         for r in grid:
             e = epochs_to(r["top1_per_epoch"], t)
             out.append(
-                {"level": t, "row": r["row"], "batch": _batch(r)}
-                | {"share": _batch(r) / train_images, "epochs": e}
-                | {"ratio": e / base if e and base else None, "final_top1": r.get("final_top1")}
-                | {"epochs_run": r.get("epochs")}
+                {
+                    "level": t,
+                    "row": r["row"],
+                    "batch": _batch(r),
+                    "share": _batch(r) / train_images,
+                    "epochs": e,
+                    "ratio": e / base if e and base else None,
+                    "final_top1": r.get("final_top1"),
+                    "epochs_run": r.get("epochs"),
+                }
             )
     return out
 
