@@ -836,3 +836,21 @@ def test_a_recorded_run_counts_for_any_row_that_defines_the_same_run(tmp_path):
     other = {**record, "command": record["command"] + " optim.label_smoothing=0.05"}
     report.write_text(json.dumps({"runs": [other]}))
     assert study.reported_runs([str(report)], jobs, target) == ({}, None)
+
+
+def test_evidence_table_refuses_pytest_xdist_workers(tmp_path):
+    """--evidence gathers every test's row in one process: on workers each would write only its
+    own rows over the others', so pytest stops with one line naming the fix and writes nothing."""
+    pytest.importorskip("xdist")
+    table = tmp_path / "faults.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"]
+        + ["--evidence", str(table), "tests/test_layers.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]  # a usage error
+    assert "--evidence collects every test's row in one process" in proc.stderr
+    assert "add -n 0" in proc.stderr and not table.exists()
