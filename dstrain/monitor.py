@@ -31,20 +31,6 @@ def setup_logging() -> None:
     logging.getLogger("dstrain").setLevel(logging.INFO if rank == 0 else logging.WARNING)
 
 
-def loss_scale_of(engine) -> float | None:
-    """The current dynamic loss scale (DeepSpeed's fp16 engine, or the GradScaler of its
-    ``torch_autocast`` float16 path); None for precisions without one. A GradScaler keeps the
-    scale on the device: reading it waits for the GPU, so call it where the loop syncs anyway."""
-    scaler = getattr(engine, "torch_autocast_z0_gradscaler", None)
-    if scaler is not None:
-        return float(scaler.get_scale())
-    optimizer = engine.optimizer
-    scale = getattr(optimizer, "cur_scale", None)
-    if scale is None and getattr(optimizer, "loss_scaler", None) is not None:
-        scale = getattr(optimizer.loss_scaler, "cur_scale", None)
-    return float(scale) if scale is not None else None
-
-
 @dataclass(frozen=True)
 class Progress:
     """Where a log line stands: epoch e of E, optimizer step s of S in the epoch (1-based for display)."""

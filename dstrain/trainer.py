@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -27,10 +27,11 @@ from dstrain.data import Data
 from dstrain.errors import ConfigError, Preempted
 from dstrain.evaluate import evaluate
 from dstrain.fault import StepChecks
+from dstrain.loss_scaling import backward_multiplier, loss_scale_of
 from dstrain.losses import smoothed_cross_entropy
 from dstrain.mlperf import MLPerfLog
 from dstrain.models import compiled_graphs
-from dstrain.monitor import Monitor, Progress, StepMeter, loss_scale_of
+from dstrain.monitor import Monitor, Progress, StepMeter
 from dstrain.optim import StepCounter, apply_schedule
 from dstrain.ramp import BatchStage, batch_at
 from dstrain.schedule import LRSchedule, augment_at
@@ -103,6 +104,8 @@ class Trainer:
     # client optimizer steps really taken: asked for - taken = steps a loss scaler skipped
     steps_taken: StepCounter = field(init=False)
     first_step: int = field(init=False)  # the optimizer step this process started (or resumed) at
+    # the loss scale dstrain applies for the native fp16 engine (dstrain/loss_scaling.py), or None
+    loss_multiplier: Callable[[], float] | None = field(init=False)
     # the stall and stop watchdog: started by dstrain.train.fit_and_summarise, fed by phase()
     watchdog: Watchdog = field(init=False)
 
@@ -110,6 +113,7 @@ class Trainer:
         self.device = next(self.engine.module.parameters()).device
         self.steps_taken = StepCounter(self.optimizer)
         self.first_step = self.state.step
+        self.loss_multiplier = backward_multiplier(self.engine)
         fault_cfg = self.cfg.fault
         self.watchdog = Watchdog(
             fault_cfg.stall_timeout_s, fault_cfg.signal_grace_s, self.checks.signals
@@ -312,7 +316,8 @@ class Trainer:
         logits = engine(x.to(dtype=self.input_dtype, memory_format=self.memory_format))
         loss = smoothed_cross_entropy(logits, y, self.cfg.optim.label_smoothing)
         self.checks.nonfinite.observe(loss, self.state.step + 1)
-        engine.backward(loss)
+        # the native fp16 engine's loss scale, which DeepSpeed 0.19 does not apply (loss_scaling.py)
+        engine.backward(loss if self.loss_multiplier is None else loss * self.loss_multiplier())
         if boundary and self.grad_sync is not None:
             self.phase("collective")
             self.grad_sync.sync()  # our all-reduce (dstrain/comm.py): the engine's is switched off

@@ -37,7 +37,7 @@ def world_of_one():
     os.environ.update(saved)
 
 
-def make_trainer(fake_fmnist, tmp_path, *overrides, ds="fp32"):
+def make_trainer(fake_fmnist, tmp_path, *overrides, ds="fp32", cuda=None):
     cfg = load_config(
         TINY[1],
         [
@@ -50,7 +50,7 @@ def make_trainer(fake_fmnist, tmp_path, *overrides, ds="fp32"):
         ],
     )
     path = ds if ds.endswith(".json") else str(REPO / "ds_configs" / f"{ds}.json")
-    plan = prepare(cfg, path)
+    plan = prepare(cfg, path, cuda=cuda)
     signals = fault.StopSignals()
     start = startup.check(plan, torch.device("cpu"))  # the run's start-up checks, as it makes them
     trainer = train.build_trainer(plan, start, signals)
@@ -132,6 +132,52 @@ def test_fp16_autocast_skips_overflowing_steps_counts_them_and_halves_the_scale(
     assert f"scale {2.0 ** (30 - skipped):g}" in caplog.text
     assert math.isfinite(metrics["train_loss"])
     assert any(not torch.equal(a, b) for a, b in zip(before, after)), "clean steps must train"
+
+
+def _fc_update(trainer) -> torch.Tensor:
+    """How much one optimizer step moves the classifier's weights (FP32)."""
+    fc = [m for m in trainer.engine.module.modules() if isinstance(m, torch.nn.Linear)][-1]
+    before = fc.weight.detach().float().clone()
+    _one_step(trainer)
+    return fc.weight.detach().float() - before
+
+
+def test_native_fp16_engine_updates_as_fp32_does_and_reports_its_scale(
+    fake_fmnist, tmp_path, world_of_one, caplog
+):
+    """ds_configs/fp16_native.json: DeepSpeed 0.19's engine.backward leaves the loss unscaled with
+    ZeRO 0 while its wrapper divides the gradients by the scale (65,536) in step(), so ResNet-50's
+    weights did not move on the H100. dstrain multiplies the loss itself (dstrain/loss_scaling.py):
+    one step moves the weights as FP32 does. Run here on the CPU (the engine runs FP16 on gloo),
+    with the GPU check answered yes. Fails if the workaround goes, and if a DeepSpeed that scales
+    by itself is installed (the scale applied twice: every step overflows)."""
+    from dstrain.loss_scaling import backward_multiplier, loss_scale_of
+
+    overrides = ("epochs=1", "optim.warmup_epochs=0", "optim.base_lr=0.1", "log.every_steps=1")
+    reference = _fc_update(make_trainer(fake_fmnist, tmp_path / "fp32", *overrides)[0])
+    trainer, plan = make_trainer(
+        fake_fmnist, tmp_path / "fp16", *overrides, ds="fp16_native", cuda=True
+    )
+    assert plan.spec.precision == "fp16" and trainer.input_dtype == torch.float16
+    assert backward_multiplier(trainer.engine)() == loss_scale_of(trainer.engine) == 2.0**16
+    update = _fc_update(trainer)
+    assert trainer.checks.skips.total == 0, "the scaled loss overflowed: scaled twice?"
+    # FP16 activations and gradients: the same step within FP16's rounding, not 65,536x smaller
+    assert torch.linalg.norm(update - reference) < 0.05 * torch.linalg.norm(reference)
+    with caplog.at_level("INFO"):
+        trainer.train_epoch(0, trainer.stages[0])
+    assert " scale 65536" in caplog.text  # the progress line shows the native engine's scale
+
+
+def test_engines_that_scale_the_loss_themselves_get_no_second_multiply(
+    fake_fmnist, tmp_path, world_of_one
+):
+    from dstrain.loss_scaling import backward_multiplier, loss_scale_of
+
+    for ds, scale in (("fp32", None), ("fp16", 2.0**16)):
+        trainer, _ = make_trainer(fake_fmnist, tmp_path / ds, "epochs=1", ds=ds)
+        assert backward_multiplier(trainer.engine) is None
+        assert loss_scale_of(trainer.engine) == scale
 
 
 @pytest.mark.parametrize("ds, wire", [("bf16", torch.float32), ("bf16_comm_bf16", torch.bfloat16)])
