@@ -228,6 +228,11 @@ class DeepSpeedSpec:
             gradient_accumulation_steps=accumulation,
         )
         out.setdefault("steps_per_print", 10**9)  # the trainer prints its own progress
+        # DeepSpeed's throughput timer waits for the device at every micro batch's forward and step
+        # (get_accelerator().synchronize(), twice a step): the host then cannot queue the next step
+        # while the GPU runs. The trainer measures images/s itself; a JSON may turn the timer back on.
+        timers = out.setdefault("timers", {}).setdefault("throughput", {})
+        timers.setdefault("enabled", False)
         return out
 
 

@@ -134,6 +134,58 @@ def test_fp16_autocast_skips_overflowing_steps_counts_them_and_halves_the_scale(
     assert any(not torch.equal(a, b) for a, b in zip(before, after)), "clean steps must train"
 
 
+# torch's GradScaler.step reads found_inf on the host once a step (a bare AMP loop makes the same wait)
+GRADSCALER_READ = "torch/amp/grad_scaler.py"
+
+
+@pytest.mark.parametrize("ds", ["fp32", "bf16", "fp16", "lars_bf16", "lamb_bf16"])
+def test_a_training_step_makes_no_host_synchronisation(fake_fmnist, tmp_path, world_of_one, ds):
+    """Between log lines a step never waits for the device (tests/host_syncs.py counts what would):
+    DeepSpeed's throughput timer synchronised twice a step (off in the engine config now), so the
+    host could not queue the next step while the GPU ran (issue 50: 3-4 ms a step behind the bare
+    loop on the H100). FP16 autocast keeps the one read a bare AMP loop makes too."""
+    from tests.host_syncs import HostSyncs
+
+    trainer, _ = make_trainer(fake_fmnist, tmp_path, "epochs=1", "log.every_steps=1000", ds=ds)
+    stage = trainer.stages[0]
+    trainer.start_loader(0, stage, 0)
+    batches, meter = iter(trainer.data.train), StepMeter(trainer.device, 1000, None)
+
+    def step():
+        x, y = next(batches)
+        trainer.set_lr(0.1, stage.global_size)
+        trainer.train_micro_batch(x, y, True, meter, 1)
+        trainer.state.step += 1
+        assert trainer.after_step() == ""
+
+    step()  # the first step builds state (momentum buffers, the scaler's per-device copies)
+    steps = 3
+    with HostSyncs() as syncs:
+        for _ in range(steps):
+            step()
+    scaler_reads = sum(n for site, n in syncs.sites.items() if site.startswith(GRADSCALER_READ))
+    assert scaler_reads == (steps if ds == "fp16" else 0)
+    assert syncs.total() == scaler_reads, f"host synchronisations in a step: {dict(syncs.sites)}"
+
+
+def test_the_sync_counter_sees_reads_and_waits():
+    """The counter the test above relies on: each kind it names is counted, with its line."""
+    from deepspeed.accelerator import get_accelerator
+
+    from tests.host_syncs import HostSyncs
+
+    t = torch.ones(3)
+    with HostSyncs() as syncs:
+        t.sum().item()
+        bool(t.sum() > 0)
+        t.tolist()
+        t.to("cpu")
+        t.to(t.device)  # a variable target: the model's device on a GPU node, not counted
+        get_accelerator().synchronize()
+    assert syncs.total() == 5
+    assert all(site.startswith("tests/test_trainer.py:") for site in syncs.sites)
+
+
 def _fc_update(trainer) -> torch.Tensor:
     """How much one optimizer step moves the classifier's weights (FP32)."""
     fc = [m for m in trainer.engine.module.modules() if isinstance(m, torch.nn.Linear)][-1]
