@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -104,8 +105,9 @@ def dstrain_run(
     args,
     folder: Path | None,
     tmp: Path,
+    repeat: int = 0,
 ) -> dict:
-    run_dir = tmp / f"{loader}-{precision}-cl{int(channels_last)}-c{int(compiled)}"
+    run_dir = tmp / f"{loader}-{precision}-cl{int(channels_last)}-c{int(compiled)}-r{repeat}"
     data = (
         [
             "data.loader=synthetic",
@@ -191,9 +193,29 @@ def markdown(result: dict) -> str:
         f"{env['deepspeed']}, DALI {env['dali']}, CUDA {env['cuda']}. Model {result['model']}, batch "
         f"{result['batch']} per GPU, {result['image_size']} px. Images/s per GPU.",
         "",
-        "| loop | data | precision | channels_last | torch.compile | images/s | vs bare twin "
+    ]
+    if any(p["repeats"] > 1 for p in result.get("pairs", [])):
+        lines += [
+            "Each pair measured repeatedly, bare twin and dstrain row alternating: the median of the "
+            "per-repeat ratios (each dstrain run against the twin measured just before it) and "
+            "their range.",
+            "",
+            "| data | precision | channels_last | torch.compile | repeats | bare images/s (median) "
+            "| dstrain images/s (median) | vs bare twin (median) | range |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for pair in result["pairs"]:
+            lines.append(
+                f"| {pair['data']} | {PRECISIONS[pair['precision']][0]} | "
+                f"{'on' if pair['channels_last'] else 'off'} | {'on' if pair['compile'] else 'off'} | "
+                f"{pair['repeats']} | {pair['bare_images_per_s']:.0f} | {pair['images_per_s']:.0f} | "
+                f"{pair['vs_bare']:.3f}x | {pair['vs_bare_min']:.3f}-{pair['vs_bare_max']:.3f}x |"
+            )
+        lines += ["", "Every run:", ""]
+    lines += [
+        "| loop | data | precision | channels_last | torch.compile | repeat | images/s | vs bare twin "
         "(same precision, layout, compile) | DALI vs synthetic data (same settings) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = f"{r['vs_bare']:.2f}x" if r.get("vs_bare") else "-"
@@ -201,7 +223,7 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {r['loop']} | {r['data']} | {PRECISIONS[r['precision']][0]} | "
             f"{'on' if r['channels_last'] else 'off'} | {'on' if r['compile'] else 'off'} | "
-            f"{r['images_per_s']:.0f} | {ratio} | {fed} |"
+            f"{r.get('repeat', 0)} | {r['images_per_s']:.0f} | {ratio} | {fed} |"
         )
     lines += ["", *(f"Not run: {n}" for n in result.get("not_run", []))]
     lines += [
@@ -269,6 +291,13 @@ def main() -> int:
     p.add_argument(
         "--epochs", type=int, default=3, help="dstrain epochs; all but the first are timed"
     )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="measure each pair this many times, bare twin and dstrain row alternating (the table "
+        "gives each pair's median ratio and its range: one run each cannot tell 0.94x from 0.96x)",
+    )
     p.add_argument("--bare-steps", type=int, default=60)
     p.add_argument(
         "--bare-warmup", type=int, default=15, help="untimed bare steps (compilation included)"
@@ -302,6 +331,8 @@ def main() -> int:
     args = p.parse_args()
     if args.epochs < 2:
         raise SystemExit("--epochs must be >= 2: the first epoch is not timed")
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -327,7 +358,8 @@ def main() -> int:
     slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
     out = Path(args.out or REPO / f"bench/results/throughput_{slug}.json")
     result = {
-        "what": "training images/s per GPU, dstrain vs a bare PyTorch AMP loop, one device, one run",
+        "what": "training images/s per GPU, dstrain vs a bare PyTorch AMP loop, one device; each "
+        "pair --repeats times, alternating (pairs: medians and ranges)",
         "command": "python bench/throughput.py " + " ".join(sys.argv[1:]),
         "model": args.model,
         "batch": args.batch,
@@ -346,23 +378,24 @@ def main() -> int:
     grid = [(pr, cl, co) for pr in precisions for cl in layouts for co in compiles]
     if args.rows:
         grid = [parse_row(row, p) for row in args.rows]
-    jobs = []  # in priority order: each dstrain row right after its bare twin
+    jobs = []  # in priority order: each dstrain row right after its bare twin, repeat by repeat
     for precision, cl, compiled in grid:
-        twin = ("bare PyTorch", "synthetic", PRECISIONS[precision][2], cl, compiled)
-        jobs += [twin] if twin not in jobs else []
-        jobs += [("dstrain", loader, precision, cl, compiled) for loader in loaders]
+        for repeat in range(args.repeats):
+            twin = ("bare PyTorch", "synthetic", PRECISIONS[precision][2], cl, compiled, repeat)
+            jobs += [twin] if twin not in jobs else []
+            jobs += [("dstrain", loader, precision, cl, compiled, repeat) for loader in loaders]
     t_start, slowest = time.perf_counter(), 0.0
     with tempfile.TemporaryDirectory(prefix="dstrain-throughput-") as tmp:
         folder = None
         for job in jobs:
             if done(job, jobs, result["rows"], env.get("git_sha")):
                 continue  # --resume: measured by an earlier call
-            if any(f["row"] == " ".join(map(str, job)) for f in result["failed"]):
+            if any(f["row"] == label(job) for f in result["failed"]):
                 continue  # --resume: failed in an earlier call, recorded; not retried
             elapsed = time.perf_counter() - t_start
             if args.budget_s and slowest and elapsed + slowest > args.budget_s:
                 result["not_run"].append(
-                    f"{' '.join(map(str, job))}: did not fit --budget-s {args.budget_s:g} "
+                    f"{label(job)}: did not fit --budget-s {args.budget_s:g} "
                     f"({elapsed:.0f} s used, the slowest row took {slowest:.0f} s); "
                     "rerun with --resume to measure it"
                 )
@@ -379,8 +412,8 @@ def main() -> int:
             try:
                 row = measure_row(job, args, device, folder, Path(tmp), result["rows"])
             except (SystemExit, RuntimeError) as err:  # a failed run: recorded, the grid goes on
-                result["failed"].append({"row": " ".join(map(str, job)), "error": str(err)[-3000:]})
-                print(f"FAILED   {' '.join(map(str, job))}: {str(err)[-500:]}", flush=True)
+                result["failed"].append({"row": label(job), "error": str(err)[-3000:]})
+                print(f"FAILED   {label(job)}: {str(err)[-500:]}", flush=True)
             else:
                 result["rows"].append({**row, "git_sha": env.get("git_sha")})
             slowest = max(slowest, time.perf_counter() - t0)
@@ -394,12 +427,13 @@ def main() -> int:
             and t["data"] == "synthetic"
             and r["data"] == "dali"
             and all(t[k] == r[k] for k in ("precision", "channels_last", "compile"))
+            and t.get("repeat", 0) == r.get("repeat", 0)
         ]
         if twin:
             r["vs_synthetic"] = r["images_per_s"] / twin[0]
     result["complete"] = all(
         any(row_key(r) == j for r in result["rows"])
-        or any(f["row"] == " ".join(map(str, j)) for f in result["failed"])
+        or any(f["row"] == label(j) for f in result["failed"])
         for j in jobs
     )
     result["git_shas"] = sorted({r["git_sha"] for r in result["rows"] if r.get("git_sha")})
@@ -410,7 +444,8 @@ def main() -> int:
 
 def done(job: tuple, jobs: list[tuple], rows: list[dict], sha: str | None) -> bool:
     """Measured by an earlier call: a dstrain row at any commit (rows carry their SHA); a bare twin
-    only at this commit, unless no dstrain row still needs it (a ratio compares one commit's pair)."""
+    only at this commit, unless no dstrain row of its repeat still needs it (a ratio compares one
+    commit's pair)."""
     if job[0] != "bare PyTorch":
         return any(row_key(r) == job for r in rows)
     if any(row_key(r) == job and r.get("git_sha") == sha for r in rows):
@@ -423,8 +458,45 @@ def done(job: tuple, jobs: list[tuple], rows: list[dict], sha: str | None) -> bo
     )
 
 
+KEY = ("loop", "data", "precision", "channels_last", "compile", "repeat")
+
+
 def row_key(row: dict) -> tuple:
-    return (row["loop"], row["data"], row["precision"], row["channels_last"], row["compile"])
+    return (*(row[k] for k in KEY[:-1]), row.get("repeat", 0))  # rows before --repeats: repeat 0
+
+
+def label(job: tuple) -> str:
+    """How a job is named in ``failed`` and ``not_run``: repeat 0 as before --repeats existed."""
+    return " ".join(map(str, job[:-1])) + (f" repeat {job[-1]}" if job[-1] else "")
+
+
+def pairs(rows: list[dict]) -> list[dict]:
+    """Each dstrain row's repeats, summarised: the median images/s of both loops, the median of the
+    per-repeat ratios (each against the twin measured just before it) and their range."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["loop"] == "dstrain" and r.get("vs_bare"):
+            groups.setdefault(row_key(r)[1:-1], []).append(r)
+    out = []
+    for (data, precision, cl, compiled), runs in groups.items():
+        ratios = sorted(r["vs_bare"] for r in runs)
+        out.append(
+            {
+                "data": data,
+                "precision": precision,
+                "channels_last": cl,
+                "compile": compiled,
+                "repeats": len(runs),
+                "images_per_s": statistics.median(r["images_per_s"] for r in runs),
+                "bare_images_per_s": statistics.median(
+                    r["images_per_s"] / r["vs_bare"] for r in runs
+                ),
+                "vs_bare": statistics.median(ratios),
+                "vs_bare_min": ratios[0],
+                "vs_bare_max": ratios[-1],
+            }
+        )
+    return out
 
 
 def resume_from(out: Path, fresh: dict) -> dict:
@@ -456,7 +528,7 @@ def parse_row(text: str, parser: argparse.ArgumentParser) -> tuple[str, bool, bo
 
 
 def measure_row(job: tuple, args, device, folder, tmp: Path, rows: list[dict]) -> dict:
-    loop, data, precision, cl, compiled = job
+    loop, data, precision, cl, compiled, repeat = job
     if loop == "bare PyTorch":
         ips = bare_loop(
             args.model,
@@ -471,12 +543,11 @@ def measure_row(job: tuple, args, device, folder, tmp: Path, rows: list[dict]) -
         )
         print(
             f"bare     synthetic {precision} channels_last={cl} compile={compiled}: {ips:.0f} img/s"
+            + (f" (repeat {repeat})" if repeat else "")
         )
-        return dict(zip(("loop", "data", "precision", "channels_last", "compile"), job)) | {
-            "images_per_s": ips
-        }
-    r = dstrain_run(data, precision, cl, compiled, args, folder, tmp)
-    twin = ("bare PyTorch", "synthetic", PRECISIONS[precision][2], cl, compiled)
+        return dict(zip(KEY, job)) | {"images_per_s": ips}
+    r = dstrain_run(data, precision, cl, compiled, args, folder, tmp, repeat)
+    twin = ("bare PyTorch", "synthetic", PRECISIONS[precision][2], cl, compiled, repeat)
     sha = args.git_sha
     bare = next(
         (
@@ -490,16 +561,15 @@ def measure_row(job: tuple, args, device, folder, tmp: Path, rows: list[dict]) -
     print(
         f"dstrain  {data:9s} {precision} channels_last={cl} compile={compiled}: "
         f"{r['images_per_s']:.0f} img/s"
-        + (f" ({ratio:.2f}x the bare twin)" if ratio else " (its bare twin failed)"),
+        + (f" ({ratio:.2f}x the bare twin)" if ratio else " (its bare twin failed)")
+        + (f" (repeat {repeat})" if repeat else ""),
         flush=True,
     )
-    return dict(zip(("loop", "data", "precision", "channels_last", "compile"), job)) | {
-        "vs_bare": ratio,
-        **r,
-    }
+    return dict(zip(KEY, job)) | {"vs_bare": ratio, **r}
 
 
 def write(out: Path, result: dict) -> None:
+    result["pairs"] = pairs(result["rows"])
     out.parent.mkdir(parents=True, exist_ok=True)
     for path, text in (
         (out, json.dumps(result, indent=2) + "\n"),
