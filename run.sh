@@ -7,7 +7,7 @@
 #   ./run.sh results [KEY ...] | --stale | --index                       rerun every CPU result + the index;
 #                                                                        which results are stale; the tables
 #   ./run.sh gpu-prepare [--python-version 3.12]                         build .gpu/ for a GPU node (here)
-#   ./run.sh gpu [PART ...] [--budget PART=S] [--status]                 one GPU job, offline (on the node)
+#   ./run.sh gpu [PART ...] [--budget PART=S] [--status] | --receive     one GPU job, offline (on the node)
 #   ./run.sh gpu-import FILE                                             a job's gpu_state.tar.gz, here
 #   ./run.sh rcp-check RUN_DIR... | FOLDER [--json F]                    MLPerf's RCP checker on 5 runs
 #   ./run.sh setup                                                       only install
@@ -111,6 +111,8 @@ case "$cmd" in
         export DSTRAIN_GPU_JOB_START=${DSTRAIN_GPU_JOB_START:-$(date +%s.%N)}
         BASE="$VENV/bin/python"; [[ -x "$BASE" ]] || BASE=$PYTHON
         PY=$BASE
+        # a ferry job brings one DALI part and runs nothing else (tools/gpu_prepare.py's slot plan)
+        if [[ "$*" == "--receive" ]]; then exec "$BASE" tools/gpu_node.py receive; fi
         if [[ " $* " != *" --status "* ]]; then
             assignments=$("$BASE" tools/gpu_node.py install) || exit 2
             eval "$assignments"

@@ -1,6 +1,7 @@
 """The node side of ``./run.sh gpu``: install what a job brought, offline, once, and say what is missing.
 
     python3 tools/gpu_node.py install     # prints shell assignments for run.sh (PY, PATH, ...)
+    python3 tools/gpu_node.py receive     # a ferry job: keep the DALI part it brought, nothing else
 
 What it does, on a node with no network, each step skipped when nothing changed (stamped):
 
@@ -33,6 +34,7 @@ import sys
 import sysconfig
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -275,15 +277,40 @@ def install(gpu_dir: Path = GPU_DIR) -> dict[str, str]:
     sha = source_sha()
     if sha:
         assignments["DSTRAIN_GIT_SHA"] = sha
-    fmnist = gpu_dir / "fmnist"
-    if fmnist.is_dir():
-        assignments["DSTRAIN_GPU_FMNIST"] = str(fmnist)
     assignments["PY"] = str(python)
     return assignments
 
 
+def receive(gpu_dir: Path = GPU_DIR) -> str:
+    """A ferry job (``./run.sh gpu --receive``): keep the DALI part it brought and, once every part
+    is here and the small wheels' environment exists, install DALI; nothing else runs. A line
+    saying what is here."""
+    venv = home() / "venv"
+    home().mkdir(parents=True, exist_ok=True)
+    if (venv / ".dstrain-wheels").is_file():  # installed by an earlier job of this warm node
+        return install_dali(venv / "bin" / "python", venv, gpu_dir)
+    meta = collect_dali(gpu_dir, home() / "dali-parts")
+    if meta is None:
+        return "DALI: no part brought (carry .gpu/dali-N)"
+    kept = len(list((home() / "dali-parts").glob("dali.tar.xz.part*")))
+    return (
+        f"DALI: {kept} of {meta['parts']} parts kept; a job that brings .gpu/wheels installs "
+        "them (the node must stay warm until then)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["receive"]:
+        start = float(os.environ.get("DSTRAIN_GPU_JOB_START") or 0) or None
+        try:
+            line = receive()
+        except NodeError as err:
+            print(f"[gpu-node] error: {err}", file=sys.stderr)
+            return 2
+        took = f" ({time.time() - start:.1f} s on the node)" if start else ""
+        print(f"[gpu-node] receive: {line}{took}", flush=True)
+        return 0
     if argv[:1] != ["install"]:
         print(__doc__, file=sys.stderr)
         return 2

@@ -12,14 +12,16 @@ It writes, under ``.gpu/`` (ignored by git; a job brings folders of it with the 
                   ``SOURCE.json`` (the git SHA and a digest of every tracked file: the node has no
                   ``.git``); brought by every job
   .gpu/dali-N/    DALI's wheels, repacked (one xz tar) and split into parts that fit beside the tree
-                  and the small wheels, each with ``PART.json`` (its number, the part count, sizes
-                  and SHA-256 of the part and of the whole); one part per job
-  .gpu/fmnist/    Fashion-MNIST's idx files (the accuracy part)
+                  alone (a ferry job brings nothing else), each with ``PART.json`` (its number, the
+                  part count, sizes and SHA-256 of the part and of the whole); one part per job
   .gpu/cache/     downloads, kept between calls (never brought)
 
-and prints each job's payload against the 64 MiB a job may bring, and the job list: folders to
-bring, command, minutes. Downloads and the DALI repack are skipped when their outputs are there and
-match the pins; ``SOURCE.json`` is rewritten every call (run it again after a commit, seconds).
+and prints the slot plan: each job's folders to bring, its payload against the 64 MiB a job may
+bring, its command and its seconds of device time (start, transfer and idle waits included), which
+sum to at most 13 of the slot's 15 minutes: a measuring job, the DALI parts ferried in jobs that
+only receive one (seconds each), a second measuring job. Downloads and the DALI repack are
+skipped when their outputs are there and match the pins; ``SOURCE.json`` is rewritten every call
+(run it again after a commit, seconds).
 """
 
 from __future__ import annotations
@@ -51,8 +53,19 @@ JOB_LIMIT = 64 * MIB  # what one job may bring: the tree plus every carried fold
 SMALL_LIMIT = 10 * MIB  # the small wheels travel with every job
 STATE_ALLOWANCE = 2 * MIB  # runs/gpu, brought back to a bare node
 HEADROOM = 3 * MIB  # the tree grows with commits made after gpu-prepare
-JOB_MINUTES = 10  # one job's limit on the node; ./run.sh gpu ends its own work at ~560 s
-FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+# The slot (issue 50): 15 minutes of device time in all, every start, job and idle wait counted;
+# the plan spends at most PLAN_S of it, the rest is slack for a slow reply or a failed start.
+SLOT_S = 15 * 60
+PLAN_S = 13 * 60
+START_S = 30  # a fresh node's start (the 9a9aaeb pass: ~28 s with its first transfer)
+GAP_S = 10  # between a job's reply and the next call: the warm node idles, and that is counted
+# Bringing a job's payload: not measured yet (the device tool's held_s grows by more than a job's
+# wall_s; the difference, over the payload, is the rate). 8 MiB/s is a guess on the slow side;
+# the next GPU pass measures it (docs/gpu.md) and --transfer-mib-s takes the measured value.
+TRANSFER_MIB_S = 8.0
+RECEIVE_S = 5  # a ferry job on the node: keep the part (a copy and its SHA-256)
+DALI_INSTALL_S = 60  # the last ferry: join the parts, check, pip-install 9 wheels (13 s here)
+FIRST_DEADLINE_S = 330  # job 1: the small wheels' install, then the throughput pairs (part a)
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(17, 40)] + [
     "manylinux2014_x86_64",
     "manylinux1_x86_64",
@@ -301,74 +314,151 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
-def plan(gpu_dir: Path, repo: Path = REPO) -> list[dict]:
-    """The job list: what each job brings, its payload against the limit, the command, minutes."""
+def plan(
+    gpu_dir: Path,
+    repo: Path = REPO,
+    transfer_mib_s: float = TRANSFER_MIB_S,
+    state: Path | None = None,
+) -> list[dict]:
+    """The slot plan: what each job brings, its payload against the limit, the command and its
+    seconds of device time (start, transfer, node time, the idle wait before the next call).
+
+    The parts run in priority order (throughput pairs, DALI, the GPU tests, ...), continued across
+    jobs and slots from the state in ``runs/gpu`` (imported after each job). DALI's parts come in
+    ferry jobs that bring one part and nothing else (the node keeps them, and the small wheels'
+    install, while warm); they come after a first measuring job while the throughput pairs are
+    still to measure, first where those are done, and not at all once DALI's part is done. The
+    measuring jobs share what is left of PLAN_S, each ending itself within the node's limit."""
     tree = sum((repo / f).stat().st_size for f in tree_files(repo))
     small = folder_bytes(gpu_dir / "wheels")
-    state = max(folder_bytes(repo / "runs/gpu"), STATE_ALLOWANCE)
-    rel = lambda p: f".gpu/{p.name}"  # noqa: E731  (where a job's carry names it, from the repo root)
+    state_dir = state or repo / "runs/gpu"
+    state = max(folder_bytes(state_dir), STATE_ALLOWANCE)
     parts = sorted(gpu_dir.glob("dali-*"), key=lambda p: int(p.name.split("-")[1]))
-    items = [(p, folder_bytes(p)) for p in parts]
-    if (gpu_dir / "fmnist").is_dir():
-        items.append((gpu_dir / "fmnist", folder_bytes(gpu_dir / "fmnist")))
-    room = JOB_LIMIT - tree - small - state - HEADROOM
-    bins: list[
-        list[tuple[Path, int]]
-    ] = []  # first fit, largest first: DALI's last part rides along
-    for item in sorted(items, key=lambda i: -i[1]):
-        target = next((b for b in bins if sum(s for _, s in b) + item[1] <= room), None)
-        if target is None:
-            bins.append([item])
-        else:
-            target.append(item)
+    done = parts_done(state_dir)
+    if "dali" in done:
+        parts = []
+
+    def transfer(payload: int) -> float:
+        return payload / MIB / transfer_mib_s
+
+    def job(carry: list[str], payload: int, command: str, node_s: float, what: str) -> dict:
+        return {
+            "carry": carry,
+            "payload_bytes": payload,
+            "fits": payload <= JOB_LIMIT,
+            "command": command,
+            "what": what,
+            "node_s": round(node_s),
+            "transfer_s": round(transfer(payload), 1),
+        }
+
+    measure = [".gpu/wheels", "runs/gpu"]
     jobs = []
-    for n, folders in enumerate(bins, 1):
-        folders.sort(key=lambda i: i[0].name)
-        payload = tree + small + state + sum(s for _, s in folders)
+    if parts and "throughput" not in done:  # the pairs first: they need no DALI
         jobs.append(
-            {
-                "job": n,
-                "carry": [rel(gpu_dir / "wheels"), *(rel(f) for f, _ in folders), "runs/gpu"],
-                "command": "./run.sh gpu",
-                "brings": ", ".join(f.name for f, _ in folders),
-                "payload_bytes": payload,
-                "fits": payload <= JOB_LIMIT,
-                "minutes": JOB_MINUTES,
-            }
+            job(
+                measure,
+                tree + small + state,
+                f"./run.sh gpu --deadline {FIRST_DEADLINE_S}",
+                FIRST_DEADLINE_S,
+                "install the small wheels; the parts in order (the throughput pairs first)",
+            )
         )
+    for n, folder in enumerate(parts, 1):
+        last = n == len(parts) and jobs  # the wheels are installed: the last part installs DALI
+        jobs.append(
+            job(
+                [f".gpu/{folder.name}"],
+                tree + folder_bytes(folder),
+                "./run.sh gpu --receive",
+                RECEIVE_S + (DALI_INSTALL_S if last else 0),
+                f"keep DALI part {n} of {len(parts)}" + ("; install DALI" if last else ""),
+            )
+        )
+    while True:  # measuring jobs in what is left of the plan
+        spent = START_S + sum(j["transfer_s"] + j["node_s"] + GAP_S for j in jobs)
+        payload = tree + small + state
+        install = 0 if any(j["carry"] == measure for j in jobs) or not parts else DALI_INSTALL_S
+        deadline = int(min(PLAN_S - spent - transfer(payload) - GAP_S, DEADLINE_CAP_S))
+        if deadline < MIN_LAST_DEADLINE_S and any(j["carry"] == measure for j in jobs):
+            break
+        jobs.append(
+            job(
+                measure,
+                payload,
+                f"./run.sh gpu --deadline {max(deadline, 0)}",
+                max(deadline, 0),
+                "the parts in order, from where the last job stopped"
+                + ("; installs DALI from the kept parts first" if install else ""),
+            )
+        )
+    elapsed = START_S
+    for n, j in enumerate(jobs, 1):
+        elapsed += j["transfer_s"] + j["node_s"] + GAP_S
+        j.update(job=n, device_s=round(elapsed))
+    jobs[-1]["enough_time"] = jobs[-1]["node_s"] >= MIN_LAST_DEADLINE_S
     return jobs
 
 
+def parts_done(state: Path) -> set[str]:
+    """The parts ``runs/gpu``'s record calls complete (DALI's only when no test still waits for
+    it): what the plan need not bring anything for."""
+    done: set[str] = set()
+    for path in state.glob("gpu_run_*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        for name, part in record.get("parts", {}).items():
+            if part.get("complete") and not part.get("dali_pending"):
+                done.add(name)
+        if record.get("parts", {}).get("tests", {}).get("dali_pending"):
+            done.discard("dali")
+    return done
+
+
+DEADLINE_CAP_S = 560  # a job's own end within the node's 10 minutes (tools/gpu_run.py DEADLINE_S)
+MIN_LAST_DEADLINE_S = 120  # below it the last job measures too little: fewer or smaller parts
+
+
 def print_plan(jobs: list[dict]) -> None:
+    total = jobs[-1]["device_s"] if jobs else 0
     print(
-        "\nJobs (device tool: run with carry=FOLDERS, command; each ends by itself within ~9.5 min):"
+        f"\nThe slot plan: {len(jobs)} jobs, ~{total / 60:.1f} of the slot's {SLOT_S // 60} minutes "
+        f"(plan <= {PLAN_S // 60}); run each as soon as the last one's reply arrives (the node "
+        f"stays warm 30 s), with the device tool's carry=FOLDERS and command:"
     )
-    print(f"  {'job':>3}  {'payload':>16}  {'carry':52}  {'command':13}  minutes")
+    print(
+        f"  {'job':>3}  {'payload':>13}  {'carry':30}  {'command':32}  {'s':>4}  {'total':>5}  what"
+    )
     for j in jobs:
         flag = "" if j["fits"] else "  OVER THE LIMIT"
-        payload = f"{j['payload_bytes'] / MIB:5.1f}/{JOB_LIMIT // MIB} MiB"
-        carry = " ".join(j["carry"])
+        payload = f"{j['payload_bytes'] / MIB:4.1f}/{JOB_LIMIT // MIB} MiB"
+        own = j["transfer_s"] + j["node_s"] + GAP_S
         print(
-            f"  {j['job']:>3}  {payload:>16}  {carry:52}  {j['command']:13}  <= {j['minutes']}{flag}"
+            f"  {j['job']:>3}  {payload:>13}  {' '.join(j['carry']):30}  {j['command']:32}  "
+            f"{own:4.0f}  {j['device_s']:5d}  {j['what']}{flag}"
         )
+    if jobs and not jobs[-1].get("enough_time", True):
+        print("  WARNING: the last job has under 2 minutes: the ferries take too long")
     print(
-        "  then again with .gpu/wheels .gpu/fmnist runs/gpu until `./run.sh gpu --status` says every "
-        "part is complete.\n"
-        "  After each job: ./run.sh gpu-import <the files it brought back> (results into "
-        "bench/results, state into runs/gpu for a bare node).\n"
-        "  DALI's parts must all arrive while the node stays warm (30 s between jobs); a bare node "
-        "needs them again."
+        f"  Seconds: transfer at {TRANSFER_MIB_S:g} MiB/s (assumed until measured: docs/gpu.md), "
+        f"the node's time, {GAP_S} s before the next call; the first adds the {START_S}-s start.\n"
+        "  After each measuring job: ./run.sh gpu-import <its gpu_state.tar.gz>; after the last, "
+        "give the node back.\n"
+        "  The DALI parts must all arrive while the node stays warm; a bare node needs them again. "
+        "What the last job does not finish, the next slot's first job continues."
     )
 
 
 def part_size(gpu_dir: Path, repo: Path = REPO) -> int:
-    """The largest DALI part that fits one job beside the tree, the small wheels and the state."""
+    """The largest DALI part a ferry job brings beside the tree (and nothing else)."""
     tree = sum((repo / f).stat().st_size for f in tree_files(repo))
-    room = JOB_LIMIT - tree - folder_bytes(gpu_dir / "wheels") - STATE_ALLOWANCE - HEADROOM
+    room = JOB_LIMIT - tree - HEADROOM
     if room < 4 * MIB:
         raise PrepareError(
-            f"the work tree ({tree / MIB:.1f} MiB) and the small wheels leave "
-            f"{room / MIB:.1f} MiB for a DALI part: make the tree smaller"
+            f"the work tree ({tree / MIB:.1f} MiB) leaves {room / MIB:.1f} MiB for a DALI part: "
+            "make the tree smaller"
         )
     return room
 
@@ -384,7 +474,13 @@ def main(argv: list[str] | None = None) -> int:
         "(a stand-in set for tests)",
     )
     p.add_argument("--part-mib", type=float, help="DALI part size (default: what fits a job)")
-    p.add_argument("--fmnist", default=str(FMNIST_DIR), help="Fashion-MNIST's idx files")
+    p.add_argument(
+        "--transfer-mib-s",
+        type=float,
+        default=TRANSFER_MIB_S,
+        help=f"the device tool's transfer rate for the plan's seconds (default {TRANSFER_MIB_S:g}: "
+        "assumed until a GPU pass measures it)",
+    )
     p.add_argument("--cache", help="where downloads are kept (default .gpu/cache)")
     p.add_argument("--plan", action="store_true", help="print the job list only")
     p.add_argument(
@@ -403,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.plan:
             prepare(args, gpu_dir)
-        jobs = plan(gpu_dir)
+        jobs = plan(gpu_dir, transfer_mib_s=args.transfer_mib_s)
     except PrepareError as err:
         print(f"[gpu-prepare] error: {err}", file=sys.stderr)
         return 2
@@ -476,18 +572,9 @@ def prepare(args: argparse.Namespace, gpu_dir: Path) -> None:
         dali = [fetch(n, v, args.python_version, cache) for n, v in pins["dali"]]
     size = int(args.part_mib * MIB) if args.part_mib else part_size(gpu_dir)
     repack_dali(dali, gpu_dir, size, args.python_version, cache)
-    fmnist_src, fmnist = Path(args.fmnist), gpu_dir / "fmnist"
-    files = sorted(fmnist_src.glob("*-ubyte*")) if fmnist_src.is_dir() else []
-    if files:
-        fmnist.mkdir(exist_ok=True)
-        for f in files:
-            if not (fmnist / f.name).is_file():
-                shutil.copy2(f, fmnist / f.name)
-        say(f"Fashion-MNIST: {len(files)} idx files in .gpu/fmnist")
-    else:
-        say(
-            f"Fashion-MNIST not found in {fmnist_src}: ./run.sh setup installs it (the accuracy part needs it)"
-        )
+    stale = gpu_dir / "fmnist"  # brought for the accuracy part, which the GPU pass no longer runs
+    if stale.is_dir():
+        shutil.rmtree(stale)
 
 
 if __name__ == "__main__":

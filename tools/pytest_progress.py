@@ -5,7 +5,7 @@
 A run killed at a job's time limit writes no junit XML; these lines survive it. ``./run.sh gpu tests``
 (tools/gpu_run.py) reads them to continue the next job with the tests not yet finished (a test that
 was running when a job was cut twice is not started a third time) and ``tools/suite.py`` summarises
-them like junit XML.
+them like junit XML. Under pytest-xdist (``-n N``) the controller writes, as the reports arrive.
 """
 
 from __future__ import annotations
@@ -14,10 +14,19 @@ import json
 import os
 import time
 
+_XDIST_WORKER = False  # set in pytest_configure: this process is a pytest-xdist worker
+
+
+def pytest_configure(config):
+    # under pytest-xdist the controller gets every worker's reports: it alone writes (the
+    # environment cannot tell: a pytest started by a test on a worker inherits its variables)
+    global _XDIST_WORKER
+    _XDIST_WORKER = hasattr(config, "workerinput")
+
 
 def _write(record: dict) -> None:
     path = os.environ.get("DSTRAIN_PYTEST_PROGRESS")
-    if not path:
+    if not path or _XDIST_WORKER:
         return
     with open(path, "a") as fh:
         fh.write(json.dumps(record) + "\n")
