@@ -6,8 +6,8 @@
 
 One run measures every combination on the same device, one after the other:
   bare     torchvision resnet50 + torch.autocast (fp16 with a GradScaler, or bf16; none for fp32) + torch.optim.SGD
-           (momentum 0.9), one fixed synthetic batch on the device, cudnn.benchmark; no DeepSpeed, no
-           data loading: the ceiling for this model on this GPU
+           (nesterov momentum 0.9, as the shipped JSONs), one fixed synthetic batch on the device,
+           cudnn.benchmark; no DeepSpeed, no data loading: the ceiling for this model on this GPU
   dstrain  the real trainer (``python -m dstrain --config imagenet_resnet50``) with ds_configs/fp16.json or
            bf16.json, either ``data.loader=synthetic`` (random device batches) or ``data.loader=dali``
            (GPU JPEG decode + random-resized crop + flip from a generated folder of ImageNet-like 500x375 JPEGs)
@@ -67,7 +67,10 @@ def bare_loop(
     model = torchvision.models.get_model(model_name, weights=None, num_classes=1000).to(
         device, memory_format=fmt
     )
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
+    # the shipped JSONs' SGD (ds_configs/bf16.json ...): nesterov momentum 0.9, weight decay 5e-5
+    opt = torch.optim.SGD(
+        model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5, nesterov=True
+    )
     if compile_mode:
         model.compile(mode=compile_mode)
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)  # None: fp32
