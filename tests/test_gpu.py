@@ -14,7 +14,10 @@ import torch
 
 from tests.conftest import TINY, decode_colour, run_cli
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.gpu,  # the GPU pass (-m gpu) runs every test here
+]
 
 
 def train(fake_fmnist, tmp_path, json_name: str, *extra: str):

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, make_fake_fashion_mnist
+from tests.conftest import REPO
 from tests.test_gpu_run import dali_named_wheel
+from tools.gpu_run import PARTS
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +49,9 @@ NODE_LACKS = {
     "typing_inspection",
     "timm",
     "nvidia_dali_cuda130",
+    "xdist",  # pytest-xdist (the tests part's -n 8) and its execnet travel with the small wheels
+    "pytest_xdist",
+    "execnet",
 }
 OUT_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 DEADLINE_S, HARD_LIMIT_S = 150, 200
@@ -168,9 +172,6 @@ class Node:
             "DS_ACCELERATOR": "cpu",
             "CUDA_VISIBLE_DEVICES": "",
             "TORCHINDUCTOR_CACHE_DIR": str(self.root / "tmp" / "inductor"),
-            # the node has no /usr/share/datasets: Fashion-MNIST arrives only as .gpu/fmnist (it was
-            # read from this machine's copy, 60,000 images where the job brings 256: ~70 s more)
-            "DSTRAIN_GPU_FMNIST": str(self.root / "no-fashion-mnist"),
         }
         cmd = ["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {command}"]
         with open(self.root / f"job{self.jobs}.log", "w") as log:
@@ -212,7 +213,6 @@ def test_the_gpu_pass_played_as_the_node_runs_it(tmp_path):
     if not _index_reachable():
         pytest.skip("gpu-prepare downloads the small wheels: the package index is not reachable")
     gpu = tmp_path / "gpu"
-    fmnist = make_fake_fashion_mnist(tmp_path / "fmnist", n_train=256, n_val=64)
     dali_wheels = tmp_path / "dali-wheels"
     standin_dali_wheel(dali_wheels)
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -220,17 +220,23 @@ def test_the_gpu_pass_played_as_the_node_runs_it(tmp_path):
         sys.executable,
         "tools/gpu_prepare.py",
         *("--python-version", here, "--out", str(gpu), "--cache", str(REPO / ".gpu" / "cache")),
-        *("--dali-wheels", str(dali_wheels), "--part-mib", "0.045", "--fmnist", str(fmnist)),
+        *("--dali-wheels", str(dali_wheels), "--part-mib", "0.045"),
     ]
     proc = subprocess.run(prepare, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     parts = sorted(gpu.glob("dali-*"))
     assert len(parts) == 3, proc.stdout
-    assert "payload" in proc.stdout and "./run.sh gpu" in proc.stdout
+    assert "The slot plan" in proc.stdout and "./run.sh gpu --receive" in proc.stdout
     jobs = json.loads((gpu / "JOBS.json").read_text())["jobs"]
-    carried = {c for j in jobs for c in j["carry"]}
-    assert all(j["fits"] for j in jobs)
-    assert carried >= {".gpu/wheels", ".gpu/dali-1", ".gpu/dali-3", ".gpu/fmnist", "runs/gpu"}
+    assert all(j["fits"] for j in jobs) and jobs[-1]["device_s"] <= 13 * 60
+    # a new pass: a measuring job, a ferry per part, a measuring job
+    assert [j["carry"] for j in jobs] == [
+        [".gpu/wheels", "runs/gpu"],
+        [".gpu/dali-1"],
+        [".gpu/dali-2"],
+        [".gpu/dali-3"],
+        [".gpu/wheels", "runs/gpu"],
+    ]
 
     # the checkout "here": gpu-import writes into a copy, not into this repository
     home = tmp_path / "home"
@@ -238,89 +244,117 @@ def test_the_gpu_pass_played_as_the_node_runs_it(tmp_path):
         (home / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, home / rel)
     node = Node(tmp_path / "node", node_python(tmp_path / "nodepy"))
+    # the tests part runs the tests marked gpu: tests/test_gpu.py (skipped without CUDA) and two
+    # played ones, one of them needing DALI (skipped until its parts have all arrived)
+    played = tmp_path / "played-tests"
+    played.mkdir()
+    (played / "test_played_gpu.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.gpu\n"
+        "def test_on_every_node():\n    pass\n"
+        "@pytest.mark.gpu\n"
+        "def test_with_dali():\n    pytest.importorskip('nvidia.dali')\n"
+        "def test_not_a_gpu_question():\n    raise AssertionError('the GPU pass ran a CPU test')\n"
+    )
     command = (
-        "./run.sh gpu --tiny --test-files tests/test_schedule.py tests/test_gpu.py "
-        "tests/test_dali_loader.py"
+        "./run.sh gpu --tiny --test-files tests/test_gpu.py runs/played/test_played_gpu.py "
+        "--deadline {deadline}"
     )
 
-    def carry(*extra: str) -> dict[str, Path]:
-        c = {".gpu/wheels": gpu / "wheels"}
-        c.update({f".gpu/{e}": gpu / e for e in extra})
-        if (home / "runs/gpu").is_dir():
+    def carry(*names: str) -> dict[str, Path]:
+        c = {name: gpu / name.removeprefix(".gpu/") for name in names if name != "runs/gpu"}
+        if "runs/gpu" in names and (home / "runs/gpu").is_dir():
             c["runs/gpu"] = home / "runs/gpu"
+        c["runs/played"] = played
         return c
 
     # job 1: killed as the node's limit would, as soon as its first item is packed
-    def first_item_packed(out: Path) -> bool:
-        return bool(_smoke_rows(out))
-
-    code, log, out = node.job(carry("dali-1"), command, kill_when=first_item_packed)
+    code, log, out = node.job(
+        carry(*jobs[0]["carry"]),
+        command.format(deadline=DEADLINE_S),
+        kill_when=lambda out: bool(_packed_rows(out)),
+    )
     assert code == -signal.SIGKILL, log[-3000:]
-    assert "installing" in log and "DALI part 1 of 3 kept" in log, log[-3000:]
-    killed_rows = _smoke_rows(out)
+    assert "installing" in log, log[-3000:]
+    killed_rows = _packed_rows(out)
     assert killed_rows, log[-3000:]  # what finished before the kill came home
     gpu_import(home, out)
-    # jobs 2 and 3, warm: the wheels are not installed again; DALI arrives whole in job 3
-    code, log, out = node.job(carry("dali-2"), command)
-    assert "already installed" in log and "missing 3" in log, log[-3000:]
-    assert code in (0, 1), log[-3000:]  # it ended by itself, within its deadline
-    gpu_import(home, out)
-    code, log, out = node.job(carry("dali-3"), command)
+    # jobs 2-4, warm: the ferries bring one part each and run nothing else; DALI whole in job 4
+    for job in jobs[1:4]:
+        code, log, out = node.job(carry(*job["carry"]), job["command"])
+        assert code == 0, log[-3000:]
+        assert "receive: DALI:" in log and "[gpu] job" not in log, log[-3000:]
+        assert list(out.iterdir()) == []  # a ferry hands nothing back
     assert "DALI: installed from its parts" in log, log[-3000:]
-    gpu_import(home, out)
-    # then a bare node: nothing kept but what the job brings (runs/gpu, imported here)
-    node.bare()
-    for n in range(4, 8):
-        code, log, out = node.job(carry("fmnist"), command)
-        assert code in (0, 1), log[-3000:]
+    # then measuring jobs, warm, until every part is complete
+    for _ in range(4):
+        code, log, out = node.job(carry(*jobs[-1]["carry"]), command.format(deadline=DEADLINE_S))
+        assert code in (0, 1), log[-3000:]  # it ended by itself, within its deadline
+        assert "already installed" in log, log[-3000:]
         gpu_import(home, out)
         if code == 0:
             break
-        node.bare() if n == 4 else None  # one bare job; the rest warm
     assert code == 0, log[-3000:]
+    # a bare node (nothing kept but what the job brings): it continues from the imported state
+    node.bare()
+    code, log, out = node.job(carry(*jobs[-1]["carry"]), command.format(deadline=DEADLINE_S))
+    assert code == 0 and "complete in an earlier job" in log, log[-3000:]
     record = json.loads((home / "runs/gpu/gpu_run_cpu.json").read_text())
+    assert list(record["parts"]) == list(PARTS) or set(record["parts"]) == set(PARTS)
     assert all(p["complete"] for p in record["parts"].values()), record["parts"]
-    assert set(record["parts"]) == {
-        "smoke",
-        "throughput",
-        "micro",
-        "dali",
-        "tests",
-        "grid",
-        "accuracy",
-    }
     # the killed job's rows were kept, not rerun
-    smoke = json.loads((home / "bench/results/smoke_cpu.json").read_text())
-    for key in killed_rows:
-        assert smoke["rows"][key]["job"] == 1, smoke["rows"][key]
+    throughput = json.loads((home / "bench/results/throughput_cpu.json").read_text())
+    for row in throughput["rows"]:
+        if (row["loop"], row["repeat"]) in killed_rows:
+            assert row["git_sha"] and row in _rows_of(killed_rows, throughput), row
+    assert {r["repeat"] for r in throughput["rows"]} == {0, 1}  # --tiny: 2 repeats a pair
     # every part's result file is back here and registered
     results = home / "bench/results"
     for name in (
-        "smoke_cpu.json",
         "throughput_cpu.json",
         "throughput_cpu.md",
-        "optimizer_step_cpu.json",
-        "bn_span_cpu.json",
         "loader_cpu.json",
         "throughput_dali_cpu.json",
-        "suite_gpu_only_cpu.json",
-        "suite_cpu.json",
-        "accuracy_study_2ep_cpu.json",
+        "suite_gpu_cpu.json",
+        "bn_span_cpu.json",
+        "optimizer_step_cpu.json",
+        "smoke_cpu.json",
+        "throughput_cudagraphs_cpu.json",
+        "profile_step_cpu.json",
     ):
         assert (results / name).is_file(), name
     registry = json.loads((results / "gpu_imports.json").read_text())["results"]
-    assert {Path(e["file"]).name for e in registry} >= {"smoke_cpu.json", "suite_cpu.json"}
+    assert {Path(e["file"]).name for e in registry} >= {"smoke_cpu.json", "suite_gpu_cpu.json"}
     check = subprocess.run(
         [sys.executable, "tools/evidence.py", "check"], cwd=home, capture_output=True, text=True
     )
     # every file the jobs brought home is registered (gpu_imports.json); the check's wording for
     # one that is not: "... a result file no Result in tools/evidence.py registers"
     assert "no Result in tools/evidence.py registers" not in check.stdout, check.stdout[-2000:]
-    suite = json.loads((results / "suite_cpu.json").read_text())
-    assert suite["counts"]["passed"] > 0 and suite["counts"]["failed"] == 0, suite["failed"]
-    # the DALI tests ran once DALI had arrived
+    suite = json.loads((results / "suite_gpu_cpu.json").read_text())
+    # the marked tests only; the DALI one ran once DALI had arrived
+    assert suite["counts"]["passed"] == 2 and suite["counts"]["failed"] == 0, suite
     assert not any("dali" in reason.lower() for reason in suite["skipped"]), suite["skipped"]
-    assert node.jobs <= 7
+    assert node.jobs <= 9
+
+
+def _packed_rows(out: Path) -> list[tuple[str, int]]:
+    """(loop, repeat) of the throughput rows a job's pack holds."""
+    import tarfile
+
+    pack = out / "gpu_state.tar.gz"
+    if not pack.is_file():
+        return []
+    try:
+        with tarfile.open(pack) as tar:
+            data = json.load(tar.extractfile("results/throughput_cpu.json"))
+    except (tarfile.TarError, KeyError, OSError, json.JSONDecodeError):
+        return []
+    return [(r["loop"], r.get("repeat", 0)) for r in data["rows"]]
+
+
+def _rows_of(keys: list[tuple[str, int]], throughput: dict) -> list[dict]:
+    return [r for r in throughput["rows"] if (r["loop"], r["repeat"]) in keys]
 
 
 def _index_reachable() -> bool:
@@ -332,17 +366,3 @@ def _index_reachable() -> bool:
     except OSError:
         return False
     return True
-
-
-def _smoke_rows(out: Path) -> list[str]:
-    import tarfile
-
-    pack = out / "gpu_state.tar.gz"
-    if not pack.is_file():
-        return []
-    try:
-        with tarfile.open(pack) as tar:
-            data = json.load(tar.extractfile("results/smoke_cpu.json"))
-    except (tarfile.TarError, KeyError, OSError, json.JSONDecodeError):
-        return []
-    return [k for k, r in data["rows"].items() if r.get("exit") == 0]

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,7 @@ from dstrain.optim import (
     parse_spec,
     steps_suppressed,
 )
-from tests.conftest import REPO
+from tests.conftest import CPU_ONLY, REPO
 
 
 def test_groups_by_shape_exclude_bn_and_bias_from_weight_decay():
@@ -78,6 +79,7 @@ def test_deepspeed_initialize_zero_gradient_step_is_harmless(mode, buffers, opti
     proc = subprocess.run(
         [sys.executable, "-c", ZERO_STEP_PROBE, mode, port, optimizer],
         cwd=REPO,
+        env={**os.environ, **CPU_ONLY},  # DeepSpeed's CPU accelerator on every node, as CI runs it
         capture_output=True,
         text=True,
         timeout=300,
@@ -109,6 +111,7 @@ def test_lamb_is_dstrains_lamb_everywhere(caplog):
     assert type(opt).__name__ == "LAMB" and "dstrain's multi-tensor LAMB" in caplog.text
 
 
+@pytest.mark.gpu  # with a GPU: DeepSpeed's FusedLamb op is built (or the builder says why not)
 def test_fused_lamb_without_its_op_falls_back_and_says_why(caplog):
     """Without a GPU: dstrain's LAMB, saying why. With one: DeepSpeed's FusedLamb when its op builds,
     else the fallback with the builder's reason (never silently)."""
@@ -253,6 +256,7 @@ def test_skipping_deepspeeds_single_rank_allreduce_changes_nothing(json_name):
             str(REPO / "ds_configs" / f"{json_name}.json"),
         ],
         cwd=REPO,
+        env={**os.environ, **CPU_ONLY},  # the engine on the CPU, with the probe's batches
         capture_output=True,
         text=True,
         timeout=300,

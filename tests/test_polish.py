@@ -247,6 +247,7 @@ POLISH_RUN = [
 
 
 @pytest.mark.slow
+@pytest.mark.gpu  # 1 rank: trains and refits BN on cuda:0 on a GPU node, saves from there
 def test_trainer_polishes_after_the_last_epoch_and_keeps_the_checkpoint(fake_fmnist, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(
@@ -284,6 +285,7 @@ def test_trainer_polishes_after_the_last_epoch_and_keeps_the_checkpoint(fake_fmn
 
 
 @pytest.mark.slow
+@pytest.mark.gpu  # trained on cuda:0 on a GPU node, its checkpoint then polished on CPU ranks
 def test_standalone_polish_two_ranks_equals_one(fake_fmnist, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(

@@ -1,5 +1,6 @@
 """Batch-size ramp: the plan, its errors, and DeepSpeed's accumulation boundary after a switch."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,7 @@ import pytest
 from dstrain.dist import free_port
 from dstrain.errors import ConfigError
 from dstrain.ramp import BatchStage, batch_at, batch_plan
-from tests.conftest import REPO
+from tests.conftest import CPU_ONLY, REPO
 
 
 def test_plan_keeps_the_micro_batch_and_changes_accumulation():
@@ -86,6 +87,7 @@ def test_first_step_after_a_switch_averages_exactly_the_new_batch(mode, exact):
     proc = subprocess.run(
         [sys.executable, "-c", BOUNDARY_PROBE, mode, str(free_port())],
         cwd=REPO,
+        env={**os.environ, **CPU_ONLY},  # the engine on the CPU, with the probe's batches
         capture_output=True,
         text=True,
         timeout=300,

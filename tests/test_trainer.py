@@ -20,6 +20,8 @@ from tests.conftest import REPO, TINY
 from tests.test_mlperf import values
 
 pytestmark = pytest.mark.oldest  # ./run.sh test-oldest runs this module on torch 2.11
+# @pytest.mark.gpu: a trainer built here trains on cuda:0 on a GPU node (dist.device()), in
+# its CUDA precisions, GradScaler, cuDNN, inductor's GPU code; the GPU pass (-m gpu) runs these
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +59,7 @@ def make_trainer(fake_fmnist, tmp_path, *overrides, ds="fp32", cuda=None):
     return trainer, plan
 
 
+@pytest.mark.gpu
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_fit_follows_the_batch_plan_in_process(fake_fmnist, tmp_path, world_of_one):
     trainer, plan = make_trainer(
@@ -77,6 +80,7 @@ def test_fit_follows_the_batch_plan_in_process(fake_fmnist, tmp_path, world_of_o
     assert summary["steps"] == 24 and summary["global_batch"] == 64 and summary["final_top1"] > 0.1
 
 
+@pytest.mark.gpu
 def test_a_stop_signal_ends_the_epoch_after_the_step_in_flight(fake_fmnist, tmp_path, world_of_one):
     trainer, _ = make_trainer(fake_fmnist, tmp_path, "epochs=1")
     trainer.checks.signals.signum = (
@@ -106,6 +110,7 @@ def _one_step(trainer):
     trainer.after_step()
 
 
+@pytest.mark.gpu
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_fp16_autocast_skips_overflowing_steps_counts_them_and_halves_the_scale(
     fake_fmnist, tmp_path, world_of_one, caplog
@@ -138,6 +143,7 @@ def test_fp16_autocast_skips_overflowing_steps_counts_them_and_halves_the_scale(
 GRADSCALER_READ = "torch/amp/grad_scaler.py"
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("ds", ["fp32", "bf16", "fp16", "lars_bf16", "lamb_bf16"])
 def test_a_training_step_makes_no_host_synchronisation(fake_fmnist, tmp_path, world_of_one, ds):
     """Between log lines a step never waits for the device (tests/host_syncs.py counts what would):
@@ -168,6 +174,7 @@ def test_a_training_step_makes_no_host_synchronisation(fake_fmnist, tmp_path, wo
     assert syncs.total() == scaler_reads, f"host synchronisations in a step: {dict(syncs.sites)}"
 
 
+@pytest.mark.gpu
 def test_the_sync_counter_sees_reads_and_waits():
     """The counter the test above relies on: each kind it names is counted, with its line."""
     from deepspeed.accelerator import get_accelerator
@@ -194,6 +201,7 @@ def _fc_update(trainer) -> torch.Tensor:
     return fc.weight.detach().float() - before
 
 
+@pytest.mark.gpu
 def test_native_fp16_engine_updates_as_fp32_does_and_reports_its_scale(
     fake_fmnist, tmp_path, world_of_one, caplog
 ):
@@ -221,6 +229,7 @@ def test_native_fp16_engine_updates_as_fp32_does_and_reports_its_scale(
     assert " scale 65536" in caplog.text  # the progress line shows the native engine's scale
 
 
+@pytest.mark.gpu
 def test_engines_that_scale_the_loss_themselves_get_no_second_multiply(
     fake_fmnist, tmp_path, world_of_one
 ):
@@ -232,6 +241,7 @@ def test_engines_that_scale_the_loss_themselves_get_no_second_multiply(
         assert loss_scale_of(trainer.engine) == scale
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("ds, wire", [("bf16", torch.float32), ("bf16_comm_bf16", torch.bfloat16)])
 def test_gradient_communication_dtype_is_what_the_json_says(
     fake_fmnist, tmp_path, world_of_one, monkeypatch, ds, wire
@@ -257,6 +267,7 @@ def test_gradient_communication_dtype_is_what_the_json_says(
     assert sum(n for _, n in sent) == grads * (2 if wire == torch.bfloat16 else 4)
 
 
+@pytest.mark.gpu
 def test_training_runs_on_a_torch_without_the_public_set_timeout(
     fake_fmnist, tmp_path, world_of_one, monkeypatch, caplog
 ):
@@ -327,6 +338,7 @@ def test_compiled_training_composes_with_ramp_eval_checkpoints_and_resume(
         assert torch.equal(a, b), name
 
 
+@pytest.mark.gpu
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize(
     "ds, comm",
@@ -376,6 +388,7 @@ def test_compiled_training_composes_with_channels_last_precision_optimizers_and_
     assert second["train_loss"] < first["train_loss"] and metrics["val_top1"] > 0.2
 
 
+@pytest.mark.gpu
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_the_trainers_first_step_after_a_ramp_switch_averages_exactly_the_new_batch(
     fake_fmnist, tmp_path, world_of_one
@@ -429,6 +442,7 @@ def test_the_trainers_first_step_after_a_ramp_switch_averages_exactly_the_new_ba
 
 
 # ---------------------------------------------- MLPerf log and target (the checker: tests/test_mlperf.py)
+@pytest.mark.gpu
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_target_top1_ends_training_and_a_resume_trains_no_more(fake_fmnist, tmp_path, world_of_one):
     """The first evaluation at or above target_top1 ends the run there (its checkpoint written), in
@@ -454,6 +468,7 @@ def test_target_top1_ends_training_and_a_resume_trains_no_more(fake_fmnist, tmp_
     again.mlperf.close()
 
 
+@pytest.mark.gpu
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_the_mlperf_log_holds_the_values_the_run_uses(fake_fmnist, tmp_path, world_of_one):
     """Keys in MLPerf's order (init, submission, hyperparameters, run, epochs with their

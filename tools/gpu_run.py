@@ -655,12 +655,15 @@ class Run:
             part["not_run"] = f"did not fit the budget ({budget.left():.0f} s left)"
         elif not item["runs"] or self._left_to_run(targets, skip):
             workers = min(GPU_TEST_WORKERS, max(1, (os.cpu_count() or 2) // 2))
+            # pytest-xdist travels with the small wheels; without it, one process
+            xdist = ("-n", str(workers), "--dist", "loadgroup")
+            xdist = xdist if importlib.util.find_spec("xdist") else ()
             cmd = self.python(
                 "-m",
                 "pytest",
                 *targets,
                 *("-m", "gpu", "-q", "-p", "no:cacheprovider", "-p", "tools.pytest_progress"),
-                *("-n", str(workers), "--dist", "loadgroup"),
+                *xdist,
                 "--continue-on-collection-errors",  # a file that cannot import is counted, not a stop
                 *[a for t in skip for a in ("--deselect", t)],
             )
