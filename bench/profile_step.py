@@ -790,9 +790,11 @@ def settings_name(args) -> str:
 
 
 def header(args, env: dict) -> dict:
+    from bench.common import provenance
+
     return {
         "what": "torch.profiler of training steps: dstrain's Trainer vs its bare PyTorch twin",
-        "command": "python bench/profile_step.py " + " ".join(sys.argv[1:]),
+        **provenance("profile_step.py"),  # command, git SHA, date, versions
         "environment": env,
         "settings": {
             "model": args.model,
