@@ -71,14 +71,13 @@ def main() -> int:
             summary = run_trainer(cmd, run_dir, what=name)
             comm = summary.get("comm")
             if comm is None:  # DeepSpeed's own ring all-reduce: 2(W-1)/W x gradient bytes
-                import torch
+                from dstrain.safe_load import load_data
 
-                state = torch.load(
+                state = load_data(
                     run_dir
                     / "checkpoints"
                     / f"epoch{args.epochs:04d}"
-                    / "mp_rank_00_model_states.pt",
-                    weights_only=False,
+                    / "mp_rank_00_model_states.pt"
                 )["module"]
                 n = sum(
                     v.numel()

@@ -35,6 +35,7 @@ import torch
 from dstrain import dist
 from dstrain.errors import CheckpointWriteError, ConfigError, first_line
 from dstrain.files import atomic_write_text, fsync_dir
+from dstrain.safe_load import NUMPY_ARRAYS, load_data, refuse_code
 
 log = logging.getLogger(__name__)
 TAG_RE = re.compile(r"^epoch(\d{4,})(?:-step(\d{8,}))?$")
@@ -53,9 +54,12 @@ def _order(tag: str) -> tuple[int, int]:
 
 
 def rng_state() -> dict:
+    """Every generator's state, in types torch's weights_only loader reads (numpy's key array as a
+    tensor): the file loads as data (dstrain/safe_load.py)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
         "python": random.getstate(),
     }
     if torch.cuda.is_available():
@@ -65,7 +69,9 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, keys, *rest = state["numpy"]  # a tensor, or a numpy array in files before issue 51
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else keys
+    np.random.set_state((kind, keys.astype(np.uint32), *rest))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -177,8 +183,16 @@ def _prune(root: Path, keep_last: int) -> None:
         shutil.rmtree(root / tag, ignore_errors=True)
 
 
+def refuse_foreign_code(ckpt: Path) -> None:
+    """Refuse a checkpoint directory whose files would run code when unpickled (DeepSpeed's loader
+    unpickles without weights_only): each file's pickle opcodes are read, nothing is run."""
+    for path in sorted(ckpt.glob("*.pt")):
+        refuse_code(path, NUMPY_ARRAYS if path.name.startswith("rng_rank") else ())
+
+
 def load(engine, root: Path, tag: str) -> dict:
     """Load a complete checkpoint into the engine; returns the trainer state saved with it."""
+    refuse_foreign_code(root / tag)  # before DeepSpeed unpickles its files
     try:
         path, client_state = engine.load_checkpoint(
             str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False
@@ -202,7 +216,7 @@ def load(engine, root: Path, tag: str) -> dict:
         raise RuntimeError(f"{root / tag}: DeepSpeed could not load this checkpoint")
     rng_file = root / tag / f"rng_rank{dist.rank():05d}.pt"
     if rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        set_rng_state(load_data(rng_file, NUMPY_ARRAYS))
     else:
         log.warning(
             "%s missing (world size changed?): RNG state not restored on rank %d",

@@ -31,8 +31,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections import OrderedDict
 from pathlib import Path
+
+from dstrain import hostfile
+from dstrain.errors import ConfigError
+from dstrain.files import write_private
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -179,8 +184,18 @@ def build(
             return trainer_cmd, None, extra_env
         n = gpus or (found[1][0][1] if found and found[1][0][1] else 0) or local_gpus() or 1
         return [deepspeed, "--num_gpus", str(n), "--master_port", port, *trainer], None, extra_env
-    _, nodes = found
+    scheduler, nodes = found
     text = hostfile_text(nodes, gpus)
+    try:  # what DeepSpeed will read, by the rules of `python -m dstrain --check --hostfile`
+        read = [f"{host.name} slots={host.slots}" for host in hostfile.parse(text, args.hostfile)]
+    except ConfigError as err:
+        raise LaunchError(f"the {scheduler} node list made a bad hostfile: {err}") from None
+    misread = [line for line in text.splitlines() if line.strip() not in read]  # a host with a #
+    if misread:
+        raise LaunchError(
+            f"the {scheduler} node list made the hostfile line {misread[0]!r}, which DeepSpeed "
+            "would not read as written"
+        )
     launcher = pick_launcher(args.launcher)
     cmd = [
         deepspeed,
@@ -243,18 +258,40 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--gpus-per-node", type=int, default=0, help="slots per node (default: from the scheduler)"
     )
-    p.add_argument("--hostfile", default="", help="where to write the hostfile (default: $TMPDIR)")
+    p.add_argument(
+        "--hostfile",
+        default="",
+        help="where to write the hostfile, and the env file beside it (default: a private folder "
+        "made in $TMPDIR for this job, removed at its end)",
+    )
     args, rest = p.parse_known_args(argv)
     args.trainer_args = rest
-    if not args.hostfile:
-        args.hostfile = str(
-            Path(os.environ.get("TMPDIR", "/tmp")) / f"dstrain-hostfile.{os.getpid()}"
-        )
     return args
+
+
+def private_folder(dry_run: bool) -> Path:
+    """This job's folder for the hostfile and DeepSpeed's env file: made in $TMPDIR by
+    ``mkdtemp`` (a fresh name, mode 0700: nobody else can read, replace or plant anything in it).
+    A dry run makes nothing and shows where it would be."""
+    tmp = os.environ.get("TMPDIR") or "/tmp"
+    if dry_run:
+        return Path(tmp) / "dstrain-launch.XXXXXXXX"
+    return Path(tempfile.mkdtemp(prefix="dstrain-launch.", dir=tmp))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    private = None if args.hostfile else private_folder(args.dry_run)
+    try:
+        return launch(args, private)
+    finally:  # the hostfile and env file go with the job (their contents are in the job's log)
+        if private is not None and not args.dry_run:
+            shutil.rmtree(private, ignore_errors=True)
+
+
+def launch(args: argparse.Namespace, private: Path | None) -> int:
+    if private is not None:
+        args.hostfile = str(private / "hostfile")
     venv = Path(os.environ.get("DSTRAIN_VENV", REPO / ".venv"))
     deepspeed = str(venv / "bin" / "deepspeed")
     try:
@@ -275,11 +312,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launch.sh: error: {deepspeed} missing; run ./run.sh setup first", file=sys.stderr)
         return 2
     env = {**os.environ, **extra_env}
-    if hostfile is not None:
-        Path(args.hostfile).write_text(hostfile)
-        Path(env["DS_ENV_FILE"]).write_text(env_file_text(env))
+    if hostfile is not None:  # owner-only, never through a link planted in a shared folder
+        write_private(Path(args.hostfile), hostfile)
+        write_private(Path(env["DS_ENV_FILE"]), env_file_text(env))
     os.chdir(REPO)
-    return supervise(cmd, env)
+    try:
+        return supervise(cmd, env)
+    finally:
+        if hostfile is not None and private is None:  # a --hostfile path: its files go too
+            for path in (Path(args.hostfile), Path(env["DS_ENV_FILE"])):
+                path.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- supervision
@@ -295,7 +337,6 @@ def supervise(cmd: list[str], env: dict) -> int:
     print how each rank ended (RUN_DIR/ranks/) and exit with the job's status: 75 when every rank stopped
     with a checkpoint, else the first failed rank's status."""
     import signal
-    import tempfile
     import time
 
     fd, pointer = tempfile.mkstemp(prefix="dstrain-run-dir.")

@@ -60,7 +60,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         metavar="N",
-        help="with --check: the job's number of ranks (default: $WORLD_SIZE, else 1)",
+        help="with --check: the job's number of ranks (default: the slots of --hostfile, else "
+        "$WORLD_SIZE, else 1)",
+    )
+    p.add_argument(
+        "--hostfile",
+        default=None,
+        metavar="FILE",
+        help="with --check: the DeepSpeed hostfile of `deepspeed --hostfile FILE`, read as DeepSpeed "
+        "reads it; its slots are the job's ranks",
     )
     p.add_argument(
         "--device",
@@ -99,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     adopt_mpi_env()  # ranks started by mpirun: RANK before the log reads it
     setup_logging()
     try:
+        if args.hostfile is not None and not args.check:  # the launcher gives a run its ranks
+            raise ConfigError(
+                f"--hostfile {args.hostfile} belongs to --check; to run on its hosts, give it to "
+                f"DeepSpeed's launcher: deepspeed --hostfile {args.hostfile} dstrain/main.py ..."
+            )
         cfg = load_config(args.config, args.overrides)
         from dstrain.dist import quiet_deepspeed
 
@@ -121,7 +134,7 @@ def check(cfg, args: argparse.Namespace) -> int:
     """``--check``: the run's start-up checks and its plan, nothing written (dstrain/preflight.py)."""
     from dstrain import preflight
 
-    target = preflight.Target.resolve(args.world, args.device)
+    target = preflight.Target.resolve(args.world, args.device, args.hostfile)
     lines = preflight.check(cfg, args.deepspeed_config or cfg.deepspeed_config, target)
     print("dstrain --check: the run would start; nothing was written")
     print("\n".join("  " + line for line in lines))

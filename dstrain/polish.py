@@ -35,6 +35,7 @@ from dstrain.models import input_dtype  # noqa: E402
 from dstrain.monitor import setup_logging  # noqa: E402
 from dstrain.outcome import ending_of  # noqa: E402
 from dstrain.ramp import batch_plan  # noqa: E402
+from dstrain.safe_load import load_data  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def checkpoint_tag(run_dir: Path, tag: str, force: bool) -> str:
 
 def load_weights(model: nn.Module, model_file: Path) -> None:
     """A DeepSpeed checkpoint's module weights, as float32, into ``model``."""
-    state = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
+    state = load_data(model_file)["module"]  # as data: a foreign checkpoint runs no code
     try:
         model.load_state_dict(
             {k: v.float() if v.is_floating_point() else v for k, v in state.items()}

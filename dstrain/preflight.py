@@ -10,6 +10,11 @@ needs of ``--device``, the data root and its image counts against every batch st
 prints the resolved plan: the loader and image counts, every batch stage (micro x accumulation x
 ranks, steps per epoch, peak LR), the total steps, the precision. It writes nothing and starts no
 process group: exit 0 when the run could start, 2 with the run's own one-line error when not.
+
+``--hostfile FILE`` instead of ``--world``: the file is read as DeepSpeed's launcher reads it
+(dstrain/hostfile.py; a bad line, a host listed twice, no host, 0 slots are refused with its file and
+line) and its slots together are the world size; a batch the slots cannot split is refused with
+the run's own line and the hostfile named.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from dataclasses import dataclass
 import torch
 
 from dstrain import mlperf, startup
-from dstrain.config import TrainConfig
+from dstrain.config import TrainConfig, validate
 from dstrain.data import ImageCounts
 from dstrain.errors import ConfigError
+from dstrain.hostfile import Host, slot_total
+from dstrain.hostfile import read as read_hostfile
 from dstrain.plan import Plan, prepare
 from dstrain.schedule import LRSchedule
 
@@ -33,23 +40,68 @@ class Target:
 
     world: int
     device: str  # "cuda" | "cpu"
+    hostfile: str | None = None  # the hostfile whose slots are the ranks, or None
+    hosts: tuple[Host, ...] = ()  # its hosts, in order
 
     @classmethod
-    def resolve(cls, world: int | None, device: str) -> Target:
-        """``world`` None: this job's ($WORLD_SIZE, else 1); ``device`` auto: this machine's."""
+    def resolve(cls, world: int | None, device: str, hostfile: str | None = None) -> Target:
+        """``world`` None: the slots of ``hostfile`` (read as DeepSpeed reads it,
+        dstrain/hostfile.py), else this job's ($WORLD_SIZE, else 1); ``device`` auto: this
+        machine's."""
         if world is not None and world < 1:
             raise ConfigError(f"--world {world}: the job's number of ranks must be >= 1")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        return cls(world or int(os.environ.get("WORLD_SIZE", "1")), device)
+        if hostfile is None:
+            return cls(world or int(os.environ.get("WORLD_SIZE", "1")), device)
+        hosts = read_hostfile(hostfile)
+        slots = slot_total(hosts)
+        if world is not None and world != slots:
+            raise ConfigError(
+                f"--world {world} disagrees with --hostfile {hostfile}, whose {len(hosts)} host(s) "
+                f"have {slots} slots in all; drop --world (the hostfile's slots are the ranks) or "
+                "fix the slots"
+            )
+        return cls(slots, device, hostfile, tuple(hosts))
+
+    def ranks(self) -> str:
+        """The plan's job line: how many ranks, on what, from where."""
+        where = f"{self.world} rank(s) on {self.device}"
+        if self.hostfile is None:
+            return where
+        counts = sorted({host.slots for host in self.hosts})
+        each = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+        return f"{where}: the slots of {self.hostfile} ({len(self.hosts)} host(s), {each} each)"
 
 
 def check(cfg: TrainConfig, ds_path: str, target: Target) -> list[str]:
     """Every start-up check of a run of ``cfg`` on ``target`` (the run's own, dstrain/startup.py);
     the plan's lines. Writes nothing."""
-    plan = prepare(cfg, ds_path, target.world, cuda=target.device == "cuda")
+    try:
+        plan = prepare(cfg, ds_path, target.world, cuda=target.device == "cuda")
+    except ConfigError as err:
+        if target.hostfile is not None and refuses_the_world(cfg, target.world):
+            raise ConfigError(
+                f"{err}; world size {target.world} = the slots in {target.hostfile}"
+            ) from None
+        raise
     start = startup.check(plan, torch.device(target.device))
     return plan_lines(plan, start, target)
+
+
+def refuses_the_world(cfg: TrainConfig, world: int) -> bool:
+    """Whether the config's own rules (the batch arithmetic, the ramp, the BN span) refuse ``world``
+    ranks with a complaint they do not make of one rank: the world size is what to change."""
+
+    def complaint(ranks: int) -> str | None:
+        try:
+            validate(cfg, ranks)
+        except ConfigError as err:
+            return str(err)
+        return None
+
+    at_world = complaint(world)
+    return at_world is not None and at_world != complaint(1)
 
 
 def plan_lines(plan: Plan, start: startup.Start, target: Target) -> list[str]:
@@ -65,7 +117,7 @@ def plan_lines(plan: Plan, start: startup.Start, target: Target) -> list[str]:
         f"DeepSpeed    {spec.path}: precision {spec.precision}, optimizer {spec.optimizer.name} "
         f"(lr {spec.optimizer.lr:g} per {cfg.optim.lr_reference_batch} images, "
         f"{cfg.optim.lr_scaling} scaling), gradients by {comm}",
-        f"job          {target.world} rank(s) on {target.device}",
+        f"job          {target.ranks()}",
         f"model        {cfg.model.name}, channels_last {str(cfg.model.channels_last).lower()}, "
         f"compile {str(cfg.model.compile).lower()}",
         f"data         {images.kind} loader, {images.n_train} train / {images.n_val} val images "

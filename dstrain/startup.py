@@ -76,6 +76,7 @@ def resume_tag(plan: Plan, run_dir: Path) -> str | None:
     tag = checkpoint.newest_complete(root)
     if tag:
         compat.check(run_dir, plan.cfg, plan.spec, plan.world, checkpoint.trainer_state(root, tag))
+        checkpoint.refuse_foreign_code(root / tag)  # DeepSpeed's loader unpickles what it finds
     return tag
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from tests.conftest import CPU_ONLY, TINY, deepspeed_launcher, run_cli
 
@@ -506,6 +507,108 @@ def test_polish_refuses_a_checkpoint_it_cannot_use(case, finished_run, tmp_path,
         seen=errors[0],
         disk="nothing written",
     )
+
+
+class _Planted:
+    """What a crafted checkpoint holds: unpickling it calls open(MARKER, "w"), creating the file."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _plant(run_dir: Path, marker: Path, name: str = "mp_rank_00_model_states.pt") -> Path:
+    """Replace a checkpoint file of ``run_dir`` with one whose unpickling would create ``marker``."""
+    (target,) = (run_dir / "checkpoints").glob(f"epoch*/{name}")
+    torch.save({"module": _Planted(marker), "dstrain": {}}, target)
+    return target
+
+
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
+@pytest.mark.parametrize(
+    "command, planted",
+    [
+        ("polish", "mp_rank_00_model_states.pt"),
+        ("resume", "mp_rank_00_model_states.pt"),
+        ("resume", "rng_rank00000.pt"),
+        ("check", "mp_rank_00_model_states.pt"),
+    ],
+)
+def test_a_checkpoint_that_would_run_code_is_refused_unread(
+    command, planted, finished_run, fake_fmnist, tmp_path, evidence
+):
+    """Issue 51: a run directory from elsewhere whose checkpoint pickle calls a function (here one
+    that creates a file) is refused before anything unpickles it: by polish (which loads weights
+    itself, weights_only), and by a resume and its --check (DeepSpeed's loader unpickles without
+    weights_only: dstrain reads the pickle's opcodes first). The file never appears, the refusal
+    names the checkpoint file and why, exit 2, the run directory unchanged."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    marker = tmp_path / "created-by-the-pickle"
+    path = _plant(run_dir, marker, planted)
+    before = tree_digest(run_dir)
+    if command == "polish":
+        proc = run_cli(["--checkpoint", str(run_dir)], module="dstrain.polish", timeout=120)
+        prefix = "dstrain.polish: error:"
+    else:
+        args = [JSON, "ds_configs/fp32.json", *TINY, "epochs=2", f"data.root={fake_fmnist}"]
+        args += [f"run_dir={run_dir}", "resume=auto", *(["--check"] if command == "check" else [])]
+        proc = run_cli(args, timeout=240)
+        prefix = "dstrain: error:"
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not marker.exists(), "the checkpoint's pickle ran"
+    errors = [line for line in proc.stderr.splitlines() if line.startswith(prefix)]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert str(path) in errors[0] and "refused: unpickling it would call io.open" in errors[0]
+    assert tree_digest(run_dir) == before
+    evidence(
+        "bad input: checkpoint",
+        f"a checkpoint whose pickle would run code ({planted}), given to {command}",
+        exit=2,
+        seen=errors[0],
+        disk="nothing written; the pickle did not run",
+    )
+
+
+def test_checkpoints_dstrain_writes_load_as_data(finished_run):
+    """Everything in a dstrain checkpoint loads with torch's weights_only loader (the RNG state's
+    numpy part is a tensor now); refuse_foreign_code passes it."""
+    from dstrain import checkpoint
+    from dstrain.safe_load import load_data
+
+    (ckpt,) = (finished_run / "checkpoints").glob("epoch*[0-9]")
+    checkpoint.refuse_foreign_code(ckpt)
+    for path in ckpt.glob("*.pt"):
+        torch.load(path, map_location="cpu", weights_only=True)
+    rng = load_data(ckpt / "rng_rank00000.pt")
+    assert isinstance(rng["numpy"][1], torch.Tensor)
+
+
+def test_an_rng_file_from_before_issue_51_still_resumes(tmp_path):
+    """RNG files written before hold numpy's key array: they load (numpy's array reconstruction is
+    allowed for them alone) and restore the same numpy state."""
+    import random
+
+    import numpy as np
+
+    from dstrain import checkpoint
+    from dstrain.safe_load import NUMPY_ARRAYS, load_data
+
+    np.random.seed(7)
+    old = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    torch.save(old, tmp_path / "rng_rank00000.pt")  # as checkpoint.rng_state wrote it then
+    expected = np.random.random(3)
+    np.random.seed(0)
+    checkpoint.set_rng_state(load_data(tmp_path / "rng_rank00000.pt", NUMPY_ARRAYS))
+    assert np.array_equal(np.random.random(3), expected)
 
 
 @pytest.mark.parametrize("entry", ["python -m dstrain", "python dstrain/main.py"])

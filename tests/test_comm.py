@@ -248,7 +248,7 @@ def test_shipped_comm_configs_parse():
 def _final_weights(run_dir):
     ckpt = run_dir / "checkpoints"
     tag = (ckpt / "latest").read_text().strip()
-    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=True)["module"]
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def final_module_state(run_dir: Path) -> dict:
     ckpt = run_dir / "checkpoints"
     tag = (ckpt / "latest").read_text().strip()
-    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=True)["module"]
 
 
 @pytest.mark.oldest

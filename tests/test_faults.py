@@ -84,7 +84,7 @@ def final_state(run_dir: Path) -> dict:
     counters)."""
     ckpt = run_dir / "checkpoints"
     tag = (ckpt / "latest").read_text().strip()
-    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=True)["module"]
 
 
 def max_diff(a: dict, b: dict) -> float:

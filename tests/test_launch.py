@@ -300,3 +300,85 @@ def test_run_sh_trains_for_real_and_refuses_an_unknown_command(fake_fmnist, tmp_
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 1
     bad = run_sh("trian")
     assert bad.returncode == 2 and "./run.sh train" in bad.stdout
+
+
+FAKE_DEEPSPEED = """#!/bin/sh
+# records what the launcher handed DeepSpeed: the hostfile's and env file's modes and the hostfile
+while [ $# -gt 0 ]; do [ "$1" = "--hostfile" ] && hostfile=$2; shift; done
+{
+  stat -c '%a %F' "$hostfile" "$DS_ENV_FILE" "$(dirname "$hostfile")"
+  cat "$hostfile"
+} > "$RECORD"
+exit 0
+"""
+
+
+def _launch_for_real(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """launch.sh without --dry-run in a 2-node PBS job, DeepSpeed replaced by FAKE_DEEPSPEED."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / "bin" / "deepspeed").write_text(FAKE_DEEPSPEED)
+    (venv / "bin" / "deepspeed").chmod(0o755)
+    nodes = tmp_path / "nodes"
+    nodes.write_text("hnode001\nhnode002\n")
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir(exist_ok=True)
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_NODELIST", "PE_HOSTFILE")},
+        "PBS_NODEFILE": str(nodes),
+        "DSTRAIN_VENV": str(venv),
+        "TMPDIR": str(shared),
+        "RECORD": str(tmp_path / "record"),
+        "PATH": os.pathsep.join([str(fake_tool(tmp_path, "pdsh")), os.environ["PATH"]]),
+    }
+    proc = subprocess.run(
+        [str(REPO / "launch.sh"), *args, "--config", "fashion_mnist"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc, (tmp_path / "record").read_text() if (tmp_path / "record").is_file() else ""
+
+
+def test_the_hostfile_and_env_file_are_private_and_gone_after_the_job(tmp_path):
+    """Issue 51: no predictable name in a shared $TMPDIR: a folder of its own (mkdtemp, 0700), files
+    only its owner reads (0600), all removed when the job ends."""
+    proc, record = _launch_for_real(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    modes = record.splitlines()[:3]
+    assert modes == ["600 regular file", "600 regular file", "700 directory"], record
+    assert "hnode001 slots=1\nhnode002 slots=1\n" in record
+    assert "dstrain-launch." in proc.stdout  # where the hostfile was, in the job's log
+    assert list((tmp_path / "shared-tmp").iterdir()) == []  # nothing left behind
+
+
+def test_a_symbolic_link_planted_at_the_hostfile_path_is_not_followed(tmp_path):
+    """--hostfile PATH in a shared folder where another user placed links to a file of ours: the
+    files are created afresh and renamed over the links, never written through them."""
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    (shared / "hf").symlink_to(victim)
+    (shared / "hf.env").symlink_to(victim)
+    proc, record = _launch_for_real(tmp_path, "--hostfile", str(shared / "hf"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert record.splitlines()[:2] == ["600 regular file", "600 regular file"], record
+    assert victim.read_text() == "mine\n"  # untouched
+    assert not (shared / "hf").exists() and not (shared / "hf.env").exists()  # removed at the end
+
+
+def test_write_private_replaces_a_link_and_leaves_its_target(tmp_path):
+    from dstrain.files import write_private
+
+    target = tmp_path / "target"
+    target.write_text("keep\n")
+    link = tmp_path / "file"
+    link.symlink_to(target)
+    write_private(link, "new\n")
+    assert not link.is_symlink() and link.read_text() == "new\n"
+    assert (link.stat().st_mode & 0o777) == 0o600 and target.read_text() == "keep\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "target"]  # no temporary left

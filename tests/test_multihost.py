@@ -60,7 +60,7 @@ def trainer_args(fake_fmnist, run_dir, *extra: str) -> list[str]:
 def module_state(run_dir: Path) -> dict:
     ckpt = run_dir / "checkpoints"
     tag = (ckpt / "latest").read_text().strip()
-    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    return torch.load(ckpt / tag / "mp_rank_00_model_states.pt", weights_only=True)["module"]
 
 
 def same_weights(a: Path, b: Path, parameters_only: bool = False) -> bool:

@@ -274,7 +274,7 @@ def test_trainer_polishes_after_the_last_epoch_and_keeps_the_checkpoint(fake_fmn
     assert 0 < p["refit_fraction_of_training"] < 1
     polished = torch.load(run_dir / "polished" / "model.pt")
     unpolished = torch.load(
-        run_dir / "checkpoints" / "epoch0002" / "mp_rank_00_model_states.pt", weights_only=False
+        run_dir / "checkpoints" / "epoch0002" / "mp_rank_00_model_states.pt", weights_only=True
     )["module"]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch0002"
     changed = [k for k in polished if not torch.equal(polished[k], unpolished[k].contiguous())]
