@@ -28,6 +28,7 @@ from pathlib import Path
 from dstrain.data import shards
 from dstrain.data.images import scan_folder
 from dstrain.errors import ConfigError
+from dstrain.files import atomic_write_text
 
 
 class Progress:
@@ -131,9 +132,9 @@ def index_shard(shard: Path) -> Path:
         text = _rec_index(shard)
     else:
         raise ConfigError(f"{shard}: not a .tar (WebDataset) nor a .rec (RecordIO) shard")
-    tmp = idx.with_name(idx.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(idx)
+    atomic_write_text(
+        idx, text
+    )  # a fresh temporary name beside the shard: nothing planted is followed
     return idx
 
 
