@@ -11,6 +11,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+# benchmark and evidence result files are outputs, not code: rewriting one does not make the tree dirty
+CODE = ["--", ".", ":(exclude)bench/results", ":(exclude)docs/results"]
+
+
 def git_sha() -> str:
     """HEAD's SHA, with ``-dirty`` when tracked code differs from it; outside a checkout (a tree copied
     to a compute node without .git) ``$DSTRAIN_GIT_SHA`` as given, else ``unknown``."""
@@ -21,13 +25,23 @@ def git_sha() -> str:
         sha = subprocess.run(
             git + ["rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
         ).stdout.strip()
-        # benchmark and evidence result files are outputs, not code: rewriting one does not make the tree dirty
-        status = git + ["status", "--porcelain", "--untracked-files=no", "--", "."]
-        status += [":(exclude)bench/results", ":(exclude)docs/results"]
+        status = git + ["status", "--porcelain", "--untracked-files=no", *CODE]
         dirty = subprocess.run(status, capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
+
+
+def uncommitted_diff() -> str:
+    """What tracked code differs from HEAD by (``git diff HEAD``, result files left out): with the
+    SHA, the code a ``-dirty`` run ran. '' for a clean tree or outside a checkout."""
+    if not (REPO_ROOT / ".git").exists():
+        return ""
+    cmd = ["git", "-C", str(REPO_ROOT), "diff", "HEAD", "--no-color", *CODE]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def environment() -> dict:

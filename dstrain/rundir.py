@@ -25,7 +25,7 @@ from dstrain.config import ModelConfig, TrainConfig
 from dstrain.errors import ConfigError
 from dstrain.files import atomic_write_text
 from dstrain.launch import RUN_DIR_FILE_ENV
-from dstrain.provenance import environment, git_sha
+from dstrain.provenance import environment, git_sha, uncommitted_diff
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
@@ -132,21 +132,57 @@ def check_same_model(run_dir: Path, model: ModelConfig) -> None:
 
 
 def write_run_files(
-    run_dir: Path, cfg: TrainConfig, engine_cfg: dict, ds_path: str, world: int, resume: dict
+    run_dir: Path,
+    cfg: TrainConfig,
+    engine_cfg: dict,
+    ds_path: str,
+    world: int,
+    resume: dict,
+    epoch: int = 0,
 ) -> None:
     """config.yaml, ds_config.json and meta.json (rank 0); ``resume``: what the checkpoints depend on
-    (dstrain/compat.py)."""
+    (dstrain/compat.py); ``epoch``: the epochs done when this start (or restart) began."""
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
     atomic_write_text(run_dir / "ds_config.json", json.dumps(engine_cfg, indent=2) + "\n")
+    sha = git_sha()
     meta = {
-        "git_sha": git_sha(),
+        "git_sha": sha,  # this start's (the last restart's); "starts" holds every one
         "world_size": world,
         "deepspeed_config_file": ds_path,
         **environment(),
         "command": sys.argv,
         "resume": resume,
+        "starts": [*earlier_starts(run_dir), start_record(run_dir, sha, epoch)],
     }
     atomic_write_text(run_dir / "meta.json", json.dumps(meta, indent=2) + "\n")
+
+
+def earlier_starts(run_dir: Path) -> list[dict]:
+    """The starts meta.json recorded before this one (a run from before they were recorded: its one
+    SHA as the first start, its epoch unknown)."""
+    try:
+        old = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if "starts" in old:
+        return list(old["starts"])
+    return [{"git_sha": old.get("git_sha"), "epoch": None, "diff": None}] if old else []
+
+
+def start_record(run_dir: Path, sha: str, epoch: int) -> dict:
+    """This start: the SHA, the epoch it continues from, the date, and for a tree with uncommitted
+    changes their diff, saved beside meta.json (``code-<n>.diff``): the code a -dirty run ran."""
+    n = len(earlier_starts(run_dir))
+    diff = uncommitted_diff() if sha.endswith("-dirty") else ""
+    name = f"code-{n}.diff" if diff else None
+    if name:
+        atomic_write_text(run_dir / name, diff)
+    return {
+        "git_sha": sha,
+        "epoch": epoch,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "diff": name,
+    }
 
 
 def failed_start(path: Path) -> dict | None:

@@ -115,6 +115,7 @@ def build_trainer(
             spec.path,
             plan.world,
             compat.fingerprint(cfg, spec, plan.world),
+            epoch=state.epoch,
         )
         start_mlperf_log(trainer, plan, run_dir, device)
     return trainer

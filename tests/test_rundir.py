@@ -32,3 +32,40 @@ def test_a_run_with_a_checkpoint_is_never_marked_failed(tmp_path):
     assert not (run / rundir.FAILED).exists()
     (run / rundir.FAILED).write_text("{}")  # even a stray marker does not hide the checkpoint
     assert rundir.failed_start(run) is None
+
+
+def test_meta_json_keeps_every_start_and_the_diff_of_an_uncommitted_tree(tmp_path, monkeypatch):
+    """Issue 52: a run records the SHA it started at and each restart's (meta.json's git_sha alone
+    was rewritten at every restart), with the diff of an uncommitted tree saved beside it."""
+    from omegaconf import OmegaConf
+
+    from dstrain import rundir
+    from dstrain.config import TrainConfig
+
+    cfg = OmegaConf.structured(TrainConfig)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "meta.json").write_text(json.dumps({"git_sha": "0ld"}))  # before starts existed
+    write = lambda epoch: rundir.write_run_files(  # noqa: E731
+        run_dir, cfg, {}, "ds_configs/fp32.json", 1, {}, epoch=epoch
+    )
+    monkeypatch.setattr(rundir, "git_sha", lambda: "abc")
+    monkeypatch.setattr(rundir, "uncommitted_diff", lambda: "")
+    write(3)
+    monkeypatch.setattr(rundir, "git_sha", lambda: "def-dirty")
+    monkeypatch.setattr(rundir, "uncommitted_diff", lambda: "--- a/x\n+++ b/x\n")
+    write(5)
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["git_sha"] == "def-dirty"
+    starts = [(s["git_sha"], s["epoch"], s["diff"]) for s in meta["starts"]]
+    assert starts == [("0ld", None, None), ("abc", 3, None), ("def-dirty", 5, "code-2.diff")]
+    assert (run_dir / "code-2.diff").read_text() == "--- a/x\n+++ b/x\n"
+
+
+def test_uncommitted_diff_is_the_code_a_dirty_sha_ran():
+    from dstrain.provenance import git_sha, uncommitted_diff
+
+    diff = uncommitted_diff()
+    assert bool(diff) == git_sha().endswith("-dirty")
+    files = [line.split(" b/")[-1] for line in diff.splitlines() if line.startswith("diff --git")]
+    assert not [f for f in files if f.startswith(("bench/results/", "docs/results/"))]  # outputs
