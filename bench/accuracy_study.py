@@ -548,7 +548,48 @@ def derived(records: list[dict]) -> list[dict]:
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (n - 1 in the denominator; 0 for one value): the
+    ± every table prints."""
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def gap_interval(row: list[float], reference: list[float]) -> tuple[float, float, float] | None:
+    """(gap, low, high): ``row``'s mean minus ``reference``'s and its 95% interval (Welch's t: the
+    two rows' variances are not assumed equal). None below two values a side (no spread to use)."""
+    if len(row) < 2 or len(reference) < 2:
+        return None
+    from scipy.stats import t as student_t
+
+    gap = statistics.mean(row) - statistics.mean(reference)
+    v_row, v_ref = (
+        statistics.variance(row) / len(row),
+        statistics.variance(reference) / len(reference),
+    )
+    se = (v_row + v_ref) ** 0.5
+    if se == 0:
+        return gap, gap, gap
+    df = (v_row + v_ref) ** 2 / (v_row**2 / (len(row) - 1) + v_ref**2 / (len(reference) - 1))
+    half = student_t.ppf(0.975, df) * se
+    return gap, gap - half, gap + half
+
+
+def gaps(records: list[dict], rows: list[str], reference: str = "baseline") -> dict:
+    """Each row's final top-1 gap to ``reference`` in points, with its 95% interval (Welch) and the
+    seeds on each side: what the report prints and the docs link to."""
+    ref = [100 * r["final_top1"] for r in records if r["row"] == reference]
+    out = {}
+    for row in rows:
+        values = [100 * r["final_top1"] for r in records if r["row"] == row]
+        if not values or row == reference or not ref:
+            continue
+        found = gap_interval(values, ref)
+        out[row] = {
+            "gap_pt": statistics.mean(values) - statistics.mean(ref),
+            "ci95_pt": list(found[1:]) if found else None,
+            "seeds": len(values),
+            "reference_seeds": len(ref),
+        }
+    return out
 
 
 def largest_dip(top1_per_epoch: list[float | None]) -> float:
@@ -598,14 +639,15 @@ def worst_seed_choice(records: list[dict], rows: list[str]) -> list[str]:
 
 
 def table(records: list[dict], rows: list[str], reference: str = "baseline") -> list[str]:
-    """Mean ± sd per row, its worst seed and largest dip, and the distance to the reference row's
-    mean final top-1."""
+    """Mean ± sample sd per row, its worst seed and largest dip, the distance to the reference
+    row's mean final top-1 and that gap's 95% interval (Welch)."""
     ref = [100 * r["final_top1"] for r in records if r["row"] == reference]
+    intervals = gaps(records, rows, reference)
     lines = [
-        "| row | final top-1 % (mean ± sd) | worst seed % | largest dip (pt) | vs baseline (pt) | "
-        "train top-1 % | best top-1 % | epochs | steps | wall s | GPU-time s | s to 90% | "
-        "s to 92% | seeds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| row | final top-1 % (mean ± sample sd) | worst seed % | largest dip (pt) | "
+        "vs baseline (pt) | train top-1 % | best top-1 % | epochs | steps | wall s | GPU-time s | "
+        "s to 90% | s to 92% | seeds | gap's 95% interval (pt, Welch) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         rs = [r for r in records if r["row"] == row]
@@ -631,9 +673,16 @@ def table(records: list[dict], rows: list[str], reference: str = "baseline") -> 
             f"{gap} | {train} | {b:.2f} ± {bs:.2f} | {rs[0]['epochs']} | "
             f"{rs[0]['steps']} | {statistics.mean(r['wall_s'] for r in rs):.0f} | "
             f"{statistics.mean(r['gpu_time_s'] for r in rs):.0f} | {reach('time_to_90')} | "
-            f"{reach('time_to_92')} | {len(rs)} |"
+            f"{reach('time_to_92')} | {len(rs)} | {interval_cell(intervals.get(row))} |"
         )
     return lines
+
+
+def interval_cell(gap: dict | None) -> str:
+    if gap is None or gap["ci95_pt"] is None:
+        return "-"
+    low, high = gap["ci95_pt"]
+    return f"{low:+.2f} to {high:+.2f}"
 
 
 FASHION_MNIST_TRAIN, IMAGENET_TRAIN = 60_000, 1_281_167  # training images: share per step
@@ -1064,6 +1113,8 @@ def main(argv: list[str] | None = None) -> int:
         "threads_per_run": args.threads or None,
         "grid_wall_s": time.perf_counter() - t0,
         "run_git_shas": sorted({str(r["git_sha"]) for r in records}),
+        "sd": "sample standard deviation (n - 1): the ± of every table",
+        "gaps_vs_baseline": gaps(records, rows),
         "pending": [f"{row} seed {seed}" for row, seed in pending],
         **(
             {

@@ -121,6 +121,25 @@ def test_study_table_mean_spread_and_reach_counts():
     assert cells[11] == "5 (1/2)" and cells[12] == "never (0/2)" and cells[13] == "2"
     lars = [c.strip() for c in lines[3].split("|")[1:-1]]
     assert lars[4] == "-1.50" and lars[5] == "-"  # 89.5 vs 91.0; no training top-1 recorded
+    assert "mean ± sample sd" in lines[0] and lars[14] == "-"  # one seed: no interval
+    assert cells[14] == "-"  # the reference row itself
+
+
+def test_a_gap_comes_with_its_welch_interval():
+    """Issue 52: each gap with its 95% interval. Welch's t for two rows of 3 seeds, checked against
+    the formula: 92.51 ± 0.11 against 92.97 ± 0.32 gives -0.46 (-1.17 to +0.25)."""
+    study = load("accuracy_study")
+    big = [92.40, 92.51, 92.62]
+    base = [92.65, 92.97, 93.29]
+    gap, low, high = study.gap_interval(big, base)
+    assert gap == pytest.approx(-0.46)
+    # se = sqrt(0.0121/3 + 0.1024/3) = 0.1954; Welch df = 2.47; t(0.975, 2.47) = 3.61: +-0.705
+    assert (low, high) == pytest.approx((gap - 0.705, gap + 0.705), abs=0.002)
+    assert study.gap_interval([92.0], base) is None  # one seed: no spread, no interval
+    records = [{"row": "baseline", "final_top1": v / 100} for v in base]
+    records += [{"row": "big", "final_top1": v / 100} for v in big]
+    (entry,) = study.gaps(records, ["baseline", "big"]).values()
+    assert entry["ci95_pt"] == pytest.approx([low, high]) and entry["seeds"] == 3
 
 
 def test_a_spike_shows_as_a_dip_and_the_worst_seed_chooses():
