@@ -569,7 +569,7 @@ def gap_interval(row: list[float], reference: list[float]) -> tuple[float, float
     if se == 0:
         return gap, gap, gap
     df = (v_row + v_ref) ** 2 / (v_row**2 / (len(row) - 1) + v_ref**2 / (len(reference) - 1))
-    half = student_t.ppf(0.975, df) * se
+    half = float(student_t.ppf(0.975, df)) * se
     return gap, gap - half, gap + half
 
 
