@@ -638,6 +638,84 @@ def worst_seed_choice(records: list[dict], rows: list[str]) -> list[str]:
     ]
 
 
+def code_between(shas: list[str]) -> dict:
+    """What separates the code the runs of a report ran: their commits (``-dirty`` stripped, oldest
+    first), the commits that changed ``dstrain/`` between the oldest and the newest, and how many
+    runs ran a tree with uncommitted changes. ``unknown``: SHAs git does not know here (a tree
+    without .git, a run recorded elsewhere): nothing can be said of what changed between them."""
+    import subprocess
+
+    bases = sorted({s.removesuffix("-dirty") for s in shas if s and s != "None"})
+    dirty = sum(1 for s in shas if s and s.endswith("-dirty"))
+    git = ["git", "-C", str(REPO)]
+
+    def run(*args: str) -> str | None:
+        proc = subprocess.run([*git, *args], capture_output=True, text=True, timeout=30)
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    dated, unknown = [], []
+    for sha in bases:
+        when = run("show", "-s", "--format=%ct", f"{sha}^{{commit}}")
+        (dated if when else unknown).append((int(when or 0), sha))
+    dated.sort()
+    changed: list[str] = []
+    if len(dated) > 1:
+        log = run("log", "--format=%h %s", f"{dated[0][1]}..{dated[-1][1]}", "--", "dstrain/")
+        # oldest first, each commit with the start of its subject
+        changed = [c if len(c) <= 70 else c[:67] + "..." for c in (log or "").splitlines()[::-1]]
+    return {
+        "commits": [sha for _, sha in dated] + [sha for _, sha in unknown],
+        "unknown": [sha for _, sha in unknown],
+        "dstrain_changes": changed,
+        "dirty_runs": dirty,
+    }
+
+
+def mixed_code(code: dict) -> bool:
+    """Whether the runs compared may have run different trainer code."""
+    return bool(code["dstrain_changes"] or code["unknown"] and len(code["commits"]) > 1)
+
+
+def refuse_mixed_code(code: dict, named: list[str]) -> bool:
+    """Say so and return True when the runs ran different trainer code and not every commit was
+    named with --across-commits (issue 52: a comparison across such commits is asked for by name)."""
+    unnamed = [sha for sha in code["commits"] if not any(sha.startswith(n) for n in named)]
+    if not (mixed_code(code) and unnamed):
+        return False
+    print(
+        "accuracy_study: error: these runs were made at different code: "
+        + code_lines(code)[0]
+        + " Compare them anyway by naming the commits: --across-commits "
+        + " ".join(sha[:7] for sha in code["commits"])
+        + " (or train the rows again at one commit)",
+        file=sys.stderr,
+    )
+    return True
+
+
+def code_lines(code: dict) -> list[str]:
+    """The report's word on the code its runs ran (issue 52: a table across commits says so)."""
+    if len(code["commits"]) <= 1 and not code["dirty_runs"]:
+        return []
+    short = ", ".join(sha[:7] for sha in code["commits"])
+    lines = [f"Runs made at {len(code['commits'])} commit(s): {short}."]
+    if code["dstrain_changes"]:
+        lines[0] += (
+            f" dstrain/ changed between them in {len(code['dstrain_changes'])} commit(s): "
+            + "; ".join(code["dstrain_changes"][:12])
+            + ("; ..." if len(code["dstrain_changes"]) > 12 else "")
+            + "."
+        )
+    if code["unknown"]:
+        lines[0] += f" Not in this checkout's history: {', '.join(s[:7] for s in code['unknown'])}."
+    if code["dirty_runs"]:
+        lines[0] += (
+            f" {code['dirty_runs']} run(s) ran a tree with uncommitted changes (their run "
+            "directories keep the diff: code-N.diff)."
+        )
+    return lines
+
+
 def table(records: list[dict], rows: list[str], reference: str = "baseline") -> list[str]:
     """Mean ± sample sd per row, its worst seed and largest dip, the distance to the reference
     row's mean final top-1 and that gap's 95% interval (Welch)."""
@@ -996,6 +1074,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="grid target: more top-1 levels to count epochs to (fractions), e.g. a fixed level "
         "below every row's final top-1, as MLPerf's 75.9%% is",
     )
+    p.add_argument(
+        "--across-commits",
+        nargs="+",
+        default=[],
+        metavar="SHA",
+        help="compare runs made at these commits although dstrain/ changed between them (each "
+        "named, 7 characters or more); without it such a report is refused",
+    )
     p.add_argument("--runs", help="where runs are kept (default runs/accuracy_study/<grid>-...)")
     p.add_argument("--out", default=str(REPO / "docs/results"))
     p.add_argument("--name", help="result file stem (default from grid, epochs, holdout)")
@@ -1094,9 +1180,17 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
     trained = [job for job in jobs if job not in reported]
+    # before training: the recorded runs and those about to train at this commit
+    now = provenance("accuracy_study.py", argv)["git_sha"]
+    planned = [str(r.get("git_sha")) for r in reported.values()] + [now] * bool(trained)
+    if refuse_mixed_code(code_between(planned), args.across_commits):
+        return 2
     with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process
         done = dict(zip(trained, pool.map(one, enumerate(trained)), strict=True))
     records = [reported.get(job) or done[job] for job in jobs]
+    code = code_between([str(r.get("git_sha")) for r in records])
+    if refuse_mixed_code(code, args.across_commits):
+        return 2
     records += derived(records)
     rows = [*args.rows, *[d for d in DERIVED if any(r["row"] == d for r in records)]]
     rcps = mlperf_rcps() if args.grid == "target" else None
@@ -1113,6 +1207,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads_per_run": args.threads or None,
         "grid_wall_s": time.perf_counter() - t0,
         "run_git_shas": sorted({str(r["git_sha"]) for r in records}),
+        "code_between_runs": code,
         "sd": "sample standard deviation (n - 1): the ± of every table",
         "gaps_vs_baseline": gaps(records, rows),
         "pending": [f"{row} seed {seed}" for row, seed in pending],
@@ -1166,6 +1261,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *body,
         "",
+        *([*code_lines(code), ""] if code_lines(code) else []),
         *(
             [f"Not finished yet, left out (--finished-only): {', '.join(meta['pending'])}.", ""]
             if pending

@@ -936,3 +936,70 @@ def test_throughput_bench_repeats_each_pair_alternating_and_summarises_the_ratio
     assert (pair["vs_bare_min"], pair["vs_bare_max"]) == (ratios[0], ratios[1])
     table = out.with_suffix(".md").read_text()
     assert f"| {pair['vs_bare']:.3f}x | {ratios[0]:.3f}-{ratios[1]:.3f}x |" in table
+
+
+def test_a_report_across_commits_that_changed_dstrain_says_so_and_is_asked_for_by_name(tmp_path):
+    """Issue 52: the 90-epoch study's halves ran 12 commits touching dstrain/ apart and nothing said
+    so. A report of runs from such commits names the commits between them and is refused unless
+    every commit is named with --across-commits; runs of one commit pass as before."""
+    import subprocess
+
+    study = load("accuracy_study")
+    log = subprocess.run(
+        ["git", "-C", str(REPO), "log", "--format=%H", "-n", "400", "--", "dstrain/"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    if len(log) < 3:
+        pytest.skip("needs the repository's history (a shallow clone has too little)")
+    new, old = log[0], log[2]  # two commits that changed dstrain/ between them
+    code = study.code_between([old, f"{new}-dirty", new])
+    assert code["commits"] == [old, new] and code["dirty_runs"] == 1
+    assert len(code["dstrain_changes"]) >= 2 and study.mixed_code(code)
+    (line,) = study.code_lines(code)
+    assert f"{old[:7]}, {new[:7]}" in line and "dstrain/ changed between them" in line
+    assert not study.mixed_code(study.code_between([new, f"{new}-dirty"]))
+    # the refusal, through main: a committed report of runs at the two commits
+    base = [
+        "--epochs",
+        "2",
+        "--rows",
+        "baseline",
+        "--seeds",
+        "0",
+        "1",
+        "--runs",
+        str(tmp_path / "r"),
+    ]
+    args = study.parse_args(base)
+    records = []
+    for seed, sha in ((0, old), (1, new)):
+        cmd = study.command("baseline", seed, args, args.runs / f"baseline-{seed}")
+        records.append(
+            {
+                "row": "baseline",
+                "seed": seed,
+                "final_top1": 0.9,
+                "best_top1": 0.9,
+                "epochs": 2,
+                "steps": 10,
+                "wall_s": 5.0,
+                "gpu_time_s": 0.0,
+                "world_size": 1,
+                "time_to_90": 5.0,
+                "time_to_92": None,
+                "top1_per_epoch": [0.8, 0.9],
+                "command": " ".join(["python", "-m", *cmd[2:]]),
+                "git_sha": sha,
+            }
+        )
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"runs": records}))
+    argv = [*base, "--reuse", str(report), "--out", str(tmp_path / "out"), "--name", "n"]
+    assert study.main([*argv, "--finished-only"]) == 2  # refused, no report written
+    assert not (tmp_path / "out" / "n.json").exists()
+    named = ["--across-commits", old[:7], new[:9]]
+    assert study.main([*argv, "--finished-only", *named]) == 0
+    written = json.loads((tmp_path / "out" / "n.json").read_text())
+    assert written["code_between_runs"]["commits"] == [old, new]
+    assert "dstrain/ changed between them" in (tmp_path / "out" / "n.md").read_text()
