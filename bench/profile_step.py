@@ -50,7 +50,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.throughput import PRECISIONS, environment  # noqa: E402
+from bench.throughput import PRECISIONS, environment, twin_overrides  # noqa: E402
+from bench.throughput import bare_twin as throughput_twin  # noqa: E402
 
 # the labels a step is cut into: record_function names, each with what it holds. A label's time is
 # inclusive (nested labels are inside their parent's time); ``Optimizer.step#`` and
@@ -177,31 +178,22 @@ def parse_args() -> argparse.Namespace:
 
 # ---------------------------------------------------------------- the two loops
 def bare_twin(args, device):
-    """bench/throughput.py's bare_loop, one step per call, with labels (its loop is one function:
-    the set-up and the step below are its lines, in its order)."""
+    """bench/throughput.py's bare loop (its set-up, bare_twin there), one step per call, with labels."""
     import torch
     import torch.nn.functional as F
-    import torchvision
     from torch.profiler import record_function
 
-    torch.manual_seed(0)
-    channels_last = args.channels_last == "on"
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    model = torchvision.models.get_model(args.model, weights=None, num_classes=1000).to(
-        device, memory_format=fmt
+    compile_mode = args.compile_mode if args.compile == "on" else None
+    twin = throughput_twin(
+        args.model,
+        PRECISIONS[args.precision][2],
+        args.channels_last == "on",
+        args.batch,
+        args.image_size,
+        device,
+        compile_mode,
     )
-    # the shipped JSONs' SGD (ds_configs/bf16.json ...): nesterov momentum 0.9, weight decay 5e-5
-    opt = torch.optim.SGD(
-        model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5, nesterov=True
-    )
-    if args.compile == "on":
-        model.compile(mode=args.compile_mode)
-    autocast = PRECISIONS[args.precision][2]
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(autocast)  # None: fp32
-    scaler = torch.amp.GradScaler(device.type, enabled=autocast == "fp16")
-    x = torch.randn(args.batch, 3, args.image_size, args.image_size, device=device)
-    x = x.contiguous(memory_format=fmt)
-    y = torch.randint(0, 1000, (args.batch,), device=device)
+    model, opt, scaler, dtype, x, y = twin.model, twin.opt, twin.scaler, twin.dtype, twin.x, twin.y
 
     def step(index: int) -> None:
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
@@ -226,23 +218,18 @@ def dstrain_overrides(args, run_dir: Path, total_steps: int) -> list[str]:
     return [
         "epochs=1",
         "eval_every_epochs=1",
-        f"model.name={args.model}",
-        f"model.channels_last={str(args.channels_last == 'on').lower()}",
-        f"model.compile={str(args.compile == 'on').lower()}",
-        f"model.compile_mode={args.compile_mode}",
-        f"data.image_size={args.image_size}",
-        f"data.val_resize={args.image_size}",
+        *twin_overrides(
+            args.model,
+            args.channels_last == "on",
+            args.compile == "on",
+            args.compile_mode,
+            args.image_size,
+            args.batch,
+        ),
         "data.loader=synthetic",
         f"data.synthetic_train_size={args.batch * total_steps}",
         f"data.synthetic_val_size={args.batch}",
-        f"batch.global_size={args.batch}",
-        f"batch.micro_per_rank={args.batch}",
-        f"batch.eval_per_rank={args.batch}",
-        "optim.warmup_epochs=0",
-        "checkpoint.every_epochs=0",
-        "checkpoint.keep_last=1",
         "fault.check_disk=false",
-        "log.tensorboard=false",
         f"log.every_steps={args.log_every}",
         f"run_dir={run_dir}",
     ]

@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,21 +46,30 @@ PRECISIONS = {
 }
 
 
-def bare_loop(
+@dataclass
+class BareTwin:
+    """The plain PyTorch AMP loop's parts: model, optimizer, scaler, autocast dtype, one batch."""
+
+    model: object
+    opt: object
+    scaler: object
+    dtype: object  # torch.float16 / torch.bfloat16, or None (fp32)
+    x: object
+    y: object
+
+
+def bare_twin(
     model_name: str,
     precision: str,
     channels_last: bool,
     batch: int,
     side: int,
-    warmup: int,
-    steps: int,
     device,
     compile_mode: str | None = None,
-) -> float:
-    """images/s of the plain PyTorch AMP loop on one fixed device batch (``compile_mode``: torch.compile
-    it; the warm-up steps absorb the compilation)."""
+) -> BareTwin:
+    """The bare loop's set-up (bench/profile_step.py profiles the same): torchvision model, the
+    shipped JSONs' SGD, a GradScaler for fp16, one fixed device batch; ``compile_mode``: compiled."""
     import torch
-    import torch.nn.functional as F
     import torchvision
 
     torch.manual_seed(0)
@@ -77,6 +87,26 @@ def bare_loop(
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     x = torch.randn(batch, 3, side, side, device=device).contiguous(memory_format=fmt)
     y = torch.randint(0, 1000, (batch,), device=device)
+    return BareTwin(model, opt, scaler, dtype, x, y)
+
+
+def bare_loop(
+    model_name: str,
+    precision: str,
+    channels_last: bool,
+    batch: int,
+    side: int,
+    warmup: int,
+    steps: int,
+    device,
+    compile_mode: str | None = None,
+) -> float:
+    """images/s of the plain PyTorch AMP loop on one fixed device batch (``compile_mode``: torch.compile
+    it; the warm-up steps absorb the compilation)."""
+    import torch
+    import torch.nn.functional as F
+
+    twin = bare_twin(model_name, precision, channels_last, batch, side, device, compile_mode)
 
     def sync():
         if device.type == "cuda":
@@ -86,18 +116,41 @@ def bare_loop(
         if step == warmup:
             sync()
             t0 = time.perf_counter()
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
+        with torch.autocast(device.type, dtype=twin.dtype, enabled=twin.dtype is not None):
+            loss = F.cross_entropy(twin.model(twin.x), twin.y)
+        twin.opt.zero_grad(set_to_none=True)
+        twin.scaler.scale(loss).backward()
+        twin.scaler.step(twin.opt)
+        twin.scaler.update()
     sync()
     seconds = time.perf_counter() - t0
-    del model, opt, x, y
+    del twin, loss
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return batch * steps / seconds
+
+
+def twin_overrides(
+    model: str, channels_last: bool, compiled: bool, compile_mode: str, image_size: int, batch: int
+) -> list[str]:
+    """The trainer settings that make dstrain's run the bare twin's (model, layout, compile, image
+    size, one batch per step on one rank, no warmup) and keep it to training (no checkpoints, no
+    TensorBoard); bench/profile_step.py builds the same run."""
+    return [
+        f"model.name={model}",
+        f"model.channels_last={str(channels_last).lower()}",
+        f"model.compile={str(compiled).lower()}",
+        f"model.compile_mode={compile_mode}",
+        f"data.image_size={image_size}",
+        f"data.val_resize={image_size}",
+        f"batch.global_size={batch}",
+        f"batch.micro_per_rank={batch}",
+        f"batch.eval_per_rank={batch}",
+        "optim.warmup_epochs=0",
+        "checkpoint.every_epochs=0",
+        "checkpoint.keep_last=1",
+        "log.tensorboard=false",
+    ]
 
 
 def dstrain_run(
@@ -130,19 +183,9 @@ def dstrain_run(
         f"ds_configs/{PRECISIONS[precision][1]}",
         f"epochs={args.epochs}",
         f"eval_every_epochs={args.epochs}",
-        f"model.name={args.model}",
-        f"model.channels_last={str(channels_last).lower()}",
-        f"model.compile={str(compiled).lower()}",
-        f"model.compile_mode={args.compile_mode}",
-        f"data.image_size={args.image_size}",
-        f"data.val_resize={args.image_size}",
-        f"batch.global_size={args.batch}",
-        f"batch.micro_per_rank={args.batch}",
-        f"batch.eval_per_rank={args.batch}",
-        "optim.warmup_epochs=0",
-        "checkpoint.every_epochs=0",
-        "checkpoint.keep_last=1",
-        "log.tensorboard=false",
+        *twin_overrides(
+            args.model, channels_last, compiled, args.compile_mode, args.image_size, args.batch
+        ),
         "log.every_steps=1000",
         f"run_dir={run_dir}",
         *data,
