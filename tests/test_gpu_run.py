@@ -343,17 +343,21 @@ def test_throughput_rows_are_chosen_by_name():
         parse_row("bf16:nhwc", parser)
 
 
-def test_run_sh_gpu_status_runs_offline_and_writes_nothing(tmp_path):
-    """`./run.sh gpu --status` installs nothing and runs nothing: it reads the record."""
-    env = {**os.environ, "DSTRAIN_VENV": str(Path(sys.executable).parent.parent)}
-    proc = subprocess.run(
-        [str(REPO / "run.sh"), "gpu", "--status", "--state", str(tmp_path)],
+def run_sh_gpu(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """``./run.sh gpu ARGS`` from the repository, with this venv as the node's environment."""
+    return subprocess.run(
+        [str(REPO / "run.sh"), "gpu", *args],
         cwd=REPO,
-        env=env,
+        env={**os.environ, "DSTRAIN_VENV": str(Path(sys.executable).parent.parent), **env},
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_run_sh_gpu_status_runs_offline_and_writes_nothing(tmp_path):
+    """`./run.sh gpu --status` installs nothing and runs nothing: it reads the record."""
+    proc = run_sh_gpu("--status", "--state", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "installing" not in proc.stderr and "smoke      not run" in proc.stdout
     assert list(tmp_path.iterdir()) == []  # --status writes nothing
@@ -438,19 +442,7 @@ def test_a_ferry_job_keeps_its_part_and_the_job_with_the_wheels_installs_dali(
 
 
 def test_run_sh_gpu_receive_runs_nothing_but_the_ferry(tmp_path):
-    env = {
-        **os.environ,
-        "DSTRAIN_VENV": str(Path(sys.executable).parent.parent),
-        "DSTRAIN_GPU_HOME": str(tmp_path / "home"),
-    }
-    proc = subprocess.run(
-        [str(REPO / "run.sh"), "gpu", "--receive"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_sh_gpu("--receive", DSTRAIN_GPU_HOME=str(tmp_path / "home"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "receive: DALI:" in proc.stdout and "s on the node" in proc.stdout
     assert "[gpu] job" not in proc.stdout  # no part ran
@@ -492,6 +484,9 @@ def test_the_slot_plan_fits_13_minutes_starts_and_waits_included(tmp_path):
     assert [j["command"] for j in jobs] == ["./run.sh gpu --receive"] * 3 + [
         f"./run.sh gpu --deadline {gpu_prepare.DEADLINE_CAP_S}"
     ]
+    # no wheels installed before the ferries: the measuring job, not the last ferry, installs DALI
+    assert "install DALI" not in jobs[2]["what"] and jobs[2]["node_s"] == gpu_prepare.RECEIVE_S
+    assert "installs DALI from the kept parts" in jobs[3]["what"]
     assert jobs[-1]["device_s"] <= gpu_prepare.PLAN_S
     # DALI's part done (no test waits for it): nothing to ferry, the slot measures
     record["parts"]["dali"] = {"complete": True}

@@ -354,7 +354,8 @@ def plan(
 
     measure = [".gpu/wheels", "runs/gpu"]
     jobs = []
-    if parts and "throughput" not in done:  # the pairs first: they need no DALI
+    wheels_first = bool(parts) and "throughput" not in done  # the pairs first: they need no DALI
+    if wheels_first:
         jobs.append(
             job(
                 measure,
@@ -365,7 +366,8 @@ def plan(
             )
         )
     for n, folder in enumerate(parts, 1):
-        last = n == len(parts) and jobs  # the wheels are installed: the last part installs DALI
+        # with the wheels installed by then, the last part installs DALI; else the next measuring job
+        last = n == len(parts) and wheels_first
         jobs.append(
             job(
                 [f".gpu/{folder.name}"],
@@ -378,7 +380,7 @@ def plan(
     while True:  # measuring jobs in what is left of the plan
         spent = START_S + sum(j["transfer_s"] + j["node_s"] + GAP_S for j in jobs)
         payload = tree + small + state
-        install = 0 if any(j["carry"] == measure for j in jobs) or not parts else DALI_INSTALL_S
+        install = bool(parts) and not any(j["carry"] == measure for j in jobs)
         deadline = int(min(PLAN_S - spent - transfer(payload) - GAP_S, DEADLINE_CAP_S))
         if deadline < MIN_LAST_DEADLINE_S and any(j["carry"] == measure for j in jobs):
             break
