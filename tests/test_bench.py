@@ -815,18 +815,12 @@ def test_the_difference_rows_add_one_of_fujitsus_settings_each(tmp_path):
     assert "poly_power: 2.2" in fujitsu_recipe and "end_lr_factor: 0.0025" in fujitsu_recipe
 
 
-def test_the_study_reads_finished_runs_from_a_committed_report(tmp_path):
-    """runs/ is not committed: a new checkout continues a grid from its report (--reuse), reading
-    the recorded run instead of training it; a recorded run of another definition is refused."""
-    study = load("accuracy_study")
-    base = ["--epochs", "2", "--rows", "baseline", "--seeds", "0", "--runs", str(tmp_path / "r")]
-    args = study.parse_args(base)
-    cmd = study.command("baseline", 0, args, args.runs / "baseline-0")
-    record = {
+def recorded_baseline_run(seed: int, command: str, git_sha: str) -> dict:
+    """A finished 2-epoch baseline run as a study report records it."""
+    return {
         "row": "baseline",
-        "seed": 0,
+        "seed": seed,
         "final_top1": 0.9,
-        "final_train_top1": 0.92,
         "best_top1": 0.9,
         "epochs": 2,
         "steps": 10,
@@ -836,9 +830,22 @@ def test_the_study_reads_finished_runs_from_a_committed_report(tmp_path):
         "time_to_90": 5.0,
         "time_to_92": None,
         "top1_per_epoch": [0.8, 0.9],
+        "command": command,
+        "git_sha": git_sha,
+    }
+
+
+def test_the_study_reads_finished_runs_from_a_committed_report(tmp_path):
+    """runs/ is not committed: a new checkout continues a grid from its report (--reuse), reading
+    the recorded run instead of training it; a recorded run of another definition is refused."""
+    study = load("accuracy_study")
+    base = ["--epochs", "2", "--rows", "baseline", "--seeds", "0", "--runs", str(tmp_path / "r")]
+    args = study.parse_args(base)
+    cmd = study.command("baseline", 0, args, args.runs / "baseline-0")
+    record = {
+        **recorded_baseline_run(0, " ".join(["/elsewhere/bin/python", "-m", *cmd[2:]]), "abc"),
+        "final_train_top1": 0.92,
         "train_top1_per_epoch": [0.85, 0.92],
-        "command": " ".join(["/elsewhere/bin/python", "-m", *cmd[2:]]),
-        "git_sha": "abc",
     }
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"runs": [record]}))
@@ -975,24 +982,7 @@ def test_a_report_across_commits_that_changed_dstrain_says_so_and_is_asked_for_b
     records = []
     for seed, sha in ((0, old), (1, new)):
         cmd = study.command("baseline", seed, args, args.runs / f"baseline-{seed}")
-        records.append(
-            {
-                "row": "baseline",
-                "seed": seed,
-                "final_top1": 0.9,
-                "best_top1": 0.9,
-                "epochs": 2,
-                "steps": 10,
-                "wall_s": 5.0,
-                "gpu_time_s": 0.0,
-                "world_size": 1,
-                "time_to_90": 5.0,
-                "time_to_92": None,
-                "top1_per_epoch": [0.8, 0.9],
-                "command": " ".join(["python", "-m", *cmd[2:]]),
-                "git_sha": sha,
-            }
-        )
+        records.append(recorded_baseline_run(seed, " ".join(["python", "-m", *cmd[2:]]), sha))
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"runs": records}))
     argv = [*base, "--reuse", str(report), "--out", str(tmp_path / "out"), "--name", "n"]
