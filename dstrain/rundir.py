@@ -144,7 +144,7 @@ def write_run_files(
     (dstrain/compat.py); ``epoch``: the epochs done when this start (or restart) began."""
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
     atomic_write_text(run_dir / "ds_config.json", json.dumps(engine_cfg, indent=2) + "\n")
-    sha = git_sha()
+    sha, starts = git_sha(), earlier_starts(run_dir)
     meta = {
         "git_sha": sha,  # this start's (the last restart's); "starts" holds every one
         "world_size": world,
@@ -152,7 +152,7 @@ def write_run_files(
         **environment(),
         "command": sys.argv,
         "resume": resume,
-        "starts": [*earlier_starts(run_dir), start_record(run_dir, sha, epoch)],
+        "starts": [*starts, start_record(run_dir, sha, epoch, len(starts))],
     }
     atomic_write_text(run_dir / "meta.json", json.dumps(meta, indent=2) + "\n")
 
@@ -169,10 +169,10 @@ def earlier_starts(run_dir: Path) -> list[dict]:
     return [{"git_sha": old.get("git_sha"), "epoch": None, "diff": None}] if old else []
 
 
-def start_record(run_dir: Path, sha: str, epoch: int) -> dict:
-    """This start: the SHA, the epoch it continues from, the date, and for a tree with uncommitted
-    changes their diff, saved beside meta.json (``code-<n>.diff``): the code a -dirty run ran."""
-    n = len(earlier_starts(run_dir))
+def start_record(run_dir: Path, sha: str, epoch: int, n: int) -> dict:
+    """Start ``n`` (0: the first): the SHA, the epoch it continues from, the date, and for a tree with
+    uncommitted changes their diff, saved beside meta.json (``code-<n>.diff``): the code a -dirty
+    run ran."""
     diff = uncommitted_diff() if sha.endswith("-dirty") else ""
     name = f"code-{n}.diff" if diff else None
     if name:
