@@ -505,3 +505,27 @@ def test_the_parts_ask_only_gpu_questions_in_the_issues_order():
     assert gpu_run.PARTS == ("throughput", "dali", "tests", "micro", "smoke", "fp16")
     assert set(gpu_run.BUDGET_S) == set(gpu_run.PARTS)
     assert gpu_run.REPEATS >= 3
+
+
+@pytest.mark.parametrize("part", ["micro", "fp16"])
+def test_an_item_the_budget_stops_runs_once_more_then_is_given_up(tmp_path, monkeypatch, part):
+    """Nothing is retried forever (docs/gpu.md): an item stopped at the budget is tried in the next
+    job, and recorded as given up when the budget stops it again; the part then continues."""
+    calls = []
+
+    def stopped(self, cmd, budget, log, **kw):
+        calls.append(log)
+        return {"exit": -15, "stopped_at_budget": True, "seconds": 1.0, "command": " ".join(cmd)}
+
+    monkeypatch.setattr(gpu_run.Run, "bounded", stopped)
+    first = None
+    for job in (1, 2):
+        run = _run(tmp_path, monkeypatch)
+        record = getattr(run, part)(run.budget(300))
+        run.record["parts"][part] = record
+        run.save()
+        first = first or calls[0]
+        assert calls.count(first) == job  # the same first item, once a job
+    assert first.removesuffix(".log") in record["items"]  # given up: recorded with its exit
+    assert record["items"][first.removesuffix(".log")]["exit"] == -15
+    assert len(calls) > 2  # the part went on to its next item in the second job

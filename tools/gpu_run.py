@@ -449,29 +449,39 @@ class Run:
             else ("--precision", "bf16", "--channels-last", "on", "--compile", "off")
             + ("--steps", "20", "--warmup", "5", "--log-every", "10")
         )
+        graphs = ("--rows", *graphs_rows, "--compile-mode", "reduce-overhead")
         items = {
-            "throughput": (self.path("throughput"), ("--rows", *fp16_rows)),
-            "throughput_cudagraphs": (
-                self.path("throughput_cudagraphs"),
-                ("--rows", *graphs_rows, "--compile-mode", "reduce-overhead"),
+            "throughput": lambda out, b: self._bench_file(
+                self._throughput_cmd(out, b, "--rows", *fp16_rows), b, out, "throughput"
             ),
-            "profile_step": (self.path("profile_step"), None),
+            "throughput_cudagraphs": lambda out, b: self._bench_file(
+                self._throughput_cmd(out, b, *graphs), b, out, "throughput_cudagraphs"
+            ),
+            "profile_step": lambda out, b: self.bounded(
+                self.python("bench/profile_step.py", *profile, "--out", str(out)),
+                b,
+                "profile_step.log",
+            ),
         }
-        part = self.record["parts"].get("fp16", {})
+        return self._each_once("fp16", items, budget, minimum=60)
+
+    def _each_once(self, part_name: str, items: dict, budget: Budget, minimum: float) -> dict:
+        """A part made of items (name -> ``run(result file, budget)`` giving the row), each run once
+        in order and recorded, finished or failed, with its SHA and job. An item the budget stopped
+        (or whose bench left rows for later) runs once more in the next job, then is given up."""
+        part = self.record["parts"].get(part_name, {})
         part.setdefault("items", {})
-        for name, (out, select) in items.items():
+        cuts = part.setdefault("cuts", {})
+        for name, run in items.items():
             if name in part["items"]:
                 continue  # finished or failed in an earlier job
-            if not budget.fits(10 if self.args.tiny else 60):
+            if not budget.fits(10 if self.args.tiny else minimum):
                 part["not_run"] = f"{name}: did not fit the budget ({budget.left():.0f} s left)"
                 break
-            if select is None:
-                cmd = self.python("bench/profile_step.py", *profile, "--out", str(out))
-                row = self.bounded(cmd, budget, f"{name}.log")
-            else:
-                cmd = self._throughput_cmd(out, budget, *select)
-                row = self._bench_file(cmd, budget, out, name)
-            if row["stopped_at_budget"] or row.get("complete") is False:
+            row = run(self.path(name), budget)
+            stopped = row["stopped_at_budget"] or row.get("complete") is False
+            if stopped and cuts.get(name, 0) < 1:
+                cuts[name] = cuts.get(name, 0) + 1  # once more in the next job, then given up
                 part["not_run"] = f"{name}: stopped at the budget; the next job continues"
                 break
             part["items"][name] = {
@@ -479,11 +489,11 @@ class Run:
                 "git_sha": self.env["git_sha"],
                 "job": self.record["jobs"],
             }
-            self.record["parts"]["fp16"] = part
+            self.record["parts"][part_name] = part
             self.save()
         else:
             part.pop("not_run", None)
-        part["files"] = sorted({self.rel(o) for o, _ in items.values() if o.is_file()})
+        part["files"] = [self.rel(self.path(n)) for n in items if self.path(n).is_file()]
         part["complete"] = all(n in part["items"] for n in items)
         part["failed"] = [n for n, r in part["items"].items() if r["exit"] != 0 or r.get("failed")]
         return part
@@ -527,34 +537,13 @@ class Run:
                 *("--device", device, "--rounds", "2" if self.args.tiny else "30"),
             ],
         }
-        part = self.record["parts"].get("micro", {})
-        part.setdefault("items", {})
-        for name, cmd in items.items():
-            out = self.path(name)
-            if name in part["items"]:
-                continue  # finished or failed in an earlier job
-            if not budget.fits(10 if self.args.tiny else 40):
-                part["not_run"] = f"{name}: did not fit the budget ({budget.left():.0f} s left)"
-                break
-            row = self.bounded(self.python(*cmd, "--out", str(out)), budget, f"{name}.log")
-            cuts = part.setdefault("cuts", {})
-            if row["stopped_at_budget"] and cuts.get(name, 0) < 1:
-                cuts[name] = cuts.get(name, 0) + 1  # once more in the next job, then given up
-                part["not_run"] = f"{name}: stopped at the budget"
-                break
-            part["items"][name] = {
-                **row,
-                "git_sha": self.env["git_sha"],
-                "job": self.record["jobs"],
-            }
-            self.record["parts"]["micro"] = part
-            self.save()
-        else:
-            part.pop("not_run", None)
-        part["files"] = [self.rel(self.path(n)) for n in items if self.path(n).is_file()]
-        part["complete"] = all(n in part["items"] for n in items)
-        part["failed"] = [n for n, r in part["items"].items() if r["exit"] != 0]
-        return part
+        runs = {
+            name: lambda out, b, name=name, cmd=cmd: self.bounded(
+                self.python(*cmd, "--out", str(out)), b, f"{name}.log"
+            )
+            for name, cmd in items.items()
+        }
+        return self._each_once("micro", runs, budget, minimum=40)
 
     def dali(self, budget: Budget) -> dict:
         earlier = self.record["parts"].get("dali", {})
