@@ -40,6 +40,13 @@ Grid ``study`` (rows; K = the last 5/90 of the epochs, W = the first 40%):
   records_plus_<difference>  one of Fujitsu's differences each on lars_records (issue 39): eta0.0025,
                    m0.96, trust_decay (wd x peak LR in the trust ratio), warmup40, decay52 (poly
                    2.2 over 52/90 of the epochs to 0.25% of the peak, then held), span32
+  b128_lr<L>[_warmup|_ls|_tail|_all]   batch 128 tuned (issue 52, item 1): peak LR L per 256 images
+                   (0.1 / 0.2 / 0.4 / 0.8), plain, with a linear warmup over 5/90 of the epochs, with
+                   label smoothing 0.1, with the last K epochs un-augmented, or all three; each ends
+                   with the BN refit (its *_no_refit twin: the same run before it)
+  chosen_<change>  one change each from the chosen batch-4,096 row (issue 52, item 4): no_ls, no_tail,
+                   ramp (2,048 through the warmup, then 4,096), b8192 (LARS at 8,192), b8192_lamb
+                   (LAMB at 8,192); chosen_no_refit reads the chosen row's runs before the refit
 Every recipe row ends with the BN refit (Final Polishing) and is scored after it; derived rows read
 the same runs before the refit (``*_no_refit``), so the two polishing ablations share one LR schedule.
 Grid ``target``: the chosen row (``CHOSEN``: fujitsu_span32 with BN/bias at 0.1x the LR) at batch
@@ -238,6 +245,35 @@ def differences(epochs: int) -> dict[str, tuple[str, str, list[str]]]:
     }
 
 
+# each batch-8,192 row's peak LR: batch 4,096's until chosen on held-out images at 8,192 (issue 52;
+# MLPerf's LARS table keeps one peak LR below 16K, so 4,096's LARS LR is the first guess)
+B8192_LR = {"lars": 10.0, "lamb": 0.032}
+
+
+def ablation(epochs: int) -> dict[str, tuple[str, str, list[str]]]:
+    """What each technique of the seeds earns at the large batch (issue 52, item 4): one change per
+    row from the chosen batch-4,096 row (``CHOSEN``); its BN refit is read from the chosen row's own
+    runs (``chosen_no_refit``, a derived row). The batch ramp is Mikami's batch-size control: half
+    the batch through the warmup, then 4,096 (the LR, lr_scaling none, does not change with it)."""
+    recipe, stem, base = brakes(epochs)[CHOSEN]
+    b8192 = ["batch.global_size=8192"]
+    return {
+        "chosen_no_ls": (recipe, stem, [*base, "optim.label_smoothing=0"]),
+        "chosen_no_tail": (recipe, stem, [*base, "polish.last_epochs_without_augmentation=0"]),
+        "chosen_ramp": (
+            recipe,
+            stem,
+            [*base, "batch.global_size=2048", f"batch.ramp=[[{round(0.4 * epochs)},4096]]"],
+        ),
+        "chosen_b8192": (recipe, stem, [*base, *b8192, f"optim.base_lr={B8192_LR['lars']:g}"]),
+        "chosen_b8192_lamb": (
+            recipe,
+            "lamb",
+            [*base, *b8192, f"optim.base_lr={B8192_LR['lamb']:g}"],
+        ),
+    }
+
+
 # batch 128's peak LR per 256 images tried on held-out images (issue 52: the baseline gets a tuning
 # budget of the kind the large batch had); 0.4 is the default recipe's, the untuned baseline's
 BASELINE_LRS = (0.1, 0.2, 0.4, 0.8)
@@ -299,6 +335,7 @@ def grid_rows(grid: str, epochs: int) -> dict[str, tuple[str, str, list[str]]]:
         **brakes(epochs),
         **differences(epochs),
         **baseline_tuning(epochs),
+        **ablation(epochs),
     }
 
 
@@ -307,25 +344,51 @@ DERIVED = {
     "fujitsu_span32_no_refit": "fujitsu_span32",
     "fujitsu_span32_no_last_k_no_refit": "fujitsu_span32_no_last_k",
     "lars_no_refit": "lars",
+    "chosen_no_refit": CHOSEN,
     **{f"{row}_no_refit": row for row in baseline_tuning(90)},  # row names do not vary with epochs
 }
+
+
+def derived_json(stem: str, precision: str) -> dict:
+    """A study JSON (``DERIVED_JSON``): its shipped base with some optimizer parameters changed."""
+    base, params = DERIVED_JSON[stem]
+    raw = json.loads((REPO / json_for(base, precision)).read_text())
+    raw["optimizer"]["params"].update(params)
+    raw["_comment"] = f"{json_for(base, precision)} with {params} (bench/accuracy_study.py)"
+    return raw
 
 
 def json_for(stem: str, precision: str, runs: Path | None = None) -> str:
     """The DeepSpeed JSON of a row: a shipped one, or (DERIVED_JSON) a copy of one with some
     optimizer parameters changed, written once under ``runs``."""
     if stem in DERIVED_JSON:
-        base, params = DERIVED_JSON[stem]
-        raw = json.loads((REPO / json_for(base, precision)).read_text())
-        raw["optimizer"]["params"].update(params)
-        raw["_comment"] = f"{json_for(base, precision)} with {params} (bench/accuracy_study.py)"
         out = (runs or REPO / "runs/accuracy_study") / f"{stem}_{precision}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(raw, indent=2) + "\n")
+        out.write_text(json.dumps(derived_json(stem, precision), indent=2) + "\n")
         return str(out)
     return (
         f"ds_configs/{precision}.json" if stem == "fp32" else f"ds_configs/{stem}_{precision}.json"
     )
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def json_settings(path: str) -> dict:
+    """What a run's DeepSpeed JSON sets (its ``_comment`` left out), for telling runs apart by what
+    they ran, not by a file name: read from the file, or, for a study JSON a new checkout lacks
+    (written under runs/), derived again from its shipped base by its name; ``{"missing": name}``
+    when neither can be."""
+    file = Path(path) if Path(path).is_absolute() else REPO / path
+    derivable = {f"{stem}_{p}.json": (stem, p) for stem in DERIVED_JSON for p in PRECISIONS}
+    if file.is_file():
+        raw = json.loads(file.read_text())
+    elif file.name in derivable:
+        raw = derived_json(*derivable[file.name])
+    else:
+        return {"missing": file.name}
+    raw.pop("_comment", None)
+    return raw
 
 
 def command(row: str, seed: int, args, run_dir: Path) -> list[str]:
@@ -370,10 +433,12 @@ def trainer_args(cmd: list[str]) -> list[str]:
     return [a for a in cmd[start + 1 :] if not a.startswith(LOCATIONS)]
 
 
-def definition(trainer_argv: list[str]) -> dict:
-    """What a run is, whatever words its command used: the DeepSpeed JSON's file name and the
-    config the trainer builds from the recipe and the overrides (a later key=value wins, a value
-    equal to the recipe's is no change), without the locations (``LOCATIONS``)."""
+def definition(trainer_argv: list[str], ds_settings: dict | None = None) -> dict:
+    """What a run is, whatever words its command used: what its DeepSpeed JSON sets
+    (:func:`json_settings`, or ``ds_settings`` as a report recorded them when the run ended) and
+    the config the trainer builds from the recipe and the overrides (a later key=value wins, a
+    value equal to the recipe's is no change), without the locations (``LOCATIONS``) and the
+    recipe's default JSON path (the JSON the run was given is compared by content)."""
     from omegaconf import OmegaConf
 
     from dstrain.config import load_config
@@ -383,20 +448,25 @@ def definition(trainer_argv: list[str]) -> dict:
         if arg == "--config":
             recipe = next(rest)
         elif arg == "--deepspeed_config":
-            ds_json = Path(next(rest)).name  # derived JSONs are named by what they change
+            ds_json = next(rest)
         elif not arg.startswith(LOCATIONS):
             overrides.append(arg)
     config = OmegaConf.to_container(load_config(recipe, overrides))
     config.pop("run_dir")
     config["data"].pop("root")
-    return {"deepspeed_config": ds_json, **config}
+    recipe_json = config.pop("deepspeed_config")
+    if ds_settings is None:
+        ds_settings = json_settings(ds_json or recipe_json)
+    return {"deepspeed_config": ds_settings, **config}
 
 
-def _definition_or_none(recorded_command: str) -> dict | None:
+def _definition_or_none(record: dict) -> dict | None:
     from dstrain.config import ConfigError
 
     try:
-        return definition(trainer_args(shlex.split(recorded_command)))
+        return definition(
+            trainer_args(shlex.split(record["command"])), record.get("deepspeed_settings")
+        )
     except ConfigError:  # a recipe or key that no longer exists: not the same run
         return None
 
@@ -411,13 +481,13 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def _changes(old: list[str], new: list[str]) -> str | None:
-    """``key: old -> new, ...`` between the runs two trainer argument lists define, or None when
-    they define the same run."""
+def _changes(old: list[str], new: list[str], old_settings: dict | None = None) -> str | None:
+    """``key: old -> new, ...`` between the runs two trainer argument lists define (``old``'s JSON
+    as recorded, ``old_settings``, when given), or None when they define the same run."""
     from dstrain.config import ConfigError
 
     try:
-        before = _flat(definition(old))
+        before = _flat(definition(old, old_settings))
     except ConfigError as err:
         return f"its settings no longer load: {err}"
     after = _flat(definition(new))
@@ -468,7 +538,9 @@ def reported_runs(reports: list[str], jobs, args) -> tuple[dict, str | None]:
         for report, rec in recorded:
             if rec.get("row") != row or rec.get("seed") != seed:
                 continue
-            changes = _changes(trainer_args(shlex.split(rec["command"])), new)
+            changes = _changes(
+                trainer_args(shlex.split(rec["command"])), new, rec.get("deepspeed_settings")
+            )
             if changes is not None:
                 return {}, (
                     f"--reuse {report}: {row} seed {seed} was recorded with other settings "
@@ -482,9 +554,10 @@ def reported_runs(reports: list[str], jobs, args) -> tuple[dict, str | None]:
             for report, rec in recorded:
                 if rec.get("seed") != seed:
                     continue
-                if rec["command"] not in theirs:
-                    theirs[rec["command"]] = _definition_or_none(rec["command"])
-                if mine == theirs[rec["command"]]:
+                key = rec["command"] + json.dumps(rec.get("deepspeed_settings"))
+                if key not in theirs:
+                    theirs[key] = _definition_or_none(rec)
+                if mine == theirs[key]:
                     same = f"{report}: {rec['row']} seed {seed}"
                     found[row, seed] = {**rec, "row": row, "same_run_as": same}
                     break
@@ -535,6 +608,11 @@ def epochs_to(top1_per_epoch: list[float | None], target: float) -> int | None:
     return None
 
 
+def _arg_after(command: str, flag: str) -> str:
+    words = shlex.split(command)
+    return words[words.index(flag) + 1]
+
+
 def run_record(row: str, seed: int, s: dict) -> dict:
     hist = s["history"]
     final = s["polish"]["after"]["val_top1"] if "polish" in s else s["final_top1"]
@@ -556,6 +634,9 @@ def run_record(row: str, seed: int, s: dict) -> dict:
         "top1_per_epoch": [h.get("val_top1") for h in hist],
         "train_top1_per_epoch": [h.get("train_top1") for h in hist],
         "command": s["command"],
+        # what the JSON set when the run was reported: a later report compares by it (a derived
+        # JSON under runs/ is gone in a new checkout, a shipped one may have changed)
+        "deepspeed_settings": json_settings(_arg_after(s["command"], "--deepspeed_config")),
         "git_sha": s.get("git_sha"),
         **({"before_polish": s["polish"]["before"]["val_top1"]} if "polish" in s else {}),
     }
@@ -972,7 +1053,7 @@ def goal_lines(
     large = {
         row: statistics.mean(100 * r["final_top1"] for r in records if r["row"] == row)
         for row in {r["row"] for r in records}
-        if row not in ("baseline", "naive_4096", "goyal_4096")
+        if row not in ("baseline", "naive_4096", "goyal_4096") and not row.startswith("b128_")
     }
     if not base or not large:
         return ["Goal (batch 4,096 within 0.3 pt of batch 128): not measurable from these rows."]

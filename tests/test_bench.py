@@ -891,6 +891,83 @@ def test_a_recorded_run_counts_for_any_row_that_defines_the_same_run(tmp_path):
     assert study.reported_runs([str(report)], jobs, target) == ({}, None)
 
 
+def test_runs_are_the_same_only_where_their_deepspeed_json_sets_the_same(tmp_path):
+    """Issue 53, item 5: the study told runs apart by the JSON's file name (and the recipe's
+    default path overwrote even that), so a run made with another bn_bias_lr_factor, or with LAMB
+    instead of LARS, counted as the chosen row's. Now what the JSON sets is compared: as the report
+    recorded it when the run ended, else as the file (or a study JSON derived again) sets it now."""
+    study = load("accuracy_study")
+    args = study.parse_args(["--epochs", "90", "--seeds", "0", "--runs", str(tmp_path / "r")])
+    run_dir = tmp_path / "r" / f"{study.CHOSEN}-0"
+    cmd = study.command(study.CHOSEN, 0, args, run_dir)
+    settings = study.json_settings(cmd[cmd.index("--deepspeed_config") + 1])
+    assert settings["optimizer"]["params"]["bn_bias_lr_factor"] == 0.1
+    assert "_comment" not in settings
+    # another JSON under the same words: LAMB given where the row has LARS
+    lamb = [*cmd[:]]
+    lamb[lamb.index("--deepspeed_config") + 1] = "ds_configs/lamb_fp32.json"
+    changes = study._changes(study.trainer_args(lamb), study.trainer_args(cmd))
+    assert changes and "deepspeed_config.optimizer.type: Lamb -> LARS" in changes
+    # a recorded run whose JSON set another bn_bias_lr_factor, reported under the same command
+    other = {**settings, "optimizer": {**settings["optimizer"]}}
+    other["optimizer"]["params"] = {**settings["optimizer"]["params"], "bn_bias_lr_factor": 0.2}
+    record = {"row": study.CHOSEN, "seed": 0, "final_top1": 0.92, "command": shlex.join(cmd)}
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"runs": [{**record, "deepspeed_settings": other}]}))
+    reported, why = study.reported_runs([str(report)], [(study.CHOSEN, 0)], args)
+    assert not reported and "bn_bias_lr_factor: 0.2 -> 0.1" in why, why
+    # the same settings recorded, or none recorded and the JSON derived again: the same run
+    report.write_text(json.dumps({"runs": [{**record, "deepspeed_settings": settings}]}))
+    assert study.reported_runs([str(report)], [(study.CHOSEN, 0)], args)[1] is None
+    gone = record["command"].replace(str(tmp_path / "r"), "/a/new/checkout/runs")
+    report.write_text(json.dumps({"runs": [{**record, "command": gone}]}))
+    reported, why = study.reported_runs([str(report)], [(study.CHOSEN, 0)], args)
+    assert why is None and list(reported) == [(study.CHOSEN, 0)]
+    # another row's run with another JSON does not count for this one (the LAMB row at 8,192 is
+    # not the LARS row at 8,192 although both set the batch and an LR)
+    rows = study.grid_rows("study", 90)
+    assert rows["chosen_b8192"][2][:-1] == rows["chosen_b8192_lamb"][2][:-1]
+    lamb_cmd = study.command("chosen_b8192_lamb", 0, args, tmp_path / "r" / "l-0")
+    lamb_cmd[-1:] = [f"optim.base_lr={study.B8192_LR['lars']:g}"]  # the same words but the JSON
+    report.write_text(json.dumps({"runs": [{**record, "command": shlex.join(lamb_cmd)}]}))
+    assert study.reported_runs([str(report)], [("chosen_b8192", 0)], args) == ({}, None)
+
+
+def test_the_ablation_and_baseline_tuning_rows_change_what_they_name(tmp_path):
+    """Issue 52: each ablation row is the chosen batch-4,096 row with one technique changed, and
+    each batch-128 tuning row the baseline with its LR, warmup or techniques (the BN refit on in
+    all of them, so each row's *_no_refit twin is the row without it)."""
+    study = load("accuracy_study")
+    args = study.parse_args(["--epochs", "90", "--seeds", "0", "--runs", str(tmp_path)])
+
+    def changes(row: str, against: str) -> str | None:
+        argv = [study.trainer_args(study.command(r, 0, args, tmp_path / r)) for r in (against, row)]
+        return study._changes(*argv)
+
+    assert changes("chosen_no_ls", study.CHOSEN) == "optim.label_smoothing: 0.1 -> 0.0"
+    assert changes("chosen_no_tail", study.CHOSEN) == (
+        "polish.last_epochs_without_augmentation: 5 -> 0"
+    )
+    assert changes("chosen_ramp", study.CHOSEN) == (
+        "batch.global_size: 4096 -> 2048, batch.ramp: [] -> [[36, 4096]]"
+    )
+    assert changes("chosen_b8192", study.CHOSEN) == "batch.global_size: 4096 -> 8192"
+    lamb = changes("chosen_b8192_lamb", "chosen_b8192")
+    assert "deepspeed_config.optimizer.type: LARS -> Lamb" in lamb and "optim.base_lr: 10" in lamb
+    assert study.DERIVED["chosen_no_refit"] == study.CHOSEN
+    assert changes("b128_lr0.4", "baseline") == "polish.enabled: False -> True"
+    assert changes("b128_lr0.1", "b128_lr0.4") == "optim.base_lr: 0.4 -> 0.1"
+    assert changes("b128_lr0.8_ls", "b128_lr0.8") == "optim.label_smoothing: 0.0 -> 0.1"
+    assert changes("b128_lr0.2_tail", "b128_lr0.2") == (
+        "polish.last_epochs_without_augmentation: 0 -> 5"
+    )
+    warm = changes("b128_lr0.4_warmup", "b128_lr0.4")
+    assert warm == "optim.warmup_epochs: 0.0 -> 5.0"  # linear, the recipe's shape already
+    everything = changes("b128_lr0.4_all", "b128_lr0.4")
+    assert everything.count(":") == 3, everything
+    assert all(f"{row}_no_refit" in study.DERIVED for row in study.baseline_tuning(90))
+
+
 def test_evidence_table_refuses_pytest_xdist_workers(tmp_path):
     """--evidence gathers every test's row in one process: on workers each would write only its
     own rows over the others', so pytest stops with one line naming the fix and writes nothing."""
