@@ -78,9 +78,26 @@ def checkpoint_bytes(model: torch.nn.Module, precision: str) -> int:
     return params * (4 if precision in ("fp16", "bf16") else 3) + buffers
 
 
-def create(path: Path, checkpoint_size: int = 0) -> None:
-    """Create the run directory and check it is writable with room for two checkpoints (the previous one
-    stays until the next is complete), before training starts. A failure removes what it created."""
+def disk_shortfall(path: Path, checkpoint_size: int) -> str | None:
+    """Why ``path``'s file system (its nearest existing folder's) cannot hold two checkpoints of
+    ``checkpoint_size`` bytes plus logs (the previous checkpoint stays until the next is complete),
+    or None. A start-up check (dstrain/startup.py): the run and ``--check`` refuse alike."""
+    where = next((p for p in (path.absolute(), *path.absolute().parents) if p.exists()), Path("/"))
+    free = shutil.disk_usage(where).free
+    need = 2 * checkpoint_size + 16 * 2**20  # + logs and TensorBoard events
+    if free >= need:
+        return None
+    return (
+        f"run_dir={str(path)!r}: {free / 2**20:.1f} MiB free on its file system, but two "
+        f"checkpoints of ~{checkpoint_size / 2**20:.1f} MiB plus logs need "
+        f"{need / 2**20:.0f} MiB; free space or choose another run_dir "
+        "(fault.check_disk=false skips this check)"
+    )
+
+
+def create(path: Path) -> None:
+    """Create the run directory and check it is writable, before training starts (its room was
+    checked at start-up: :func:`disk_shortfall`). A failure removes what it created."""
     error = ""
     if dist.is_main():
         if failed_start(path) is not None:  # nothing in it can be continued: start from empty
@@ -91,16 +108,6 @@ def create(path: Path, checkpoint_size: int = 0) -> None:
             probe = path / ".write_probe"
             probe.write_text("ok")
             probe.unlink()
-            free = shutil.disk_usage(path).free
-            # + logs and TensorBoard events
-            need = 2 * checkpoint_size + 16 * 2**20 if checkpoint_size else 0
-            if free < need:
-                error = (
-                    f"run_dir={str(path)!r}: {free / 2**20:.1f} MiB free on its file system, but two "
-                    f"checkpoints of ~{checkpoint_size / 2**20:.1f} MiB plus logs need "
-                    f"{need / 2**20:.0f} MiB; free space or choose another run_dir "
-                    "(fault.check_disk=false skips this check)"
-                )
         except OSError as err:
             error = f"run_dir={str(path)!r}: not writable ({err.strerror}); choose another run_dir"
         if error and created:

@@ -7,11 +7,17 @@ for the job it is asked about; :func:`stage_lines` is the batch plan both print.
 1. the run directory: a file, a used directory without ``resume=auto``, a foreign one, or one that
    cannot be created is refused (:func:`dstrain.rundir.choose`);
 2. with ``resume=auto``, a checkpoint this config cannot continue (dstrain/compat.py);
-3. the precision on the device (bf16 weight casts with BatchNorm on a CPU);
+3. the model, built once: what the precision needs of the device (bf16 weight casts with
+   BatchNorm on a CPU), the optimizer's arguments (built on it once: what torch or our optimizers
+   refuse, e.g. nesterov without momentum), room on the run directory's file system for two
+   checkpoints of it (``fault.check_disk``);
 4. the data: the loader, its files and image counts (dstrain/data: a missing root, an empty or
-   corrupt shard index...), and at least one global batch of training images at every stage.
+   corrupt shard index...), at least one global batch of training images at every stage, and
+   with ``polish.enabled`` a polish set the BN refit can use (2 images or more).
 
-Nothing here writes a file or starts a process group.
+Nothing here writes a file or starts a process group. Every refusal of input the run makes is
+made here or before (dstrain/plan.py), so ``--check`` and the run give the same line; what only
+reading the data finds (a corrupt image inside a file) is the exception.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dstrain.components import check_precision
 from dstrain.data import ImageCounts, count_images
 from dstrain.errors import ConfigError
 from dstrain.models import model_from_config
+from dstrain.optim import build_optimizer
 from dstrain.plan import Plan
 from dstrain.ramp import batch_at
 from dstrain.schedule import LRSchedule
@@ -61,9 +68,16 @@ def check(plan: Plan, device: torch.device) -> Start:
     if not run_dir.exists():
         check_creatable(run_dir)
     use = run_dir_use(run_dir, tag)
-    check_precision(plan.spec.precision, device, model_from_config(cfg.model), plan.spec.path)
+    model = model_from_config(cfg.model)
+    check_precision(plan.spec.precision, device, model, plan.spec.path)
+    build_optimizer(model, plan.spec.optimizer)  # its arguments refused now, not at build time
+    if cfg.fault.check_disk:
+        short = rundir.disk_shortfall(run_dir, rundir.checkpoint_bytes(model, plan.spec.precision))
+        if short:
+            raise ConfigError(short)
     images = count_images(cfg.data, cfg.model.num_classes)
     check_images(plan, images.n_train)
+    check_polish_set(plan, images.n_train)
     return Start(run_dir, tag, images, use)
 
 
@@ -108,6 +122,38 @@ def check_images(plan: Plan, n_train: int) -> None:
             f"data: {n_train} training images is less than one global batch ({asks}); "
             f"lower {key} or use more data"
         )
+
+
+def polish_images(plan: Plan, n_train: int) -> int:
+    """How many training images the BN refit will see over all ranks: ``polish.images`` (or
+    ``polish.batches`` batches) of the training set, cut into whole batches of
+    ``polish.batch_per_rank`` (0: the last micro batch), a short last batch dropped unless it is
+    the only one (dstrain/data/sharding.py: polish_batches)."""
+    settings = plan.cfg.polish
+    batch = settings.batch_per_rank or plan.stages[-1].micro
+    limit = settings.batches * batch * plan.world if settings.batches else settings.images
+    size = min(limit or n_train, n_train)
+    return size if size <= batch else size // batch * batch
+
+
+def check_polish_set(plan: Plan, n_train: int) -> None:
+    """polish.enabled: a BN refit estimates a variance per channel, so it needs 2 images or more
+    (found here, not after the last epoch)."""
+    if not plan.cfg.polish.enabled:
+        return
+    n = polish_images(plan, n_train)
+    if n >= 2:
+        return
+    settings = plan.cfg.polish
+    asked = (
+        f"polish.batches={settings.batches}"
+        if settings.batches
+        else f"polish.images={settings.images}"
+    )
+    raise ConfigError(
+        f"{asked}: the polish set holds {n} training image(s); the BN refit needs at least 2. "
+        "Raise it (polish.images=0 takes the whole training set) or set polish.enabled=false"
+    )
 
 
 def stage_lines(plan: Plan, n_train: int, schedule: LRSchedule) -> list[str]:

@@ -82,10 +82,7 @@ def build_trainer(
     engine, optimizer, grad_sync = build_engine(plan, parts, engine_cfg)
     # every group gets the timeout, also those DeepSpeed and comm.py made
     dist.set_timeout_everywhere(cfg.fault.collective_timeout_s)
-    rundir.create(
-        run_dir,
-        rundir.checkpoint_bytes(engine.module, spec.precision) if cfg.fault.check_disk else 0,
-    )
+    rundir.create(run_dir)
     # only now: a config or data error above leaves nothing behind
     root = run_dir / rundir.CHECKPOINTS
     state, last_checkpoint = resume(engine, root, start.resume_tag)

@@ -19,10 +19,21 @@ import traceback
 
 
 def refuse(args: list[str]) -> dict:
-    """``python -m dstrain *args`` in this process: its exit status and output."""
+    """``python -m dstrain *args`` in this process: its exit status and output, and whether the
+    start-up checks (dstrain/startup.py) had passed before it ended (``after_startup``): a refusal
+    of input made after them is one ``--check`` cannot make (issue 53's fence)."""
+    from dstrain import startup
     from dstrain.main import main
 
-    captured = {}
+    captured = {"after_startup": False}
+    check = startup.check
+
+    def fenced(*a, **kw):
+        start = check(*a, **kw)
+        captured["after_startup"] = True
+        return start
+
+    startup.check = fenced
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         saved = {fd: os.dup(fd) for fd in (1, 2)}
         sys.stdout.flush(), sys.stderr.flush()
@@ -37,6 +48,7 @@ def refuse(args: list[str]) -> dict:
                 code = 1
             sys.stdout.flush(), sys.stderr.flush()
         finally:
+            startup.check = check
             for fd, copy in saved.items():
                 os.dup2(copy, fd)
                 os.close(copy)

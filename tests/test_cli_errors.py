@@ -24,6 +24,7 @@ JSON_FILES = {
     "shampoo": '{"optimizer": {"type": "Shampoo", "params": {"lr": 0.1}}}',
     "negative_lr": '{"optimizer": {"type": "SGD", "params": {"lr": -0.1, "momentum": 0.9}}}',
     "momentum": '{"optimizer": {"type": "LARS", "params": {"lr": 1.0, "momentum": 1.5}}}',
+    "nesterov": '{"optimizer": {"type": "SGD", "params": {"lr": 0.1, "nesterov": true}}}',
     "zero_comm": '{"zero_optimization": {"stage": 1}, "dstrain_communication": {"compression": "sign"}}',
     "typo_key": '{"gradient_cliping": 1.0}',
     "clip_auto": '{"gradient_clipping": "auto"}',
@@ -118,6 +119,18 @@ CASES = [
         "unknown key 'fp16.loss_scale_windw'",
     ),
     ("config", "negative LR (trainer)", ["optim.base_lr=-0.1"], "optim.base_lr=-0.1: must be >= 0"),
+    (  # was: passed --check, refused once the run built the optimizer (issue 53)
+        "config",
+        "nesterov without momentum",
+        [JSON, "{nesterov}"],
+        "nesterov.json: optimizer.params for SGD: Nesterov momentum requires a momentum",
+    ),
+    (  # was: passed --check, trained every epoch, then a ValueError traceback (issue 53)
+        "config",
+        "a polish set of one image",
+        ["polish.enabled=true", "polish.images=1"],
+        "polish.images=1: the polish set holds 1 training image(s); the BN refit needs at least 2",
+    ),
     (
         "config",
         "negative LR (JSON)",
@@ -313,6 +326,8 @@ def test_bad_input_gives_one_clear_line(kind, name, extra, expected, refused, ev
     line = check_one_clear_line(proc, expected)
     assert not (tmp / "run").exists(), "a failed start must not create the run directory"
     assert tree_digest(tmp) == before, "a failed start must not write anything"
+    # the fence: refused inside the start-up list, never once it has passed (the run's build)
+    assert not proc.after_startup, f"{name}: refused after the start-up checks passed"
     capfd.readouterr()
     assert main([*args, "--check", "--device", "cpu"]) == 2
     checked = [e for e in capfd.readouterr().err.splitlines() if e.startswith("dstrain: error:")]

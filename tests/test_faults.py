@@ -450,6 +450,13 @@ def test_an_unusable_run_dir_is_refused_before_training(
     assert expected in line and "Traceback" not in proc.stderr
     assert "epoch 1/3 step" not in proc.stdout  # before training
     assert left_on_tmpfs(proc.stdout) == []
+    # --check refuses with the run's own line (issue 53: the disk check was the run's only)
+    checked = in_private_mount(
+        options,
+        mnt,
+        [sys.executable, "-m", "dstrain", *common(fake_fmnist, f"run_dir={mnt}/run"), "--check"],
+    )
+    assert checked.returncode == 2 and user_lines(checked.stderr) == line, checked.stderr[-2000:]
     evidence("fault: disk", f"run_dir on a {case}", exit=2, seen=line, disk="nothing written")
 
 
