@@ -45,7 +45,7 @@ def main() -> int:
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=1000)
     spec = ds_config.load(REPO / "ds_configs/bf16.json")
-    optimizer = build_optimizer(model, spec.optimizer)
+    optimizer = build_optimizer(model, spec.optimizer, 0.1)  # Goyal's SGD LR
     engine, *_ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=spec.engine_config(args.batch, 1, 1)
     )

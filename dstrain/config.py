@@ -160,11 +160,11 @@ class BatchConfig:
 @dataclass
 class OptimConfig:
     base_lr: float = setting(
-        0.0, "LR per lr_reference_batch images; 0 = optimizer.params.lr of the DeepSpeed JSON (LR)"
+        0.1,
+        "the LR per lr_reference_batch images (0.1: Goyal's SGD), scaled to the global batch and "
+        "scheduled; its one home: a DeepSpeed JSON that sets optimizer.params.lr is refused (LR)",
     )
-    lr_reference_batch: int = setting(
-        256, "the JSON optimizer lr is the LR for this global batch (images)"
-    )
+    lr_reference_batch: int = setting(256, "optim.base_lr is the LR for this global batch (images)")
     lr_scaling: Literal["linear", "sqrt", "none"] = setting(
         "linear", "peak LR from the batch: linear (lr*B/ref) | sqrt (lr*sqrt(B/ref)) | none"
     )
@@ -571,8 +571,8 @@ def _batch_rules(cfg: TrainConfig, world_size: int) -> Rules:
 def _optim_rules(cfg: TrainConfig, world_size: int) -> Rules:
     optim = cfg.optim
     yield (
-        optim.base_lr >= 0,
-        f"optim.base_lr={optim.base_lr}: must be >= 0 (0 = take the JSON's optimizer lr)",
+        optim.base_lr > 0,
+        f"optim.base_lr={optim.base_lr}: must be > 0 (the LR per optim.lr_reference_batch images)",
     )
     yield (
         optim.lr_reference_batch >= 1,

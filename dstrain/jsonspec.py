@@ -7,8 +7,8 @@ A block the code then uses as an object is declared as a dataclass whose fields 
 :func:`read_block` returns a typed copy of the block or raises one :class:`ConfigError` line that names
 the file and the full key path::
 
-    ds_configs/x.json: optimizer.params.lr must be a number, got "0.1"
-    ds_configs/x.json: optimizer.params.lr=-0.1: must be > 0 (the LR per optim.lr_reference_batch images)
+    ds_configs/x.json: optimizer.params.momentum must be a number, got "0.9"
+    ds_configs/x.json: optimizer.params.trust_coefficient=0: must be > 0
     ds_configs/x.json: unknown key 'torch_autocast.enabeld' (DeepSpeed would ignore it). Did you mean 'enabled'?
 
 Keys starting with ``_`` are documentation (``"_comment"``) and are dropped. JSON has no separate

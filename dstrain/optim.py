@@ -198,7 +198,6 @@ def fused_lamb_groups(groups: list[dict]) -> list[dict]:
     return out
 
 
-LR = jsonspec.positive("the LR per optim.lr_reference_batch images")
 BETAS = jsonspec.Value(
     "pair", lambda b: all(0 <= x < 1 for x in b), "must be [beta1, beta2], each in [0, 1)"
 )
@@ -211,7 +210,6 @@ NUMBER, FRACTION, BOOL = jsonspec.non_negative(), jsonspec.fraction(), jsonspec.
 # BN/bias); the builders get the rest.
 @dataclass(frozen=True)
 class Common:
-    lr: float = S(help="the LR per optim.lr_reference_batch images", json=LR)
     weight_decay: float = S(0.0, "L2 weight decay of conv/FC weights", json=NUMBER)
     exclude_bn_bias: bool = S(
         True, "tensors with ndim <= 1 (BN, biases): no weight decay, no trust ratio", json=BOOL
@@ -298,7 +296,12 @@ OPTIMIZERS = {
 }
 BLOCK_KEYS = ("type", "params")  # what the "optimizer" block holds
 REMOVED_1BIT = {"onebitadam", "onebitlamb", "zerooneadam"}
-DEFAULT_BLOCK = {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-5}}
+DEFAULT_BLOCK = {"type": "SGD", "params": {"momentum": 0.9, "weight_decay": 5e-5}}
+# the LR has one home, the trainer config (optim.base_lr): a JSON that sets it too is refused
+LR_HOME = (
+    "the LR has one home, the trainer config's optim.base_lr (the LR per optim.lr_reference_batch "
+    "images, which the trainer scales and schedules)"
+)
 
 
 @dataclass(frozen=True)
@@ -307,16 +310,11 @@ class OptimizerSpec:
 
     kind: str  # key of OPTIMIZERS: the JSON "type", lower-cased
     name: str  # the JSON "type" as written, for messages
-    params: dict = field(default_factory=dict)  # builder keyword arguments, "lr" included
+    params: dict = field(default_factory=dict)  # builder keyword arguments (the LR is the config's)
     exclude_bn_bias: bool = (
         True  # tensors with ndim <= 1 get no weight decay (and no layer-wise trust ratio)
     )
     source: str = "optimizer"  # the JSON file, for messages
-
-    @property
-    def lr(self) -> float:
-        """The LR per optim.lr_reference_batch images."""
-        return float(self.params["lr"])
 
     @property
     def layerwise(self) -> bool:
@@ -350,9 +348,11 @@ def parse_spec(block: dict | None, source: str = "optimizer") -> OptimizerSpec:
             f"use one of {', '.join(sorted(OPTIMIZERS))} (case-insensitive)"
         )
     given = block.get("params", {})
-    if isinstance(given, dict) and "lr" not in given:
+    if isinstance(given, dict) and "lr" in given:
         raise ConfigError(
-            f"{source}: optimizer.params.lr is missing (the LR per optim.lr_reference_batch images)"
+            f"{source}: optimizer.params.lr={given['lr']!r}: {LR_HOME}; delete lr from this file "
+            f"and set optim.base_lr in the recipe or on the command line (e.g. "
+            f"optim.base_lr={given['lr']})"
         )
     typed = jsonspec.read_into(
         OPTIMIZERS[kind].params,
@@ -366,8 +366,11 @@ def parse_spec(block: dict | None, source: str = "optimizer") -> OptimizerSpec:
     return OptimizerSpec(kind, name, params, exclude, source)
 
 
-def build_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.Optimizer:
-    """The client optimizer for ``model``: parameter groups by shape, then the spec's builder."""
+def build_optimizer(
+    model: torch.nn.Module, spec: OptimizerSpec, lr: float
+) -> torch.optim.Optimizer:
+    """The client optimizer for ``model``: parameter groups by shape, then the spec's builder, at
+    ``lr`` (the schedule sets each step's LR; this is the one before the first)."""
     params = dict(spec.params)
     groups = param_groups(
         model,
@@ -377,7 +380,7 @@ def build_optimizer(model: torch.nn.Module, spec: OptimizerSpec) -> torch.optim.
         bn_bias_lr_factor=params.pop("bn_bias_lr_factor"),
     )
     try:
-        return OPTIMIZERS[spec.kind].build(groups, **params)
+        return OPTIMIZERS[spec.kind].build(groups, lr=lr, **params)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{spec.source}: optimizer.params for {spec.name}: {err}") from None
 

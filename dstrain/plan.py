@@ -15,6 +15,7 @@ from dstrain import comm, dist, ds_config, mlperf
 from dstrain.config import TrainConfig, validate
 from dstrain.errors import ConfigError
 from dstrain.ramp import BatchStage, batch_plan
+from dstrain.schedule import LRSchedule
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Plan:
     spec: ds_config.DeepSpeedSpec
     stages: list[BatchStage]  # the batch-size ramp
     world: int
+    schedule: LRSchedule  # the LR per step, from optim.base_lr (the LR's one home)
 
 
 def prepare(
@@ -51,4 +53,4 @@ def prepare(
         )
     if spec.comm is not None and spec.comm.config.mode == "torus2d":
         comm.grid_for(world, spec.comm.config.grid)  # a grid that does not fit the world fails here
-    return Plan(cfg, spec, stages, world)
+    return Plan(cfg, spec, stages, world, LRSchedule.from_config(cfg.optim, cfg.epochs))

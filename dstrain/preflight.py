@@ -24,14 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from dstrain import mlperf, startup
+from dstrain import startup
 from dstrain.config import TrainConfig, validate
-from dstrain.data import ImageCounts
 from dstrain.errors import ConfigError
 from dstrain.hostfile import Host, slot_total
 from dstrain.hostfile import read as read_hostfile
-from dstrain.plan import Plan, prepare
-from dstrain.schedule import LRSchedule
+from dstrain.plan import prepare
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ def check(cfg: TrainConfig, ds_path: str, target: Target) -> list[str]:
             ) from None
         raise
     start = startup.check(plan, torch.device(target.device))
-    return plan_lines(plan, start, target)
+    return startup.plan_lines(plan, start, target.ranks())
 
 
 def refuses_the_world(cfg: TrainConfig, world: int) -> bool:
@@ -102,48 +100,3 @@ def refuses_the_world(cfg: TrainConfig, world: int) -> bool:
 
     at_world = complaint(world)
     return at_world is not None and at_world != complaint(1)
-
-
-def plan_lines(plan: Plan, start: startup.Start, target: Target) -> list[str]:
-    cfg, spec, images = plan.cfg, plan.spec, start.images
-    schedule = LRSchedule.from_config(cfg.optim, spec.optimizer.lr, cfg.epochs)
-    comm = (
-        "DeepSpeed's all-reduce"
-        if spec.comm is None
-        else f"dstrain {spec.comm.config.mode}, compression {spec.comm.config.compression}"
-    )
-    lines = [
-        f"recipe       {cfg.name}: {cfg.epochs} epochs, seed {cfg.seed}",
-        f"DeepSpeed    {spec.path}: precision {spec.precision}, optimizer {spec.optimizer.name} "
-        f"(lr {spec.optimizer.lr:g} per {cfg.optim.lr_reference_batch} images, "
-        f"{cfg.optim.lr_scaling} scaling), gradients by {comm}",
-        f"job          {target.ranks()}",
-        f"model        {cfg.model.name}, channels_last {str(cfg.model.channels_last).lower()}, "
-        f"compile {str(cfg.model.compile).lower()}",
-        f"data         {images.kind} loader, {images.n_train} train / {images.n_val} val images "
-        f"from {images.source}",
-    ]
-    if images.note:
-        lines.append(f"             note: {images.note}")
-    *stages, steps = startup.stage_lines(plan, images.n_train, schedule)
-    lines += [f"batch        {line}" for line in stages]
-    lines += [f"schedule     {steps}", f"run_dir      {start.run_dir_use}"]
-    if cfg.log.mlperf:
-        lines.append(mlperf_line(plan, images, schedule))
-    return lines
-
-
-def mlperf_line(plan: Plan, images: ImageCounts, schedule: LRSchedule) -> str:
-    """log.mlperf: what the log would hold, judged now by MLPerf's own checker (a log with the
-    run's values and one evaluation at the target); the closed rules name what breaks them."""
-    log = plan.cfg.log
-    values = mlperf.run_values(plan, images.n_train, images.n_val, schedule)
-    verdict = mlperf.judge_values(values, log.mlperf_division)
-    where = f"mlperf       RUN_DIR/mlperf.log, {log.mlperf_division} division: "
-    if verdict.passed:
-        return where + (
-            f"meets MLPerf's rules (ruleset {mlperf.RULESET}) once top-1 reaches "
-            f"{mlperf.TARGET_TOP1}"
-        )
-    broken = ", ".join(f"{k}={values.get(k, 'missing')}" for k in verdict.failed)
-    return where + f"would fail MLPerf's rules (ruleset {mlperf.RULESET}) on {broken}"

@@ -1,6 +1,6 @@
 """LR and weight-decay schedules: pure functions of training progress in epochs.
 
-The LR in the DeepSpeed JSON (or ``optim.base_lr``) is the LR per
+``optim.base_lr`` (the LR's one home: a DeepSpeed JSON may not set it) is the LR per
 ``lr_reference_batch`` images. For the global batch ``B`` in force, the peak LR
 follows the scaling rule (Goyal et al.): ``peak = base * B / ref`` (or
 ``sqrt(B / ref)``). The curve is written in epochs, not steps, so that a batch-size
@@ -112,9 +112,9 @@ class LRSchedule:
     epochs: int
 
     @classmethod
-    def from_config(cls, cfg: OptimConfig, json_lr: float, epochs: int) -> LRSchedule:
-        """``optim.base_lr`` when set (a command-line sweep), else the DeepSpeed JSON's ``optimizer.params.lr``."""
-        return cls(cfg, cfg.base_lr or json_lr, epochs)
+    def from_config(cls, cfg: OptimConfig, epochs: int) -> LRSchedule:
+        """The run's schedule: ``optim.base_lr``, the one place the LR is set."""
+        return cls(cfg, cfg.base_lr, epochs)
 
     def peak(self, global_batch: int) -> float:
         """The peak LR at global batch ``global_batch`` (the scaling rule applied to the base LR)."""

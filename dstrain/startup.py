@@ -22,13 +22,15 @@ reading the data finds (a corrupt image inside a file) is the exception.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dstrain import checkpoint, compat, rundir
+from dstrain import checkpoint, compat, mlperf, rundir
 from dstrain.components import check_precision
 from dstrain.data import ImageCounts, count_images
 from dstrain.errors import ConfigError
@@ -51,6 +53,18 @@ class Start:
     )
 
 
+@contextlib.contextmanager
+def quiet(logger: str):
+    """``logger``'s INFO lines left out while a check builds what the run builds again."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def run_dir_use(run_dir: Path, tag: str | None) -> str:
     if tag:
         return f"{run_dir} (resume=auto: continues from {tag})"
@@ -70,7 +84,9 @@ def check(plan: Plan, device: torch.device) -> Start:
     use = run_dir_use(run_dir, tag)
     model = model_from_config(cfg.model)
     check_precision(plan.spec.precision, device, model, plan.spec.path)
-    build_optimizer(model, plan.spec.optimizer)  # its arguments refused now, not at build time
+    # its arguments refused now, not at build time (the run logs its groups when it builds it)
+    with quiet("dstrain.optim"):
+        build_optimizer(model, plan.spec.optimizer, plan.schedule.base_lr)
     if cfg.fault.check_disk:
         short = rundir.disk_shortfall(run_dir, rundir.checkpoint_bytes(model, plan.spec.precision))
         if short:
@@ -171,3 +187,49 @@ def stage_lines(plan: Plan, n_train: int, schedule: LRSchedule) -> list[str]:
         f"{steps} optimizer steps; warmup {cfg.optim.warmup_epochs:g} epochs "
         f"({cfg.optim.warmup}), decay {cfg.optim.decay}"
     ]
+
+
+def plan_lines(plan: Plan, start: Start, job: str) -> list[str]:
+    """The resolved plan, one function for both: ``--check`` prints these lines (``job``: the ranks
+    it was asked about) and the run logs them as it starts (its own ranks)."""
+    cfg, spec, images, schedule = plan.cfg, plan.spec, start.images, plan.schedule
+    comm = (
+        "DeepSpeed's all-reduce"
+        if spec.comm is None
+        else f"dstrain {spec.comm.config.mode}, compression {spec.comm.config.compression}"
+    )
+    lines = [
+        f"recipe       {cfg.name}: {cfg.epochs} epochs, seed {cfg.seed}",
+        f"DeepSpeed    {spec.path}: precision {spec.precision}, optimizer {spec.optimizer.name} "
+        f"(optim.base_lr {schedule.base_lr:g} per {cfg.optim.lr_reference_batch} images, "
+        f"{cfg.optim.lr_scaling} scaling), gradients by {comm}",
+        f"job          {job}",
+        f"model        {cfg.model.name}, channels_last {str(cfg.model.channels_last).lower()}, "
+        f"compile {str(cfg.model.compile).lower()}",
+        f"data         {images.kind} loader, {images.n_train} train / {images.n_val} val images "
+        f"from {images.source}",
+    ]
+    if images.note:
+        lines.append(f"             note: {images.note}")
+    *stages, steps = stage_lines(plan, images.n_train, schedule)
+    lines += [f"batch        {line}" for line in stages]
+    lines += [f"schedule     {steps}", f"run_dir      {start.run_dir_use}"]
+    if cfg.log.mlperf:
+        lines.append(mlperf_line(plan, images, schedule))
+    return lines
+
+
+def mlperf_line(plan: Plan, images: ImageCounts, schedule: LRSchedule) -> str:
+    """log.mlperf: what the log would hold, judged now by MLPerf's own checker (a log with the
+    run's values and one evaluation at the target); the closed rules name what breaks them."""
+    log = plan.cfg.log
+    values = mlperf.run_values(plan, images.n_train, images.n_val, schedule)
+    verdict = mlperf.judge_values(values, log.mlperf_division)
+    where = f"mlperf       RUN_DIR/mlperf.log, {log.mlperf_division} division: "
+    if verdict.passed:
+        return where + (
+            f"meets MLPerf's rules (ruleset {mlperf.RULESET}) once top-1 reaches "
+            f"{mlperf.TARGET_TOP1}"
+        )
+    broken = ", ".join(f"{k}={values.get(k, 'missing')}" for k in verdict.failed)
+    return where + f"would fail MLPerf's rules (ruleset {mlperf.RULESET}) on {broken}"

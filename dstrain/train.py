@@ -24,7 +24,6 @@ from dstrain.models import compile_engine, keep_batchnorm_fp32
 from dstrain.monitor import Monitor
 from dstrain.optim import build_optimizer, steps_suppressed
 from dstrain.plan import Plan, prepare
-from dstrain.schedule import LRSchedule
 from dstrain.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
@@ -48,7 +47,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         rundir.announce(run_dir)
         try:
             trainer = build_trainer(plan, start, signals, mlperf_log)
-            log_plan(plan, trainer, start)
+            log_plan(plan, start)
         except Exception as err:  # stopped while building: the directory says so
             outcome.mark_failed_start(run_dir, err)
             raise
@@ -94,7 +93,7 @@ def build_trainer(
         optimizer=optimizer,
         data=parts.data,
         stages=plan.stages,
-        schedule=LRSchedule.from_config(cfg.optim, spec.optimizer.lr, cfg.epochs),
+        schedule=plan.schedule,
         monitor=Monitor(run_dir, dist.is_main(), cfg.log.tensorboard),
         checks=checks,
         checkpoint_root=root,
@@ -137,7 +136,7 @@ def build_engine(plan: Plan, parts: Components, engine_cfg: dict):
     DeepSpeed config is ``engine_cfg``."""
     import deepspeed
 
-    optimizer = build_optimizer(parts.model, plan.spec.optimizer)
+    optimizer = build_optimizer(parts.model, plan.spec.optimizer, plan.schedule.base_lr)
     # DeepSpeed's fp16/bf16 wrapper steps once with zero grads in initialize: make that step a no-op
     with steps_suppressed(optimizer):
         engine, _, _, _ = deepspeed.initialize(
@@ -186,23 +185,10 @@ def resume(engine, root: Path, tag: str | None) -> tuple[TrainState, Path | None
     return state, root / tag
 
 
-def log_plan(plan: Plan, trainer: Trainer, start: startup.Start) -> None:
-    """The plan as the run starts it: the lines ``--check`` prints (dstrain/startup.py)."""
-    optim = plan.cfg.optim
-    log.info(
-        "run_dir %s | world %d | precision %s | %s loader, %d train / %d val images | base lr %.4g per %d "
-        "images (%s scaling rule)",
-        start.run_dir_use,
-        plan.world,
-        plan.spec.precision,
-        trainer.data.kind,
-        trainer.data.n_train,
-        trainer.data.n_val,
-        trainer.schedule.base_lr,
-        optim.lr_reference_batch,
-        optim.lr_scaling,
-    )
-    for line in startup.stage_lines(plan, trainer.data.n_train, trainer.schedule):
+def log_plan(plan: Plan, start: startup.Start) -> None:
+    """The plan as the run starts it: the very lines ``--check`` prints (startup.plan_lines)."""
+    job = f"{plan.world} rank(s) on {dist.device().type}"
+    for line in startup.plan_lines(plan, start, job):
         log.info("%s", line)
 
 

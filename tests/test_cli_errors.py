@@ -7,6 +7,7 @@ files ``case_files`` writes. Every case also lands in the evidence table (``./ru
 
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,15 +21,15 @@ BAD_JSON = '{\n  "gradient_clipping": 0.0,\n  "optimizer": {"type": "SGD" "param
 JSON_FILES = {
     "bf16_cast": '{"bf16": {"enabled": true}, "gradient_clipping": 0.0}',
     "grid": '{"gradient_clipping": 0.0, "dstrain_communication": {"mode": "torus2d", "grid": [2, 2]}}',
-    "onebit": '{"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}}',
-    "shampoo": '{"optimizer": {"type": "Shampoo", "params": {"lr": 0.1}}}',
-    "negative_lr": '{"optimizer": {"type": "SGD", "params": {"lr": -0.1, "momentum": 0.9}}}',
-    "momentum": '{"optimizer": {"type": "LARS", "params": {"lr": 1.0, "momentum": 1.5}}}',
-    "nesterov": '{"optimizer": {"type": "SGD", "params": {"lr": 0.1, "nesterov": true}}}',
+    "onebit": '{"optimizer": {"type": "OneBitAdam", "params": {"momentum": 0.9}}}',
+    "shampoo": '{"optimizer": {"type": "Shampoo", "params": {}}}',
+    "json_lr": '{"optimizer": {"type": "Lamb", "params": {"lr": 0.002, "weight_decay": 0.01}}}',
+    "momentum": '{"optimizer": {"type": "LARS", "params": {"momentum": 1.5}}}',
+    "nesterov": '{"optimizer": {"type": "SGD", "params": {"nesterov": true}}}',
     "zero_comm": '{"zero_optimization": {"stage": 1}, "dstrain_communication": {"compression": "sign"}}',
     "typo_key": '{"gradient_cliping": 1.0}',
     "clip_auto": '{"gradient_clipping": "auto"}',
-    "lr_string": '{"gradient_clipping": 0.0, "optimizer": {"type": "LARS", "params": {"lr": "10"}}}',
+    "momentum_string": '{"gradient_clipping": 0.0, "optimizer": {"type": "LARS", "params": {"momentum": "0.9"}}}',
     "autocast_typo": '{"gradient_clipping": 0.0, "torch_autocast": {"enabeld": true}}',
     "zero_typo": '{"gradient_clipping": 0.0, "zero_optimization": {"stage": 0, "reduce_bucket_sise": 5}}',
     "fp16_typo": '{"gradient_clipping": 0.0, "fp16": {"enabled": false, "loss_scale_windw": 100}}',
@@ -97,8 +98,8 @@ CASES = [
     (
         "config",
         "an optimizer parameter as a string",
-        [JSON, "{lr_string}"],
-        'lr_string.json: optimizer.params.lr must be a number, got "10"',
+        [JSON, "{momentum_string}"],
+        'momentum_string.json: optimizer.params.momentum must be a number, got "0.9"',
     ),
     (
         "config",
@@ -118,7 +119,7 @@ CASES = [
         [JSON, "{fp16_typo}"],
         "unknown key 'fp16.loss_scale_windw'",
     ),
-    ("config", "negative LR (trainer)", ["optim.base_lr=-0.1"], "optim.base_lr=-0.1: must be >= 0"),
+    ("config", "negative LR", ["optim.base_lr=-0.1"], "optim.base_lr=-0.1: must be > 0"),
     (  # was: passed --check, refused once the run built the optimizer (issue 53)
         "config",
         "nesterov without momentum",
@@ -131,11 +132,12 @@ CASES = [
         ["polish.enabled=true", "polish.images=1"],
         "polish.images=1: the polish set holds 1 training image(s); the BN refit needs at least 2",
     ),
-    (
+    (  # was: the JSON's lr and optim.base_lr both set, the recipe's silently won (issue 53)
         "config",
-        "negative LR (JSON)",
-        [JSON, "{negative_lr}"],
-        "optimizer.params.lr=-0.1: must be > 0",
+        "the LR set in the JSON too",
+        [JSON, "{json_lr}"],
+        "json_lr.json: optimizer.params.lr=0.002: the LR has one home, the trainer config's "
+        "optim.base_lr",
     ),
     (
         "config",
@@ -401,7 +403,30 @@ def finished_run(fake_fmnist, tmp_path_factory) -> Path:
         ]
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    (run_dir.parent / "output.txt").write_text(proc.stdout + proc.stderr)
     return run_dir
+
+
+def test_the_run_logs_the_plan_check_prints(finished_run, fake_fmnist, capfd):
+    """One renderer (startup.plan_lines) from one LR: every line --check prints for a run is in
+    that run's log (issue 53: --check printed the JSON's lr, the run optim.base_lr)."""
+    from dstrain.main import main
+
+    args = [JSON, "ds_configs/fp32.json", *TINY, "epochs=1", f"data.root={fake_fmnist}"]
+    capfd.readouterr()
+    assert main([*args, f"run_dir={finished_run.parent / 'fresh'}", "--check"]) == 0
+    lines = [line.strip() for line in capfd.readouterr().out.splitlines()]
+    plan = [
+        line
+        for line in lines
+        if re.match(r"^(recipe|DeepSpeed|job|model|data|batch|schedule) ", line)
+    ]
+    assert any("optim.base_lr 0.2 per 256 images" in line for line in plan), plan
+    logged = (finished_run.parent / "output.txt").read_text()
+    assert len(plan) >= 6 and all(line.split(None, 1)[1] in logged for line in plan), (
+        plan,
+        logged[-3000:],
+    )
 
 
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
@@ -478,15 +503,16 @@ def test_resume_with_an_incompatible_config_is_refused_untouched(
 
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_resume_with_allowed_changes_continues(finished_run, fake_fmnist, tmp_path, evidence):
-    """epochs, the LR (in the JSON and the trainer config), label smoothing and logging may change."""
+    """epochs, the LR, momentum, label smoothing and logging may change."""
     import shutil
 
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
     raw = json.loads((Path(__file__).parent.parent / "ds_configs/fp32.json").read_text())
-    raw["optimizer"]["params"].update(lr=0.05, momentum=0.8)
-    (tmp_path / "lr.json").write_text(json.dumps(raw))
-    args = [JSON, str(tmp_path / "lr.json"), *TINY, "epochs=2", "optim.label_smoothing=0.05"]
+    raw["optimizer"]["params"].update(momentum=0.8)
+    (tmp_path / "momentum.json").write_text(json.dumps(raw))
+    args = [JSON, str(tmp_path / "momentum.json"), *TINY, "epochs=2", "optim.base_lr=0.05"]
+    args += ["optim.label_smoothing=0.05"]
     args += ["log.every_steps=8", f"data.root={fake_fmnist}", f"run_dir={run_dir}", "resume=auto"]
     proc = run_cli(args, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -638,5 +664,7 @@ def test_help_config_lists_keys_with_units(entry):
     assert "fault.collective_timeout_s (float, default 600.0)" in proc.stdout
     # and the JSON side: each optimizer type's parameters, the dstrain_communication block
     assert "optimizer.params.trust_coefficient (float, default 0.001): eta" in proc.stdout
-    assert "optimizer.params.lr (float, required)" in proc.stdout
+    keys = [line.split(" ", 1)[0] for line in proc.stdout.splitlines()]
+    assert "optimizer.params.lr" not in keys  # the LR's one home is optim.base_lr
+    assert "optim.base_lr (float, default 0.1)" in proc.stdout
     assert "dstrain_communication.bucket_mb (float, default 25.0)" in proc.stdout

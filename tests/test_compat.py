@@ -97,7 +97,6 @@ ALLOWED = [
         ],
         None,
     ),
-    ("optimizer hyperparameters", [], set_param("lr", 0.2)),
     ("momentum value", [], set_param("momentum", 0.8)),
     ("weight decay", [], set_param("weight_decay", 1e-4)),
 ]

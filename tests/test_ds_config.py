@@ -48,7 +48,7 @@ def test_shipped_json_parses_validates_and_documents_itself(path):
         engine_cfg["gradient_accumulation_steps"] == 2
         and engine_cfg["train_micro_batch_size_per_gpu"] == 32
     )
-    assert spec.optimizer.lr == raw.get("optimizer", {"params": {"lr": 0.1}})["params"]["lr"]
+    assert "lr" not in raw.get("optimizer", {}).get("params", {})  # optim.base_lr's (issue 53)
     assert spec.precision == ds_config.precision(raw)
 
 
@@ -175,7 +175,7 @@ def test_known_keys_exist_in_the_installed_deepspeed():
 @pytest.mark.parametrize("kind", ["LARS", "Lamb"])
 def test_layerwise_optimizers_need_zero_stage_0(kind):
     cfg = {
-        "optimizer": {"type": kind, "params": {"lr": 1}},
+        "optimizer": {"type": kind, "params": {}},
         "zero_optimization": {"stage": 1},
         "gradient_clipping": 0.0,
     }
@@ -252,68 +252,68 @@ BAD_JSON = [
     ("comm dtype", {"communication_data_type": "int8"}, "communication_data_type must be one of"),
     ("allreduce op", {"gradient_allreduce_op": "max"}, "gradient_allreduce_op must be one of"),
     (
-        "lr as string",
-        {"optimizer": {"type": "SGD", "params": {"lr": "0.1"}}},
-        'optimizer.params.lr must be a number, got "0.1"',
+        "the LR in the JSON (its home is optim.base_lr)",
+        {"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}},
+        r"optimizer.params.lr=0.1: the LR has one home, the trainer config's optim.base_lr",
     ),
     (
         "momentum as string",
-        {"optimizer": {"type": "LARS", "params": {"lr": 1, "momentum": "10"}}},
+        {"optimizer": {"type": "LARS", "params": {"momentum": "10"}}},
         'optimizer.params.momentum must be a number, got "10"',
     ),
     (
         "trust coefficient 0",
-        {"optimizer": {"type": "LARS", "params": {"lr": 1, "trust_coefficient": 0}}},
+        {"optimizer": {"type": "LARS", "params": {"trust_coefficient": 0}}},
         "optimizer.params.trust_coefficient=0: must be > 0",
     ),
     (
         "eps negative",
-        {"optimizer": {"type": "Lamb", "params": {"lr": 1, "eps": -1e-6}}},
+        {"optimizer": {"type": "Lamb", "params": {"eps": -1e-6}}},
         "optimizer.params.eps=-1e-06: must be >= 0",
     ),
     (
         "max_coeff string",
-        {"optimizer": {"type": "Lamb", "params": {"lr": 1, "max_coeff": "10"}}},
+        {"optimizer": {"type": "Lamb", "params": {"max_coeff": "10"}}},
         "optimizer.params.max_coeff must be a number",
     ),
     (
         "betas out of range",
-        {"optimizer": {"type": "AdamW", "params": {"lr": 1, "betas": [0.9, 1.5]}}},
+        {"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1.5]}}},
         r"optimizer.params.betas=\[0.9, 1.5\]: must be \[beta1, beta2\]",
     ),
     (
         "betas not a pair",
-        {"optimizer": {"type": "Adam", "params": {"lr": 1, "betas": 0.9}}},
+        {"optimizer": {"type": "Adam", "params": {"betas": 0.9}}},
         "optimizer.params.betas must be a list of two numbers, got 0.9",
     ),
     (
         "weight decay as string",
-        {"optimizer": {"type": "SGD", "params": {"lr": 1, "weight_decay": "5e-5"}}},
+        {"optimizer": {"type": "SGD", "params": {"weight_decay": "5e-5"}}},
         "optimizer.params.weight_decay must be a number",
     ),
     (
         "exclude_bn_bias as string",
-        {"optimizer": {"type": "SGD", "params": {"lr": 1, "exclude_bn_bias": "false"}}},
+        {"optimizer": {"type": "SGD", "params": {"exclude_bn_bias": "false"}}},
         'optimizer.params.exclude_bn_bias must be true or false, got "false"',
     ),
     (
         "optimizer param typo",
-        {"optimizer": {"type": "LARS", "params": {"lr": 1, "trust_coeficient": 0.1}}},
+        {"optimizer": {"type": "LARS", "params": {"trust_coeficient": 0.1}}},
         "unknown key 'optimizer.params.trust_coeficient'.*Did you mean 'trust_coefficient'",
     ),
     (
         "param of another optimizer",
-        {"optimizer": {"type": "SGD", "params": {"lr": 1, "betas": [0.9, 0.99]}}},
+        {"optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}},
         "unknown key 'optimizer.params.betas' .optimizer SGD takes no such parameter",
     ),
     (
         "optimizer block typo",
-        {"optimizer": {"type": "Lamb", "param": {"lr": 1}}},
+        {"optimizer": {"type": "Lamb", "param": {}}},
         "unknown key 'optimizer.param'.*Did you mean 'params'",
     ),
     (
         "optimizer type not a string",
-        {"optimizer": {"type": 3, "params": {"lr": 1}}},
+        {"optimizer": {"type": 3, "params": {}}},
         "optimizer.type must be a string, got 3",
     ),
     (

@@ -59,7 +59,7 @@ def test_fused_lamb_builds_on_the_gpu_or_says_why():
     from dstrain.optim import build_optimizer, parse_spec
 
     model = torch.nn.Linear(4, 4).cuda()
-    opt = build_optimizer(model, parse_spec({"type": "FusedLamb", "params": {"lr": 0.01}}))
+    opt = build_optimizer(model, parse_spec({"type": "FusedLamb", "params": {}}), 0.01)
     if type(opt).__name__ == "FusedLamb":
         model(torch.randn(2, 4, device="cuda")).sum().backward()
         opt.step()  # the CUDA op runs

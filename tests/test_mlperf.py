@@ -64,7 +64,7 @@ def test_an_exact_end_lr_replaces_the_factor():
     cfg = load_config(
         TINY[1], [*TINY[2:], "optim.decay=poly", "optim.end_lr=0.0001", "optim.base_lr=10.5"]
     )
-    schedule = LRSchedule.from_config(cfg.optim, 0.1, cfg.epochs)
+    schedule = LRSchedule.from_config(cfg.optim, cfg.epochs)
     assert schedule.at(cfg.epochs, 32)[0] == 0.0001  # exactly: MLPerf's rule compares with ==
 
 

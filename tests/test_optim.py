@@ -28,13 +28,17 @@ def test_groups_by_shape_exclude_bn_and_bias_from_weight_decay():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
-def test_unknown_optimizer_type_and_missing_lr():
+def test_unknown_optimizer_type_and_an_lr_in_the_json():
     with pytest.raises(ConfigError, match="optimizer type 'Ranger' is not supported"):
-        parse_spec({"type": "Ranger", "params": {"lr": 1}}, "x.json")
-    with pytest.raises(ConfigError, match="optimizer.params.lr is missing"):
-        parse_spec({"type": "SGD", "params": {}}, "x.json")
+        parse_spec({"type": "Ranger", "params": {}}, "x.json")
+    # the LR's one home is optim.base_lr (issue 53): the refusal names the value to move
+    with pytest.raises(
+        ConfigError, match=r"optimizer.params.lr=1: the LR has one home.*base_lr=1\)"
+    ):
+        parse_spec({"type": "SGD", "params": {"lr": 1}}, "x.json")
+    assert parse_spec({"type": "SGD", "params": {}}, "x.json").params["momentum"] == 0.0
     with pytest.raises(ConfigError, match="'optimizer.params.betas' .optimizer SGD takes no such"):
-        parse_spec({"type": "SGD", "params": {"lr": 1, "betas": [0.9, 0.9]}}, "x.json")
+        parse_spec({"type": "SGD", "params": {"betas": [0.9, 0.9]}}, "x.json")
 
 
 def test_steps_suppressed_restores_the_real_step():
@@ -93,8 +97,8 @@ def test_every_shipped_optimizer_block_builds(path):
 
     spec = ds_config.read_json(path).get("optimizer")
     parsed = parse_spec(spec, str(path))
-    opt = build_optimizer(build_model("resnet_small", 10, in_channels=1, width=8), parsed)
-    assert parsed.lr == spec["params"]["lr"]
+    opt = build_optimizer(build_model("resnet_small", 10, in_channels=1, width=8), parsed, 0.1)
+    assert "lr" not in spec["params"]  # the LR is the trainer config's (issue 53)
     assert isinstance(opt, torch.optim.Optimizer)
     if parsed.layerwise:  # the table's layer-wise types: no trust ratio for the BN/bias group
         assert [g.get("lars_exclude", False) for g in opt.param_groups] == [False, True]
@@ -106,7 +110,7 @@ def test_lamb_is_dstrains_lamb_everywhere(caplog):
 
     with caplog.at_level(logging.INFO, logger="dstrain"):
         opt = build_optimizer(
-            torch.nn.Linear(2, 2), parse_spec({"type": "Lamb", "params": {"lr": 0.01}})
+            torch.nn.Linear(2, 2), parse_spec({"type": "Lamb", "params": {}}), 0.01
         )
     assert type(opt).__name__ == "LAMB" and "dstrain's multi-tensor LAMB" in caplog.text
 
@@ -119,7 +123,7 @@ def test_fused_lamb_without_its_op_falls_back_and_says_why(caplog):
 
     with caplog.at_level(logging.INFO, logger="dstrain"):
         opt = build_optimizer(
-            torch.nn.Linear(2, 2), parse_spec({"type": "FusedLamb", "params": {"lr": 0.01}})
+            torch.nn.Linear(2, 2), parse_spec({"type": "FusedLamb", "params": {}}), 0.01
         )
     if not torch.cuda.is_available():
         assert type(opt).__name__ == "LAMB"
@@ -146,7 +150,7 @@ def test_fused_lamb_op_build_failure_is_reported_as_one_not_as_a_config_error(mo
     monkeypatch.setattr(FusedLambBuilder, "load", broken_load)
     with caplog.at_level(logging.INFO, logger="dstrain"):
         opt = build_optimizer(
-            torch.nn.Linear(2, 2), parse_spec({"type": "FusedLamb", "params": {"lr": 0.01}})
+            torch.nn.Linear(2, 2), parse_spec({"type": "FusedLamb", "params": {}}), 0.01
         )
     assert type(opt).__name__ == "LAMB"
     assert "ValueError: invalid literal for int() with base 10: '0a'" in caplog.text
@@ -207,7 +211,7 @@ def test_apply_schedule_scales_weight_decay_from_its_initial_value():
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
     opt = build_optimizer(
-        model, parse_spec({"type": "LARS", "params": {"lr": 1.0, "weight_decay": 1e-4}})
+        model, parse_spec({"type": "LARS", "params": {"weight_decay": 1e-4}}), 1.0
     )
     apply_schedule(opt, 0.5, 0.5)
     apply_schedule(opt, 0.25, 0.25)  # relative to the initial value, not compounding
@@ -230,7 +234,7 @@ SINGLE_RANK_PROBE = textwrap.dedent("""
     for allreduce in (True, False):
         torch.manual_seed(0)
         model = build_model("resnet_small", 10, in_channels=1, width=4)
-        opt = build_optimizer(model, user.optimizer)
+        opt = build_optimizer(model, user.optimizer, 0.1)
         engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=user.engine_config(2, 2, 1))
         engine.enable_backward_allreduce = allreduce
         initial = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
@@ -308,8 +312,8 @@ def test_every_optimizer_path_receives_the_same_groups(kind, monkeypatch):
     monkeypatch.setattr(optim, "load_fused_lamb_op", lambda: None)
     monkeypatch.setattr(fused_lamb.FusedLambBuilder, "load", lambda self, *a, **k: object())
     model = build_model("resnet_small", 10, in_channels=1, width=8)
-    spec = parse_spec({"type": kind, "params": {"lr": 0.1, "weight_decay": 0.01}}, "x.json")
-    optimizer = build_optimizer(model, spec)
+    spec = parse_spec({"type": kind, "params": {"weight_decay": 0.01}}, "x.json")
+    optimizer = build_optimizer(model, spec, 0.1)
     if kind == "fusedlamb":
         assert type(optimizer).__name__ == "FusedLamb"
     weights = frozenset(id(p) for p in model.parameters() if p.ndim > 1)
@@ -329,8 +333,8 @@ def test_exclude_bn_bias_false_gives_one_group_everywhere(kind, monkeypatch):
     monkeypatch.setattr(optim, "load_fused_lamb_op", lambda: None)
     monkeypatch.setattr(fused_lamb.FusedLambBuilder, "load", lambda self, *a, **k: object())
     model = build_model("resnet_small", 10, in_channels=1, width=8)
-    params = {"lr": 0.1, "weight_decay": 0.01, "exclude_bn_bias": False}
-    optimizer = build_optimizer(model, parse_spec({"type": kind, "params": params}, "x.json"))
+    params = {"weight_decay": 0.01, "exclude_bn_bias": False}
+    optimizer = build_optimizer(model, parse_spec({"type": kind, "params": params}, "x.json"), 0.1)
     everything = frozenset(id(p) for p in model.parameters())
     assert _group_options(optimizer) == [(everything, 0.01, False)]
 
@@ -341,9 +345,9 @@ def test_bn_bias_lr_factor_sets_the_excluded_groups_lr_and_old_groups_still_step
     from dstrain.lars import LARS
     from dstrain.optim import apply_schedule, build_optimizer, parse_spec
 
-    spec = parse_spec({"type": "LARS", "params": {"lr": 1.0, "bn_bias_lr_factor": 0.1}})
+    spec = parse_spec({"type": "LARS", "params": {"bn_bias_lr_factor": 0.1}})
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
-    opt = build_optimizer(model, spec)
+    opt = build_optimizer(model, spec, 1.0)
     apply_schedule(opt, 2.0, None, 2.0)
     assert [g["lr"] for g in opt.param_groups] == [2.0, pytest.approx(0.2)]
     old = LARS([{"params": [torch.nn.Parameter(torch.ones(3, 2))]}], lr=0.1)
@@ -364,11 +368,11 @@ def test_each_optimizer_keeps_the_state_its_table_entry_declares(kind, momentum)
     """The resume fingerprint (dstrain/compat.py) takes an optimizer's state layout from its table
     entry: after one step, its state_dict holds that many tensors of each parameter's shape."""
     model = build_model("resnet_small", 10, in_channels=1, width=8)
-    params = {"lr": 0.01, "weight_decay": 0.01}
+    params = {"weight_decay": 0.01}
     if "momentum" in {f.name for f in fields(OPTIMIZERS[kind].params)}:
         params["momentum"] = momentum
     spec = parse_spec({"type": kind, "params": params}, "x.json")
-    optimizer = build_optimizer(model, spec)
+    optimizer = build_optimizer(model, spec, 0.01)
     model(torch.randn(4, 1, 28, 28)).sum().backward()
     optimizer.step()
     state = optimizer.state_dict()["state"]

@@ -33,8 +33,8 @@ def steps_of(recipe: str, updates_per_epoch: int, json: str | None = None, overr
     as the trainer sets them (Trainer.set_lr) on an optimizer built from its DeepSpeed JSON."""
     cfg = load_config(recipe, list(overrides))
     spec = ds_config.load(str(REPO / (json or cfg.deepspeed_config)), cuda_available=True)
-    schedule = LRSchedule.from_config(cfg.optim, spec.optimizer.lr, cfg.epochs)
-    optimizer = build_optimizer(torch.nn.Linear(4, 3), spec.optimizer)
+    schedule = LRSchedule.from_config(cfg.optim, cfg.epochs)
+    optimizer = build_optimizer(torch.nn.Linear(4, 3), spec.optimizer, schedule.base_lr)
     weights = optimizer.param_groups[0]  # the conv/FC group (the bias is in the excluded one)
     total = cfg.epochs * updates_per_epoch
     out = []
@@ -124,7 +124,7 @@ def test_mlperf_rows_take_the_rcp_row_of_their_batch(batch):
     assert spec.optimizer.kind == "lars" and params["eps"] == 0.0
     assert params["momentum"] == row["opt_momentum"]
     assert params["weight_decay"] == row["opt_weight_decay"]
-    assert cfg.optim.base_lr == row["opt_base_learning_rate"] == params["lr"]
+    assert cfg.optim.base_lr == row["opt_base_learning_rate"] and "lr" not in params
     assert cfg.optim.warmup_epochs == row["opt_learning_rate_warmup_epochs"]
     assert (cfg.model.bn_span or cfg.batch.micro_per_rank) == row["model_bn_span"]
     assert (cfg.target_top1, cfg.eval_every_epochs, cfg.log.mlperf) == (0.759, 4, True)

@@ -103,7 +103,7 @@ def test_weight_decay_follows_the_lr_curve():
 def test_trainer_lr_follows_the_batch_through_a_ramp():
     """lr/B stays on one curve when the batch changes: the schedule is continuous in lr/B."""
     o = load_config(None, ["optim.warmup_epochs=2", "optim.decay=poly", "epochs=10"]).optim
-    schedule = LRSchedule.from_config(o, json_lr=0.1, epochs=10)
+    schedule = LRSchedule.from_config(o, epochs=10)  # optim.base_lr's default: 0.1
     lr_small, _ = schedule.at(5.0, 1024)
     lr_large, _ = schedule.at(5.0, 4096)
     assert lr_large == pytest.approx(4 * lr_small)
@@ -111,7 +111,7 @@ def test_trainer_lr_follows_the_batch_through_a_ramp():
     assert schedule.peak(4096) == pytest.approx(1.6)
     assert schedule.at(5.0, 4096)[1] is None  # weight decay untouched by default
     o.wd_follows_lr = True
-    lr, wd_factor = LRSchedule.from_config(o, 0.1, 10).at(5.0, 4096)
+    lr, wd_factor = LRSchedule.from_config(o, 10).at(5.0, 4096)
     assert wd_factor == pytest.approx(lr / 1.6)
-    o.base_lr = 0.2  # optim.base_lr (a command-line sweep) wins over the JSON's lr
-    assert LRSchedule.from_config(o, 0.1, 10).peak(4096) == pytest.approx(3.2)
+    o.base_lr = 0.2  # optim.base_lr, the LR's one home
+    assert LRSchedule.from_config(o, 10).peak(4096) == pytest.approx(3.2)
