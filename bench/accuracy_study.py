@@ -388,6 +388,9 @@ def json_settings(path: str) -> dict:
     else:
         return {"missing": file.name}
     raw.pop("_comment", None)
+    # the JSON's lr was never used where the config set optim.base_lr (every study row, through its
+    # recipe), and since issue 53 no JSON may set it: runs recorded with one are the same runs
+    raw.get("optimizer", {}).get("params", {}).pop("lr", None)
     return raw
 
 
@@ -457,6 +460,9 @@ def definition(trainer_argv: list[str], ds_settings: dict | None = None) -> dict
     recipe_json = config.pop("deepspeed_config")
     if ds_settings is None:
         ds_settings = json_settings(ds_json or recipe_json)
+    else:  # as recorded: the JSON's lr left out as json_settings leaves it out
+        ds_settings = json.loads(json.dumps(ds_settings))
+        ds_settings.get("optimizer", {}).get("params", {}).pop("lr", None)
     return {"deepspeed_config": ds_settings, **config}
 
 

@@ -916,8 +916,13 @@ def test_runs_are_the_same_only_where_their_deepspeed_json_sets_the_same(tmp_pat
     report.write_text(json.dumps({"runs": [{**record, "deepspeed_settings": other}]}))
     reported, why = study.reported_runs([str(report)], [(study.CHOSEN, 0)], args)
     assert not reported and "bn_bias_lr_factor: 0.2 -> 0.1" in why, why
-    # the same settings recorded, or none recorded and the JSON derived again: the same run
+    # the same settings recorded, or none recorded and the JSON derived again: the same run; so
+    # is one recorded before issue 53 with the JSON's lr, which a row setting base_lr never used
     report.write_text(json.dumps({"runs": [{**record, "deepspeed_settings": settings}]}))
+    assert study.reported_runs([str(report)], [(study.CHOSEN, 0)], args)[1] is None
+    with_lr = {**settings, "optimizer": {**settings["optimizer"]}}
+    with_lr["optimizer"]["params"] = {**settings["optimizer"]["params"], "lr": 13.0}
+    report.write_text(json.dumps({"runs": [{**record, "deepspeed_settings": with_lr}]}))
     assert study.reported_runs([str(report)], [(study.CHOSEN, 0)], args)[1] is None
     gone = record["command"].replace(str(tmp_path / "r"), "/a/new/checkout/runs")
     report.write_text(json.dumps({"runs": [{**record, "command": gone}]}))
