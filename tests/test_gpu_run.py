@@ -88,13 +88,25 @@ def test_items_of_another_commit_are_kept_with_their_sha(tmp_path, monkeypatch, 
     state.mkdir()
     (state / "gpu_run_cpu.json").write_text(
         json.dumps(
-            {"environment": {"git_sha": "old"}, "jobs": 3, "parts": {"smoke": {"complete": True}}}
+            {
+                "environment": {"git_sha": "old"},
+                "jobs": 3,
+                "parts": {
+                    "smoke": {"complete": True, "git_sha": "old", "rows": [{"git_sha": "old"}]}
+                },
+            }
         )
     )
     run = _run(tmp_path, monkeypatch)
     assert run.record["parts"]["smoke"]["complete"] and run.record["jobs"] == 4
     assert "kept, each with its SHA" in capsys.readouterr().out
     assert gpu_run.run_part(run, "smoke") == 0  # not rerun
+    run.save()
+    # the kept part and its rows still name the commit they ran at, not this job's (issue 53)
+    saved = json.loads((state / "gpu_run_cpu.json").read_text())
+    assert saved["environment"]["git_sha"] == "new" and saved["jobs"] == 4
+    assert saved["parts"]["smoke"]["git_sha"] == "old"
+    assert saved["parts"]["smoke"]["rows"] == [{"git_sha": "old"}]
 
 
 def test_missing_packages_are_named_with_what_to_bring(monkeypatch, capfd):
@@ -237,12 +249,36 @@ def _wheel(folder: Path, name: str) -> Path:
     return path
 
 
-def test_a_wheel_for_another_python_is_refused_before_pip(tmp_path):
+def test_a_wheel_for_another_python_is_refused_before_pip(tmp_path, monkeypatch):
     other = "cp39" if sys.version_info[:2] != (3, 9) else "cp310"
     wheel = _wheel(tmp_path, f"pydantic_core-2.50.5-{other}-{other}-manylinux_2_17_x86_64.whl")
     with pytest.raises(gpu_node.NodeError, match="--python-version"):
         gpu_node.check_wheels([wheel])
     gpu_node.check_wheels([_wheel(tmp_path, "hjson-3.1.0-py3-none-any.whl")])  # any Python
+    # through the install itself (issue 53: the order was never exercised): refused before a venv
+    # is made or pip runs, also when the wrong wheel comes after good ones
+    folder = tmp_path / "wheels"
+    wheels = [_wheel(folder, "hjson-3.1.0-py3-none-any.whl"), _wheel(folder, wheel.name)]
+    entries = [
+        {"file": w.name, "bytes": w.stat().st_size, "sha256": gpu_node.sha256(w)} for w in wheels
+    ]
+    (folder / "MANIFEST.json").write_text(json.dumps({"wheels": entries}))
+    calls = []
+
+    def make_venv(venv: Path) -> Path:
+        calls.append("venv")
+        venv.mkdir(parents=True, exist_ok=True)
+        return venv / "bin" / "python"
+
+    monkeypatch.setattr(gpu_node, "make_venv", make_venv)
+    monkeypatch.setattr(gpu_node, "pip_install", lambda python, ws: calls.append("pip"))
+    with pytest.raises(gpu_node.NodeError, match="--python-version"):
+        gpu_node.install_small(tmp_path / "venv", folder)
+    assert calls == []
+    (folder / wheel.name).unlink()
+    (folder / "MANIFEST.json").write_text(json.dumps({"wheels": entries[:1]}))
+    gpu_node.install_small(tmp_path / "venv", folder)
+    assert calls == ["venv", "pip"]  # a good set installs (the two fakes called, in order)
 
 
 def dali_named_wheel(folder: Path, init: str, padding: int) -> Path:
