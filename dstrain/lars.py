@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from dstrain.hooks import Hook
 from dstrain.multitensor import GroupwiseOptimizer, chunks
 
 TRUST_DECAY = ("weight_decay", "weight_decay_x_peak_lr")
@@ -161,3 +162,32 @@ class LARS(GroupwiseOptimizer):
             update = bufs
         torch._foreach_sub_(params, update)
         return trust
+
+
+class TensorLog(Hook):
+    """``log.lars_tensors``: at every log line, the last step's trust ratio and relative step of
+    every tensor, by name (TensorBoard ``lars_trust/*``, ``lars_step/*``), and the three largest
+    steps in the log; where a LARS run's instability shows (bench/lars_tensors.py reads them)."""
+
+    def fit_start(self, trainer) -> bool:
+        if hasattr(trainer.optimizer, "record_tensors"):  # LARS only: other optimizers keep none
+            trainer.optimizer.record_tensors = True
+        return False
+
+    def log_window(self, trainer, step: int) -> None:
+        optimizer = trainer.optimizer
+        stats = optimizer.tensor_stats() if getattr(optimizer, "record_tensors", False) else []
+        if not stats:
+            return
+        names = {id(p): name for name, p in trainer.engine.module.named_parameters()}
+        named = [(names.get(id(p), "?"), trust, ratio) for p, trust, ratio in stats]
+        monitor = trainer.monitor
+        monitor.scalars("lars_trust", {n: t for n, t, _ in named if t is not None}, step)
+        monitor.scalars("lars_step", {n: r for n, _, r in named}, step)
+        largest = sorted(named, key=lambda item: -item[2])[:3]
+        monitor.note(
+            "largest relative steps: "
+            + ", ".join(
+                f"{n} {r:.3g}" + ("" if t is None else f" (trust {t:.3g})") for n, t, r in largest
+            )
+        )

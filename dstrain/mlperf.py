@@ -29,6 +29,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dstrain.hooks import Hook
+
 PACKAGE_HINT = "pip install mlperf-logging==4.1.68 (or: pip install -e '.[mlperf]')"
 BENCHMARK = "resnet"  # the MLPerf benchmark whose rules these runs follow
 LOG_NAME = "mlperf.log"
@@ -183,6 +185,42 @@ class MLPerfLog:
     def close(self) -> None:
         if self.enabled:
             self.logger.removeHandler(self.handler)
+
+
+class MLPerfMarks(Hook):
+    """The loop's events as MLPerf's marks in ``log``: run_start, each epoch's start and stop, each
+    evaluation's start, accuracy and stop, and run_stop: success where the quality target was
+    reached (``state.target_epoch``, set by :class:`dstrain.hooks.TargetStop`), else aborted."""
+
+    def __init__(self, log: MLPerfLog) -> None:
+        self.log = log
+
+    def fit_start(self, trainer) -> bool:
+        self.log.run_start()
+        return False
+
+    def epoch_start(self, trainer, epoch: int) -> None:
+        self.log.epoch_start(epoch)
+
+    def train_end(self, trainer, epoch: int) -> None:
+        self.log.epoch_stop(epoch)
+
+    def eval_start(self, trainer, epoch: int) -> None:
+        self.log.eval_start(epoch)
+
+    def eval_end(self, trainer, epoch: int, metrics: dict) -> bool:
+        self.log.eval_stop(epoch, metrics["val_top1"])
+        return False
+
+    def fit_end(self, trainer, completed: bool) -> None:
+        # MLPerf's success: the quality target reached (the RCP checker counts these runs' epochs)
+        self.log.run_stop(success=completed and trainer.state.target_epoch > 0)
+
+    def summary(self, trainer) -> dict:
+        return {"mlperf_log": str(self.log.path)} if self.log.path else {}
+
+    def close(self) -> None:
+        self.log.close()
 
 
 def run_values(plan, n_train: int, n_val: int, schedule) -> dict:

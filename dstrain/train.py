@@ -20,6 +20,8 @@ from dstrain.components import Components, build_components
 from dstrain.config import TrainConfig
 from dstrain.errors import ConfigError, PeerLost, RunStopped, first_line
 from dstrain.files import atomic_write_text
+from dstrain.hooks import Hook, Hooks, TargetStop
+from dstrain.lars import TensorLog
 from dstrain.models import compile_engine, keep_batchnorm_fp32
 from dstrain.monitor import Monitor
 from dstrain.optim import build_optimizer, steps_suppressed
@@ -101,7 +103,7 @@ def build_trainer(
         memory_format=parts.memory_format,
         grad_sync=grad_sync,
         state=state,
-        mlperf=mlperf_log,
+        hooks=loop_hooks(cfg, mlperf_log),
     )
     if dist.is_main():
         rundir.write_run_files(
@@ -113,13 +115,25 @@ def build_trainer(
             compat.fingerprint(cfg, spec, plan.world),
             epoch=state.epoch,
         )
-        start_mlperf_log(trainer, plan, run_dir, device)
+        start_mlperf_log(mlperf_log, trainer, plan, run_dir, device)
     return trainer
 
 
-def start_mlperf_log(trainer: Trainer, plan: Plan, run_dir: Path, device: torch.device) -> None:
+def loop_hooks(cfg: TrainConfig, mlperf_log: mlperf.MLPerfLog) -> Hooks:
+    """What rides on this run's loop (dstrain/hooks.py), in the order each event reaches them."""
+    hooks: list[Hook] = [mlperf.MLPerfMarks(mlperf_log)]  # its marks are no-ops with log.mlperf off
+    if cfg.target_top1:
+        hooks.append(TargetStop(cfg.target_top1))
+    if cfg.log.lars_tensors:
+        hooks.append(TensorLog())
+    return Hooks(hooks)
+
+
+def start_mlperf_log(
+    log_: mlperf.MLPerfLog, trainer: Trainer, plan: Plan, run_dir: Path, device: torch.device
+) -> None:
     """log.mlperf: the file in run_dir, the submission keys and the run's hyperparameters."""
-    settings, log_ = plan.cfg.log, trainer.mlperf
+    settings = plan.cfg.log
     log_.open(run_dir, trainer.state.epoch)
     log_.submission(
         settings.mlperf_division,
@@ -197,7 +211,7 @@ def fit_and_summarise(trainer: Trainer, plan: Plan, run_dir: Path) -> dict:
     (:class:`dstrain.outcome.Outcome`: every rank's record in RUN_DIR/ranks/)."""
     with outcome.Outcome(run_dir, dist.rank(), plan.world, lambda: trainer.state.step) as ending:
         ending.on_end(trainer.monitor.close)
-        ending.on_end(trainer.mlperf.close)
+        ending.on_end(trainer.hooks.close)
         # the watchdog, ending a stalled or signalled process, records through the same path
         watchdog_report = functools.partial(ending.end, close=False)
         try:

@@ -27,9 +27,9 @@ from dstrain.data import Data
 from dstrain.errors import ConfigError, Preempted
 from dstrain.evaluate import evaluate
 from dstrain.fault import StepChecks
+from dstrain.hooks import Hooks
 from dstrain.loss_scaling import backward_multiplier, loss_scale_of
 from dstrain.losses import smoothed_cross_entropy
-from dstrain.mlperf import MLPerfLog
 from dstrain.models import compiled_graphs
 from dstrain.monitor import Monitor, Progress, StepMeter
 from dstrain.optim import StepCounter, apply_schedule
@@ -60,7 +60,7 @@ class TrainState:
     epoch_step: int = 0  # optimizer steps done in the unfinished epoch (a stop part-way through it)
     epoch_sums: list = field(default_factory=list)  # its (loss*n, top1, top5, n) over all ranks
     epoch_elapsed_s: float = 0.0  # and its wall time so far
-    target_epoch: int = 0  # the epoch whose evaluation reached cfg.target_top1 (0: none did)
+    target_epoch: int = 0  # the epoch whose evaluation reached the quality target (0: none did)
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps (its client_state and trainer_state.json): plain JSON values."""
@@ -98,7 +98,8 @@ class Trainer:
     memory_format: torch.memory_format = torch.contiguous_format
     grad_sync: GradientSync | None = None  # our all-reduce (dstrain/comm.py), or None: DeepSpeed's
     state: TrainState = field(default_factory=TrainState)
-    mlperf: MLPerfLog = field(default_factory=lambda: MLPerfLog(False))  # log.mlperf (rank 0)
+    # what rides on the loop: its implementers are listed in dstrain/hooks.py
+    hooks: Hooks = field(default_factory=Hooks)
     # derived from the above in __post_init__, never passed in
     device: torch.device = field(init=False)  # where the model's parameters live
     # client optimizer steps really taken: asked for - taken = steps a loss scaler skipped
@@ -118,36 +119,26 @@ class Trainer:
         self.watchdog = Watchdog(
             fault_cfg.stall_timeout_s, fault_cfg.signal_grace_s, self.checks.signals
         )
-        if self.cfg.log.lars_tensors and hasattr(self.optimizer, "record_tensors"):
-            self.optimizer.record_tensors = True
 
     # ------------------------------------------------------------ the epochs
     def fit(self) -> None:
         """The epochs from ``state`` on: train, BN sync, evaluate, checkpoint; a stop signal checkpoints and
-        raises :class:`~dstrain.errors.Preempted`. With ``target_top1`` the run ends after the first
-        evaluation that reaches it. The MLPerf log (log.mlperf) marks each part."""
-        self.mlperf.run_start()
+        raises :class:`~dstrain.errors.Preempted`. The hooks (dstrain/hooks.py) hear each event and
+        may end training (a quality target reached)."""
         try:
-            self.epochs()
+            if not self.hooks.fit_start(self):
+                self.epochs()
         except BaseException:
-            self.mlperf.run_stop(success=False)
+            self.hooks.fit_end(self, completed=False)
             raise
-        # MLPerf's success: the quality target reached (the RCP checker counts these runs' epochs)
-        self.mlperf.run_stop(success=self.state.target_epoch > 0)
+        self.hooks.fit_end(self, completed=True)
 
     def epochs(self) -> None:
         state, epochs = self.state, self.cfg.epochs
-        if state.target_epoch:
-            log.info(
-                "target_top1 %.4f was reached in epoch %d: nothing left to train",
-                self.cfg.target_top1,
-                state.target_epoch,
-            )
-            return
         for epoch in range(state.epoch, epochs):
             t0 = time.perf_counter() - state.epoch_elapsed_s
             stage = self.enter_stage(epoch)
-            self.mlperf.epoch_start(epoch)
+            self.hooks.epoch_start(self, epoch)
             metrics = self.train_epoch(epoch, stage)
             # eval and checkpoints see the same BN statistics everywhere
             self.phase("collective")
@@ -158,22 +149,15 @@ class Trainer:
                 state.epoch_elapsed_s = train_s
                 self.stop_with_checkpoint(checkpoint.tag_for(state.epoch, state.step), epoch)
             state.epoch_elapsed_s = 0.0
-            self.mlperf.epoch_stop(epoch)
+            self.hooks.train_end(self, epoch)
             last = epoch + 1 == epochs
             if last or self.evaluates_after(epoch):
-                self.mlperf.eval_start(epoch)
+                self.hooks.eval_start(self, epoch)
                 metrics.update(self.evaluate())
-                self.mlperf.eval_stop(epoch, metrics["val_top1"])
                 state.best_top1 = max(state.best_top1, metrics["val_top1"])
-                if self.cfg.target_top1 and metrics["val_top1"] >= self.cfg.target_top1:
-                    state.target_epoch, last = epoch + 1, True
-                    log.info(
-                        "target_top1 %.4f reached in epoch %d (top-1 %.4f): training ends here",
-                        self.cfg.target_top1,
-                        epoch + 1,
-                        metrics["val_top1"],
-                    )
+                last = self.hooks.eval_end(self, epoch, metrics) or last
             self.end_epoch(epoch, stage, metrics, t0, train_s)
+            self.hooks.epoch_end(self, epoch, metrics)
             every = self.cfg.checkpoint.every_epochs
             saved = last or (every and (epoch + 1) % every == 0)
             if saved:
@@ -357,32 +341,11 @@ class Trainer:
                 **(self.trust_summary() or {}),
             },
         )
-        self.log_lars_tensors()
+        self.hooks.log_window(self, self.state.step)
 
     def trust_summary(self) -> dict | None:
         summary = getattr(self.optimizer, "trust_summary", None)
         return summary() if summary is not None else None
-
-    def log_lars_tensors(self) -> None:
-        """log.lars_tensors: the last step's trust and relative step of every tensor, by name."""
-        stats = self.optimizer.tensor_stats() if self.optimizer_records_tensors() else []
-        if not stats:
-            return
-        names = {id(p): name for name, p in self.engine.module.named_parameters()}
-        named = [(names.get(id(p), "?"), trust, ratio) for p, trust, ratio in stats]
-        trusts = {n: t for n, t, _ in named if t is not None}
-        self.monitor.scalars("lars_trust", trusts, self.state.step)
-        self.monitor.scalars("lars_step", {n: r for n, _, r in named}, self.state.step)
-        largest = sorted(named, key=lambda item: -item[2])[:3]
-        self.monitor.note(
-            "largest relative steps: "
-            + ", ".join(
-                f"{n} {r:.3g}" + ("" if t is None else f" (trust {t:.3g})") for n, t, r in largest
-            )
-        )
-
-    def optimizer_records_tensors(self) -> bool:
-        return bool(getattr(self.optimizer, "record_tensors", False))
 
     # ------------------------------------------------------------ evaluation, checkpoints, polish
     def evaluate(self) -> dict:
@@ -523,10 +486,5 @@ class Trainer:
             if state.train_time_s
             else 0.0,
             "history": state.history,
-            **(
-                {"target_top1": self.cfg.target_top1, "target_epoch": state.target_epoch or None}
-                if self.cfg.target_top1
-                else {}
-            ),
-            **({"mlperf_log": str(self.mlperf.path)} if self.mlperf.path else {}),
+            **self.hooks.summary(self),  # what the hooks add (dstrain/hooks.py)
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from dstrain import dist, fault, startup, train
 from dstrain.config import load_config
 from dstrain.errors import Preempted
+from dstrain.hooks import Hook, Hooks
 from dstrain.mlperf import events
 from dstrain.monitor import StepMeter
 from dstrain.plan import prepare
@@ -57,6 +59,71 @@ def make_trainer(fake_fmnist, tmp_path, *overrides, ds="fp32", cuda=None):
     start = startup.check(plan, torch.device("cpu"))  # the run's start-up checks, as it makes them
     trainer = train.build_trainer(plan, start, signals)
     return trainer, plan
+
+
+class Recorder(Hook):
+    """Every event the loop sends, in order; ends training at ``stop_at`` (an eval_end)."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.events: list[tuple] = []
+        self.stop_at = stop_at
+
+    def fit_start(self, trainer) -> bool:
+        self.events.append(("fit_start", trainer.state.epoch))
+        return False
+
+    def epoch_start(self, trainer, epoch):
+        self.events.append(("epoch_start", epoch))
+
+    def train_end(self, trainer, epoch):
+        self.events.append(("train_end", epoch))
+
+    def eval_start(self, trainer, epoch):
+        self.events.append(("eval_start", epoch))
+
+    def eval_end(self, trainer, epoch, metrics):
+        self.events.append(("eval_end", epoch, round(metrics["val_top1"], 6)))
+        return epoch == self.stop_at
+
+    def epoch_end(self, trainer, epoch, metrics):
+        self.events.append(("epoch_end", epoch, "val_top1" in metrics))
+
+    def log_window(self, trainer, step):
+        self.events.append(("log_window", step))
+
+    def fit_end(self, trainer, completed):
+        self.events.append(("fit_end", completed))
+
+    def summary(self, trainer):
+        return {"recorded": len(self.events)}
+
+
+def test_a_hook_hears_the_loop_and_can_end_it(fake_fmnist, tmp_path, world_of_one):
+    """Issue 53, item 2: what rides on the loop is a hook (dstrain/hooks.py). A hook hears every
+    event in order, with the evaluated metrics; its eval_end ends training (the checkpoint of that
+    epoch is written, as for target_top1); its summary lands in summary.json. The loop's module
+    names none of the concerns that now ride on it."""
+    trainer, plan = make_trainer(
+        fake_fmnist, tmp_path, "epochs=3", "eval_every_epochs=2", "log.every_steps=8"
+    )
+    recorder = Recorder(stop_at=1)
+    trainer.hooks = Hooks([*trainer.hooks, recorder])
+    trainer.fit()
+    events = recorder.events
+    names = [e[0] for e in events if e[0] != "log_window"]
+    assert names == [
+        "fit_start",
+        *["epoch_start", "train_end", "epoch_end"],  # epoch 1: no evaluation (every 2)
+        *["epoch_start", "train_end", "eval_start", "eval_end", "epoch_end"],
+        "fit_end",
+    ]
+    assert ("epoch_end", 0, False) in events and ("epoch_end", 1, True) in events
+    assert events[-1] == ("fit_end", True) and trainer.state.epoch == 2  # ended after epoch 2
+    assert [e[1] for e in events if e[0] == "log_window"] == [8, 16, 24, 32]  # 16 steps an epoch
+    assert (trainer.checkpoint_root / "latest").read_text().strip() == "epoch0002"
+    assert trainer.summary(world=1, precision=plan.spec.precision)["recorded"] == len(events)
+    source = (REPO / "dstrain" / "trainer.py").read_text().lower()
+    assert not re.search(r"mlperf|lars_tensors|target_top1|tensor_stats", source)
 
 
 @pytest.mark.gpu
@@ -458,14 +525,14 @@ def test_target_top1_ends_training_and_a_resume_trains_no_more(fake_fmnist, tmp_
     log = events(tmp_path / "run" / "mlperf.log")
     assert [e["metadata"]["epoch_num"] for e in log if e["key"] == "eval_accuracy"] == [2]
     assert log[-1]["key"] == "run_stop" and log[-1]["metadata"]["status"] == "success"
-    trainer.mlperf.close()
+    trainer.hooks.close()
 
     again, _ = make_trainer(fake_fmnist, tmp_path, *over, "resume=auto")
     again.fit()
     assert again.state.epoch == 2 and again.state.step == trainer.state.step
     assert (tmp_path / "run" / "mlperf-2.log").is_file()  # one log per attempt, none overwritten
     assert events(tmp_path / "run" / "mlperf.log") == log
-    again.mlperf.close()
+    again.hooks.close()
 
 
 @pytest.mark.gpu
@@ -486,7 +553,7 @@ def test_the_mlperf_log_holds_the_values_the_run_uses(fake_fmnist, tmp_path, wor
         "eval_every_epochs=2",
     )
     trainer.fit()
-    trainer.mlperf.close()
+    trainer.hooks.close()
     log = events(tmp_path / "run" / "mlperf.log")
     keys = [e["key"] for e in log]
     assert keys[0] == "init_start" and keys[-1] == "run_stop"
@@ -501,7 +568,8 @@ def test_the_mlperf_log_holds_the_values_the_run_uses(fake_fmnist, tmp_path, wor
     assert got["sgd_opt_learning_rate_decay_steps"] == round(2.75 * 512 / 32)  # after warmup
     assert got["model_bn_span"] == 32 and got["train_samples"] == 512
     assert [e["metadata"]["epoch_num"] for e in log if e["key"] == "eval_accuracy"] == [2, 3]
-    assert {e["metadata"]["file"] for e in log} <= {"dstrain/train.py", "dstrain/trainer.py"}
+    # the run's set-up (train.py) and the loop's marks (mlperf.py's MLPerfMarks, a loop hook)
+    assert {e["metadata"]["file"] for e in log} <= {"dstrain/train.py", "dstrain/mlperf.py"}
     assert log[-1]["metadata"]["status"] == "aborted"  # no quality target: not MLPerf's success
 
 
