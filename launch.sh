@@ -8,7 +8,7 @@
 # $SLURM_JOB_NODELIST, $PE_HOSTFILE / $SGE_JOB_HOSTLIST), uses the first node as rendezvous and
 # runs `deepspeed --hostfile ... --launcher pdsh|openmpi dstrain/main.py ARGS`. Outside a job:
 # `deepspeed --num_gpus N` with N = local GPUs, or $DSTRAIN_CPU_RANKS CPU ranks (default 1).
-# --dry-run prints the hostfile and the exact command. Logic and options: dstrain/launch.py.
+# --dry-run prints the hostfile and the exact command. Logic and options: dstrain/run/launch.py.
 # Environment: GPUS_PER_NODE, MASTER_PORT (29500), DSTRAIN_VENV (.venv), DSTRAIN_IFACE, TMPDIR,
 # DSTRAIN_DRY_RUN=1 (as --dry-run).
 # Example ABCI 3.0 job script: hostfiles/abci_job.sh.

@@ -444,7 +444,7 @@ def definition(trainer_argv: list[str], ds_settings: dict | None = None) -> dict
     recipe's default JSON path (the JSON the run was given is compared by content)."""
     from omegaconf import OmegaConf
 
-    from dstrain.config import load_config
+    from dstrain.settings.config import load_config
 
     recipe, ds_json, overrides, rest = None, None, [], iter(trainer_argv)
     for arg in rest:
@@ -467,7 +467,7 @@ def definition(trainer_argv: list[str], ds_settings: dict | None = None) -> dict
 
 
 def _definition_or_none(record: dict) -> dict | None:
-    from dstrain.config import ConfigError
+    from dstrain.settings.config import ConfigError
 
     try:
         return definition(
@@ -490,7 +490,7 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 def _changes(old: list[str], new: list[str], old_settings: dict | None = None) -> str | None:
     """``key: old -> new, ...`` between the runs two trainer argument lists define (``old``'s JSON
     as recorded, ``old_settings``, when given), or None when they define the same run."""
-    from dstrain.config import ConfigError
+    from dstrain.settings.config import ConfigError
 
     try:
         before = _flat(definition(old, old_settings))
@@ -969,7 +969,7 @@ def target_table(
     return lines
 
 
-RCP_RULESET = "4.0.0"  # the ResNet rules MLPerf's logger ends at (dstrain/mlperf.py)
+RCP_RULESET = "4.0.0"  # the ResNet rules MLPerf's logger ends at (dstrain/loop/mlperf.py)
 
 
 def mlperf_rcps(ruleset: str = RCP_RULESET) -> list[dict] | None:

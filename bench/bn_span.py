@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import provenance  # noqa: E402
-from dstrain.bn_span import apply_bn_span  # noqa: E402
-from dstrain.models import build_model  # noqa: E402
+from dstrain.techniques.bn_span import apply_bn_span  # noqa: E402
+from dstrain.techniques.models import build_model  # noqa: E402
 
 
 def step_time(model, x, y, steps: int) -> float:

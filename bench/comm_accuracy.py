@@ -71,7 +71,7 @@ def main() -> int:
             summary = run_trainer(cmd, run_dir, what=name)
             comm = summary.get("comm")
             if comm is None:  # DeepSpeed's own ring all-reduce: 2(W-1)/W x gradient bytes
-                from dstrain.safe_load import load_data
+                from dstrain.core.safe_load import load_data
 
                 state = load_data(
                     run_dir

@@ -34,7 +34,7 @@ def run_trainer(
     proc = subprocess.run(
         cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})}
     )
-    failed = Path(run_dir) / "failed.json"  # dstrain/rundir.py: no checkpoint, nothing to read
+    failed = Path(run_dir) / "failed.json"  # dstrain/run/rundir.py: no checkpoint, nothing to read
     if proc.returncode != 0 or failed.is_file():
         raise SystemExit(
             f"{what} failed ({proc.returncode}): {shlex.join(cmd)}\n"
@@ -48,9 +48,9 @@ def run_trainer(
 
 
 def provenance(script: str, args: list[str] | None = None, command: str | None = None) -> dict:
-    """dstrain.provenance.record for ``python bench/SCRIPT ARGS`` (default: this process's
+    """dstrain.core.provenance.record for ``python bench/SCRIPT ARGS`` (default: this process's
     arguments), or for ``command`` as given (a launcher's, a trainer's)."""
-    from dstrain.provenance import record
+    from dstrain.core.provenance import record
 
     if command is None:
         command = f"python bench/{script} " + shlex.join(sys.argv[1:] if args is None else args)

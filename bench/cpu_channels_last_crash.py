@@ -5,7 +5,7 @@
 Each shape runs 4 forward/backward passes of one ``Conv2d(c_in, c_out, k, stride)`` on a batch of
 256 x c_in x 28 x 28 in NHWC on 1 thread, in its own process (a crash must not take the bench down),
 and records the exit status: 0 = fine, -11 segfault, -6 abort, -7 bus error, None = hung (60 s).
-This is why dstrain.models.cpu_channels_last_hazards exists.
+This is why dstrain.techniques.models.cpu_channels_last_hazards exists.
 """
 
 from __future__ import annotations

@@ -190,9 +190,9 @@ def build_loader(
     """One loader over the first ``n`` files of the folder (same files for every loader)."""
     import torch
 
-    from dstrain.config import DataConfig
     from dstrain.data import Shard
     from dstrain.data.images import limited, scan_split
+    from dstrain.settings.config import DataConfig
 
     images = limited(scan_split(root, "train"), n)
     if name == "plain":

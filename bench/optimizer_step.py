@@ -28,16 +28,16 @@ import torchvision
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.common import provenance  # noqa: E402
-from dstrain.lamb import LAMB  # noqa: E402
-from dstrain.lars import LARS  # noqa: E402
-from dstrain.optim import param_groups  # noqa: E402
+from dstrain.techniques.lamb import LAMB  # noqa: E402
+from dstrain.techniques.lars import LARS  # noqa: E402
+from dstrain.techniques.optim import param_groups  # noqa: E402
 
 
 class UnchunkedLARS(LARS):
     """dstrain's LARS with the CPU chunking switched off: shows what the chunking buys."""
 
     def step(self, closure=None):
-        import dstrain.multitensor as mt
+        import dstrain.techniques.multitensor as mt
 
         saved, mt.CPU_CHUNK_VALUES = mt.CPU_CHUNK_VALUES, float("inf")
         try:
@@ -71,7 +71,7 @@ def timm_lars_rows(groups) -> tuple[dict, str]:
 
 def fused_lamb_row(groups) -> tuple[dict, str]:
     """DeepSpeed's FusedLamb (``"type": "FusedLamb"``) where its CUDA op builds."""
-    from dstrain.optim import OpBuildError, load_fused_lamb_op
+    from dstrain.techniques.optim import OpBuildError, load_fused_lamb_op
 
     try:
         load_fused_lamb_op()

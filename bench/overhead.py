@@ -45,12 +45,14 @@ def main() -> int:
     import torch.nn.functional as F
 
     from bench.common import provenance
-    from dstrain import dist, fault, train
-    from dstrain.config import load_config
-    from dstrain.plan import prepare
-    from dstrain.trainer import TrainState
+    from dstrain.core import dist
+    from dstrain.loop import fault
+    from dstrain.loop.trainer import TrainState
+    from dstrain.run import train
+    from dstrain.run.plan import prepare
+    from dstrain.settings.config import load_config
 
-    # the trainer as `python -m dstrain` builds it (set-up phases of dstrain/train.py), in this process
+    # the trainer as `python -m dstrain` builds it (set-up phases of dstrain/run/train.py), in this process
     cfg = load_config(
         "fashion_mnist",
         [

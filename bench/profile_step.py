@@ -10,8 +10,8 @@ precision, layout and torch.compile setting:
   bare     bench/throughput.py's bare_loop: a torchvision model, torch.autocast (fp16 with a
            GradScaler, bf16; none for fp32), torch.optim.SGD (momentum 0.9), one fixed device batch
   dstrain  the real Trainer, built in this process as ``python -m dstrain --config
-           imagenet_resnet50 data.loader=synthetic`` builds it (dstrain.plan.prepare,
-           dstrain.startup.check, dstrain.train.build_trainer) with ds_configs/<precision>.json,
+           imagenet_resnet50 data.loader=synthetic`` builds it (dstrain.run.plan.prepare,
+           dstrain.run.startup.check, dstrain.run.train.build_trainer) with ds_configs/<precision>.json,
            driven through its own step path: set_lr, train_micro_batch, after_step, and the log
            window (the progress line, the loss read, the loss-scale read) every --log-every steps
 Each loop runs --warmup steps unprofiled (compilation, cuDNN autotuning), one step under the
@@ -240,11 +240,12 @@ def dstrain_trainer(args, device, run_dir: Path, total_steps: int):
     its parts for the profiled steps."""
     from torch.profiler import record_function
 
-    import dstrain.trainer
-    from dstrain import fault, startup, train
-    from dstrain.config import load_config
-    from dstrain.monitor import Progress, StepMeter
-    from dstrain.plan import prepare
+    import dstrain.loop.trainer
+    from dstrain.loop import fault
+    from dstrain.loop.monitor import Progress, StepMeter
+    from dstrain.run import startup, train
+    from dstrain.run.plan import prepare
+    from dstrain.settings.config import load_config
 
     cfg = load_config("imagenet_resnet50", dstrain_overrides(args, run_dir, total_steps))
     plan = prepare(cfg, str(REPO / "ds_configs" / PRECISIONS[args.precision][1]))
@@ -285,7 +286,7 @@ def dstrain_trainer(args, device, run_dir: Path, total_steps: int):
         (meter, "add_micro_batch", "dstrain.metrics"),
         (meter, "take_window", "dstrain.take_window"),
         (trainer.monitor, "step", "dstrain.progress_line"),
-        (dstrain.trainer, "loss_scale_of", "dstrain.loss_scale_read"),
+        (dstrain.loop.trainer, "loss_scale_of", "dstrain.loss_scale_read"),
     ]
 
     @contextlib.contextmanager
@@ -731,9 +732,9 @@ def main() -> int:
     args = parse_args()
     import torch
 
-    from dstrain import dist
-    from dstrain.config import FaultConfig
-    from dstrain.monitor import setup_logging
+    from dstrain.core import dist
+    from dstrain.loop.monitor import setup_logging
+    from dstrain.settings.config import FaultConfig
 
     setup_logging()  # the progress line is written, as in a run
     dist.setup_env_for_single_process()

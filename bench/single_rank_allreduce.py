@@ -6,7 +6,7 @@ With one rank, DeepSpeed 0.19 still flattens every gradient into buckets, all-re
 group of one and copies them back after each backward: an identity. One engine (torchvision
 resnet18, 64 px, batch 32, ds_configs/bf16.json, channels_last) runs alternating passes of
 ``--steps`` steps with ``engine.enable_backward_allreduce`` on (DeepSpeed's default) and off (what
-``dstrain.train.run`` sets for one rank); the ratio of the median pass times is the saving.
+``dstrain.run.train.run`` sets for one rank); the ratio of the median pass times is the saving.
 Found while comparing the trainer with a bare PyTorch loop (``bench/throughput.py`` on CPU).
 """
 
@@ -37,8 +37,9 @@ def main() -> int:
     import torchvision
 
     from bench.common import provenance
-    from dstrain import dist, ds_config
-    from dstrain.optim import build_optimizer
+    from dstrain.core import dist
+    from dstrain.run import ds_config
+    from dstrain.techniques.optim import build_optimizer
 
     dist.setup_env_for_single_process()
     deepspeed.init_distributed(dist_backend="gloo")

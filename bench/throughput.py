@@ -214,7 +214,7 @@ def environment(device) -> dict:
         dali_version = dali.__version__
     except ImportError:
         dali_version = None
-    from dstrain.provenance import record
+    from dstrain.core.provenance import record
 
     where = {k: v for k, v in record("").items() if k != "command"}  # git SHA, date, versions
     return {

@@ -82,12 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from dstrain.config import help_lines, load_config
-    from dstrain.errors import ConfigError, Preempted, RunStopped
-    from dstrain.monitor import setup_logging
+    from dstrain.core.errors import ConfigError, Preempted, RunStopped
+    from dstrain.loop.monitor import setup_logging
+    from dstrain.settings.config import help_lines, load_config
 
     if args.help_config:
-        from dstrain.ds_config import help_lines as json_lines
+        from dstrain.run.ds_config import help_lines as json_lines
 
         print(
             "# The trainer config (YAML recipe and key=value overrides): what the trainer schedules"
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     faulthandler.enable()  # a native crash before the run directory exists: signal and stack on stderr
-    from dstrain.launch import adopt_mpi_env
+    from dstrain.run.launch import adopt_mpi_env
 
     adopt_mpi_env()  # ranks started by mpirun: RANK before the log reads it
     setup_logging()
@@ -113,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"DeepSpeed's launcher: deepspeed --hostfile {args.hostfile} dstrain/main.py ..."
             )
         cfg = load_config(args.config, args.overrides)
-        from dstrain.dist import quiet_deepspeed
+        from dstrain.core.dist import quiet_deepspeed
 
         quiet_deepspeed()  # before DeepSpeed is imported (by --check too)
         if args.check:
             return check(cfg, args)
-        from dstrain.train import (
+        from dstrain.run.train import (
             run,  # torch and DeepSpeed: not needed for --help-config or a config error
         )
 
@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check(cfg, args: argparse.Namespace) -> int:
-    """``--check``: the run's start-up checks and its plan, nothing written (dstrain/preflight.py)."""
-    from dstrain import preflight
+    """``--check``: the run's start-up checks and its plan, nothing written (dstrain/run/preflight.py)."""
+    from dstrain.run import preflight
 
     target = preflight.Target.resolve(args.world, args.device, args.hostfile)
     lines = preflight.check(cfg, args.deepspeed_config or cfg.deepspeed_config, target)

@@ -198,7 +198,7 @@ def run_cli(
 
 
 def deepspeed_launcher(num_procs: int) -> list[str]:
-    from dstrain.dist import free_port  # a port no other test (pytest-xdist worker) holds
+    from dstrain.core.dist import free_port  # a port no other test (pytest-xdist worker) holds
 
     exe = Path(sys.executable).parent / "deepspeed"
     return [str(exe), "--num_gpus", str(num_procs), "--master_port", str(free_port())]
@@ -338,7 +338,7 @@ def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--evidence")
     if not path or not EVIDENCE:
         return
-    from dstrain.provenance import git_sha
+    from dstrain.core.provenance import git_sha
 
     sha = git_sha()
     lines = [

@@ -20,10 +20,10 @@ import traceback
 
 def refuse(args: list[str]) -> dict:
     """``python -m dstrain *args`` in this process: its exit status and output, and whether the
-    start-up checks (dstrain/startup.py) had passed before it ended (``after_startup``): a refusal
+    start-up checks (dstrain/run/startup.py) had passed before it ended (``after_startup``): a refusal
     of input made after them is one ``--check`` cannot make (issue 53's fence)."""
-    from dstrain import startup
     from dstrain.main import main
+    from dstrain.run import startup
 
     captured = {"after_startup": False}
     check = startup.check

@@ -674,7 +674,7 @@ def test_commit_ab_trains_both_sides_and_identical_code_gives_identical_runs(tmp
 def test_bench_holds_benchmarks_and_every_script_has_one_provenance_helper():
     """bench/ is benchmarks (each writes a result under bench/results or docs/results); project
     tooling is in tools/; every script takes its provenance (command, commit, date, versions) from
-    dstrain.provenance.record, directly or through bench.common.provenance, none by hand."""
+    dstrain.core.provenance.record, directly or through bench.common.provenance, none by hand."""
     tooling = {"evidence.py", "suite.py", "commit_ab.py", "code_shape.py", "gpu_run.py"}
     # the GPU pass's plumbing writes no result file: wheels and parts (gpu_prepare, which records
     # the commit it packed for the node), an install (gpu_node), packs (gpu_pack), test progress

@@ -1,4 +1,4 @@
-"""BN span (dstrain/bn_span.py): a micro batch of k x N images with span N is k separate BN calls of N."""
+"""BN span (dstrain/techniques/bn_span.py): a micro batch of k x N images with span N is k separate BN calls of N."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from dstrain.bn_refit import refit_bn
-from dstrain.bn_span import SpanBatchNorm2d, apply_bn_span
-from dstrain.config import load_config, validate
-from dstrain.errors import ConfigError
-from dstrain.models import SmallResNet, build_model
+from dstrain.core.errors import ConfigError
+from dstrain.settings.config import load_config, validate
+from dstrain.techniques.bn_refit import refit_bn
+from dstrain.techniques.bn_span import SpanBatchNorm2d, apply_bn_span
+from dstrain.techniques.models import SmallResNet, build_model
 
 
 def layer(c=6, momentum=0.1, seed=0, dtype=torch.float32):
@@ -187,7 +187,7 @@ def test_compile_engine_takes_new_batch_shapes_of_a_span_model_in_seconds():
     With dynamo's default dynamic shapes the second size made the batch symbolic and the span's
     grouping reshape looped in inductor's shape solver for tens of minutes (CI hung on it); static
     shapes compile each size once."""
-    from dstrain.models import compile_engine
+    from dstrain.techniques.models import compile_engine
 
     class Engine:  # DeepSpeed's engine.compile, reduced to what compile_engine calls
         def __init__(self, module):
@@ -199,7 +199,7 @@ def test_compile_engine_takes_new_batch_shapes_of_a_span_model_in_seconds():
     torch.manual_seed(0)
     # width 16: at width 8 the strided 1x1 shortcut (8 input channels) corrupts memory in oneDNN's
     # NHWC backward at batch 17 on an AVX-512 CPU, compiled or eager, with or without the span
-    # (the hazard dstrain.models.cpu_channels_last_hazards knows below 8 channels, seen wider here)
+    # (the hazard dstrain.techniques.models.cpu_channels_last_hazards knows below 8 channels, seen wider here)
     model = SmallResNet(width=16).to(memory_format=torch.channels_last)
     apply_bn_span(model, 8)
     engine = Engine(model)

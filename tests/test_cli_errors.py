@@ -320,7 +320,7 @@ def refused(fake_fmnist, tmp_path_factory) -> dict:
 @pytest.mark.parametrize("kind, name, extra, expected", CASES, ids=[c[1] for c in CASES])
 def test_bad_input_gives_one_clear_line(kind, name, extra, expected, refused, evidence, capfd):
     """The run refuses with one line, exit 2, nothing written, and ``--check`` with the same
-    arguments gives that very line (the same check functions in the same order: dstrain/startup.py)."""
+    arguments gives that very line (the same check functions in the same order: dstrain/run/startup.py)."""
     from dstrain.main import main
 
     tmp, args, before, proc = refused[name]
@@ -618,8 +618,8 @@ def test_a_checkpoint_that_would_run_code_is_refused_unread(
 def test_checkpoints_dstrain_writes_load_as_data(finished_run):
     """Everything in a dstrain checkpoint loads with torch's weights_only loader (the RNG state's
     numpy part is a tensor now); refuse_foreign_code passes it."""
-    from dstrain import checkpoint
-    from dstrain.safe_load import load_data
+    from dstrain.core.safe_load import load_data
+    from dstrain.loop import checkpoint
 
     (ckpt,) = (finished_run / "checkpoints").glob("epoch*[0-9]")
     checkpoint.refuse_foreign_code(ckpt)
@@ -636,8 +636,8 @@ def test_an_rng_file_from_before_issue_51_still_resumes(tmp_path):
 
     import numpy as np
 
-    from dstrain import checkpoint
-    from dstrain.safe_load import NUMPY_ARRAYS, load_data
+    from dstrain.core.safe_load import NUMPY_ARRAYS, load_data
+    from dstrain.loop import checkpoint
 
     np.random.seed(7)
     old = {

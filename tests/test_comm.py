@@ -1,4 +1,4 @@
-"""The gradient-sync layer (dstrain/comm.py) on gloo: 2D-Torus equals all_reduce, compression identities."""
+"""The gradient-sync layer (dstrain/techniques/comm.py) on gloo: 2D-Torus equals all_reduce, compression identities."""
 
 import json
 import os
@@ -8,9 +8,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dstrain import comm
-from dstrain.dist import free_port
-from dstrain.errors import ConfigError
+from dstrain.core.dist import free_port
+from dstrain.core.errors import ConfigError
+from dstrain.techniques import comm
 from tests.conftest import (
     CPU_ONLY,
     ONE_THREAD,
@@ -212,7 +212,7 @@ def test_bad_blocks_are_rejected_naming_the_key(block, extra, match):
 
 
 def test_shipped_comm_configs_parse():
-    from dstrain import ds_config
+    from dstrain.run import ds_config
     from tests.conftest import REPO
 
     # what each file's name promises: (mode, compression, warm-up steps, PowerSGD rank)
@@ -460,7 +460,7 @@ def _torus_training_worker(rank, world, port, out):
     step, the grid and its final weights."""
     import numpy as np
 
-    from dstrain.models import SmallResNet
+    from dstrain.techniques.models import SmallResNet
     from tests.conftest import gratings
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -1,9 +1,9 @@
-"""Resume compatibility (dstrain/compat.py): the refused differences, the allowed ones, the world rule."""
+"""Resume compatibility (dstrain/run/compat.py): the refused differences, the allowed ones, the world rule."""
 
 import pytest
 
-from dstrain import compat, ds_config
-from dstrain.config import load_config
+from dstrain.run import compat, ds_config
+from dstrain.settings.config import load_config
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.oldest

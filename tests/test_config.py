@@ -2,9 +2,9 @@ import dataclasses
 
 import pytest
 
-from dstrain.config import RECIPE_DIR, TrainConfig, help_lines, load_config, validate
-from dstrain.errors import ConfigError
-from dstrain.ramp import batch_arithmetic
+from dstrain.core.errors import ConfigError
+from dstrain.settings.config import RECIPE_DIR, TrainConfig, help_lines, load_config, validate
+from dstrain.settings.ramp import batch_arithmetic
 
 
 def test_defaults_load_and_validate():

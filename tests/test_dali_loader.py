@@ -13,10 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-from dstrain.config import DataConfig
 from dstrain.data import Shard, build_data, index_lists
 from dstrain.data.dali import crop_draws, crop_window
 from dstrain.data.images import IMAGENET_MEAN, IMAGENET_STD
+from dstrain.settings.config import DataConfig
 from tests.conftest import decode_colour, make_noise_folder
 
 pytest.importorskip("nvidia.dali")

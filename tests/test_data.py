@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 
-from dstrain.config import DataConfig
+from dstrain.core.errors import ConfigError
 from dstrain.data import Shard, build_data, epoch_order, val_range
 from dstrain.data.fashion_mnist import TensorLoader, load_fashion_mnist, read_idx
-from dstrain.errors import ConfigError
+from dstrain.settings.config import DataConfig
 from tests.conftest import write_idx
 
 
@@ -151,12 +151,12 @@ def test_augmentation_pads_crops_and_flips():
 
 
 def test_batch_larger_than_data_set_is_a_clear_error():
-    """One rule for the run and --check (dstrain/startup.py): every stage of the ramp needs one
+    """One rule for the run and --check (dstrain/run/startup.py): every stage of the ramp needs one
     global batch of training images, named by the setting that asks for it."""
     from types import SimpleNamespace
 
-    from dstrain import startup
-    from dstrain.ramp import batch_plan
+    from dstrain.run import startup
+    from dstrain.settings.ramp import batch_plan
 
     plan = SimpleNamespace(stages=batch_plan(256, 64, [[2, 1024]], 1, 3))
     startup.check_images(plan, 1024)
@@ -199,8 +199,8 @@ def test_holdout_larger_than_the_training_set_is_refused(fake_fmnist):
 
 
 def test_the_tensor_loader_implements_the_loader_protocol(fake_fmnist):
-    from dstrain.config import DataConfig
     from dstrain.data.sharding import Loader
+    from dstrain.settings.config import DataConfig
 
     data = build_data(DataConfig(root=str(fake_fmnist)), Shard(0, 1, 32, 1, eval_batch=64), 1, 10)
     for each in (data.train, data.val, data.polish(64, 32)):

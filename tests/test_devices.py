@@ -14,9 +14,10 @@ import sys
 import pytest
 import torch
 
-from dstrain import dist, launch
-from dstrain.errors import ConfigError
-from dstrain.train import set_cudnn
+from dstrain.core import dist
+from dstrain.core.errors import ConfigError
+from dstrain.run import launch
+from dstrain.run.train import set_cudnn
 from tests import conftest
 from tests.conftest import CPU_ONLY, launcher_ranks, rank_env, run_cli
 
@@ -63,8 +64,8 @@ def test_a_rank_without_a_gpu_of_its_own_is_refused_naming_the_fix(monkeypatch, 
         why.startswith("local rank 1 has no GPU: this node shows 1 GPU")
         and "DSTRAIN_CPU_RANKS=N" in why
     )
-    from dstrain.config import load_config
-    from dstrain.train import run
+    from dstrain.run.train import run
+    from dstrain.settings.config import load_config
 
     monkeypatch.setattr(dist, "init_process_group", lambda timeout_s: None)
     monkeypatch.setenv("RANK", "1")  # rank 1 of a 2-rank job on this (1-GPU) node
@@ -132,7 +133,7 @@ def test_launch_sh_shows_the_cpu_ranks_environment():
 def test_ranks_started_by_mpirun_take_openmpis_rank_variables(monkeypatch):
     """DeepSpeed's openmpi launcher gives ranks OMPI_COMM_WORLD_*, and DeepSpeed would read them
     through mpi4py (not installed): with launch.sh's MASTER_ADDR/MASTER_PORT they become torch's."""
-    from dstrain.launch import adopt_mpi_env
+    from dstrain.run.launch import adopt_mpi_env
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.setenv(var, "x")  # recorded, so what adopt_mpi_env sets is undone after
@@ -161,7 +162,7 @@ def test_adopting_the_mpi_ranks_is_undone_with_the_test():
     autouse fixture's help (it restores the process variables after every test anyway): inside
     its own monkeypatch context, every variable adopt_mpi_env writes must be one the test
     recorded, so leaving the context restores the environment as it was."""
-    from dstrain.launch import OMPI_ENV, adopt_mpi_env
+    from dstrain.run.launch import OMPI_ENV, adopt_mpi_env
 
     before = dict(os.environ)
     with pytest.MonkeyPatch.context() as mp:

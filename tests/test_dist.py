@@ -7,10 +7,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dstrain.core.dist import free_port, sync_bn_buffers
 from dstrain.data import Shard
 from dstrain.data.fashion_mnist import TensorLoader
-from dstrain.dist import free_port, sync_bn_buffers
-from dstrain.evaluate import evaluate
+from dstrain.loop.evaluate import evaluate
 from tests.conftest import one_thread_per_rank
 
 pytestmark = pytest.mark.oldest  # ./run.sh test-oldest runs this module on torch 2.11
@@ -101,7 +101,7 @@ def test_bn_sync_and_exact_distributed_eval():
 def test_cpu_ranks_on_one_node_share_its_cores(monkeypatch, env, gpu, threads):
     """Each CPU rank takes cores // local ranks torch threads unless OMP_NUM_THREADS says (two
     ranks with a thread per core each on 2 cores trained at half the speed: docs/multinode.md)."""
-    from dstrain import dist as ddist
+    from dstrain.core import dist as ddist
 
     for var in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)

@@ -5,8 +5,8 @@ from pathlib import Path
 import deepspeed
 import pytest
 
-from dstrain import ds_config
-from dstrain.errors import ConfigError
+from dstrain.core.errors import ConfigError
+from dstrain.run import ds_config
 
 pytestmark = pytest.mark.oldest  # ./run.sh test-oldest runs this module on torch 2.11
 

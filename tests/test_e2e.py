@@ -184,7 +184,7 @@ def test_lars_warmup_smoothing_and_ramp_follow_the_plan_on_two_ranks(fake_fmnist
 
     def expected_lr(t: float, batch: int) -> float:
         """The schedule written out from its definition (docs/usage.md's techniques table), not
-        through dstrain.schedule: the step ending at progress t (epochs) with global batch B."""
+        through dstrain.techniques.schedule: the step ending at progress t (epochs) with global batch B."""
         peak = 40 * batch / 256  # optim.base_lr=40 per 256 images (it wins over the JSON's lr)
         if t <= 1.5:  # hybrid warmup: exponential from sf x peak to the base LR, then linear
             x, start, low = t / 1.5, min(40, peak), peak * sf
@@ -340,7 +340,7 @@ def test_corrupt_image_stops_the_run_with_one_line(tmp_path, evidence):
 
 
 def test_cpu_channels_last_hazard_is_detected_by_shape():
-    from dstrain.models import build_model, cpu_channels_last_hazards
+    from dstrain.techniques.models import build_model, cpu_channels_last_hazards
 
     narrow = build_model("resnet_small", 10, in_channels=1, width=4)
     assert cpu_channels_last_hazards(narrow) == [

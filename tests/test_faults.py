@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dstrain.dist import free_port
+from dstrain.core.dist import free_port
 from tests.conftest import REPO, TINY, injected, rank_env, run_cli
 
 pytestmark = pytest.mark.slow

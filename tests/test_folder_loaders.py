@@ -11,10 +11,10 @@ import shutil
 import pytest
 import torch
 
-from dstrain.config import DataConfig
+from dstrain.core.errors import ConfigError
 from dstrain.data import CorruptImageError, Shard, build_data, resolve_loader
 from dstrain.data.images import scan_folder
-from dstrain.errors import ConfigError
+from dstrain.settings.config import DataConfig
 from tests.conftest import decode_colour, make_jpeg_folder, make_noise_folder
 
 LOADERS = ["dali", "torchvision"]

@@ -56,7 +56,7 @@ def test_the_shipped_lamb_json_runs_dstrains_lamb_on_the_gpu(fake_fmnist, tmp_pa
 
 
 def test_fused_lamb_builds_on_the_gpu_or_says_why():
-    from dstrain.optim import build_optimizer, parse_spec
+    from dstrain.techniques.optim import build_optimizer, parse_spec
 
     model = torch.nn.Linear(4, 4).cuda()
     opt = build_optimizer(model, parse_spec({"type": "FusedLamb", "params": {}}), 0.01)
@@ -67,8 +67,8 @@ def test_fused_lamb_builds_on_the_gpu_or_says_why():
 
 def test_dali_mixed_decode_gives_gpu_batches_with_the_right_labels(jpeg_folder):
     pytest.importorskip("nvidia.dali", reason="needs DALI (on a GPU node: all of .gpu/dali-N)")
-    from dstrain.config import DataConfig
     from dstrain.data import Shard, build_data
+    from dstrain.settings.config import DataConfig
 
     cfg = DataConfig(
         dataset="imagefolder",

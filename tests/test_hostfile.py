@@ -1,4 +1,4 @@
-"""Hostfiles (dstrain/hostfile.py): read as DeepSpeed's launcher reads them, refused in one line
+"""Hostfiles (dstrain/run/hostfile.py): read as DeepSpeed's launcher reads them, refused in one line
 ``FILE:LINE: ...``; ``python -m dstrain --check --hostfile FILE`` plans for their slots, and
 launch.sh checks the hostfile it makes from the scheduler's node list."""
 
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from deepspeed.launcher.runner import fetch_hostfile
 
-from dstrain import hostfile
-from dstrain.errors import ConfigError
-from dstrain.launch import LaunchError, build
+from dstrain.core.errors import ConfigError
 from dstrain.main import main
+from dstrain.run import hostfile
+from dstrain.run.launch import LaunchError, build
 from tests.conftest import REPO, TINY
 from tests.test_cli_errors import JSON
-from tests.test_layers import import_graph
+from tools.code_shape import import_graph
 
 GOOD = {
     "plain": "node1 slots=4\nnode2 slots=8\n",
@@ -134,8 +134,8 @@ def test_a_missing_or_unreadable_file_is_one_line(tmp_path):
 
 def test_the_reader_sits_on_the_ground_floor():
     """launch.sh runs it in whatever Python it finds (no torch needed): the standard library and
-    dstrain.errors only."""
-    assert import_graph()["dstrain.hostfile"] == {"dstrain.errors"}
+    dstrain.core.errors only."""
+    assert import_graph()["dstrain.run.hostfile"] == {"dstrain.core.errors"}
 
 
 # ---------------------------------------------------------------- python -m dstrain --check

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from dstrain.lamb import LAMB
-from dstrain.lars import LARS
-from dstrain.models import build_model
-from dstrain.optim import param_groups
+from dstrain.techniques.lamb import LAMB
+from dstrain.techniques.lars import LARS
+from dstrain.techniques.models import build_model
+from dstrain.techniques.optim import param_groups
 
 
 def _lars_reference(ws, gs_per_step, lr, m, wd, eta, eps, larc=False, exclude=False, **extra):
@@ -230,7 +230,7 @@ def test_lars_lowers_the_loss_of_a_small_problem():
 
 def test_cpu_chunking_gives_the_same_step(monkeypatch):
     """Tiny chunks (one tensor or less each) must not change the result."""
-    import dstrain.multitensor as mt
+    import dstrain.techniques.multitensor as mt
 
     whole_lars = _run(
         LARS, HAND_W, HAND_G, lr=0.5, momentum=0.9, weight_decay=0.01, trust_coefficient=0.02

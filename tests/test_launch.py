@@ -1,4 +1,4 @@
-"""launch.sh / dstrain/launch.py: hostfiles from fake scheduler environments and dry-run command lines."""
+"""launch.sh / dstrain/run/launch.py: hostfiles from fake scheduler environments and dry-run command lines."""
 
 import hashlib
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dstrain.launch import LaunchError, expand_slurm, hostfile_text, scheduler_nodes
+from dstrain.run.launch import LaunchError, expand_slurm, hostfile_text, scheduler_nodes
 from tests.conftest import REPO
 
 
@@ -156,7 +156,7 @@ def test_dry_run_in_a_job_prints_hostfile_and_multi_node_command(tmp_path, sched
 
 def test_the_env_file_carries_what_remote_ranks_need():
     """DeepSpeed's runner exports PYTHON*, UCX*, MV2*, MLFLOW* (and NCCL* on CUDA) by itself."""
-    from dstrain.launch import LaunchError, env_file_text
+    from dstrain.run.launch import LaunchError, env_file_text
 
     env = {
         "DSTRAIN_CPU_RANKS": "1",
@@ -372,7 +372,7 @@ def test_a_symbolic_link_planted_at_the_hostfile_path_is_not_followed(tmp_path):
 
 
 def test_write_private_replaces_a_link_and_leaves_its_target(tmp_path):
-    from dstrain.files import write_private
+    from dstrain.core.files import write_private
 
     target = tmp_path / "target"
     target.write_text("keep\n")

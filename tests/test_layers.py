@@ -1,76 +1,62 @@
-"""The package's shape: imports run one way (no cycles, lazy imports included) and the ground floor imports
-nothing of the trainer."""
+"""The package's shape: imports run one way (no cycles, lazy imports included), down the rooms the
+folders show (core < settings < techniques and data < loop < run < the entry points), and the ground
+floor imports nothing of the trainer."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "dstrain"
+from tools.code_shape import PACKAGE, find_cycle, import_graph
+
 GROUND_FLOOR = {
-    "dstrain.errors",
-    "dstrain.files",
-    "dstrain.provenance",
-    "dstrain.dist",
-    "dstrain.losses",
-    "dstrain.multitensor",
+    "dstrain.core.errors",
+    "dstrain.core.files",
+    "dstrain.core.provenance",
+    "dstrain.core.dist",
+    "dstrain.techniques.losses",
+    "dstrain.techniques.multitensor",
 }
 ENTRY_POINTS = {"dstrain.main", "dstrain.__main__", "dstrain.launch", "dstrain.data.check"}
+# the folders of dstrain/, bottom to top (issue 53): a module imports its own room's modules and
+# those of rooms below it; techniques and data stand side by side and import neither the other
+ROOMS = {"core": 0, "settings": 1, "techniques": 2, "data": 2, "loop": 3, "run": 4}
+ENTRY = {"dstrain", "dstrain.main", "dstrain.__main__", "dstrain.launch", "dstrain.polish"}
 
 
-def module_name(path: Path, package: Path = PACKAGE) -> str:
-    parts = list(path.relative_to(package.parent).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def room(module: str) -> str:
+    return "entry" if module in ENTRY else module.split(".")[1]
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """Every module of ``modules`` that ``path`` imports, at the top or inside a function."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        found.update(name for name in names if name in modules)
-    return found
+def test_every_import_goes_down_the_rooms():
+    """Each module of dstrain/ lives in a room (a folder) or is an entry point at the top, and
+    every import stays in its room or goes down: the architecture is what ``ls dstrain`` shows."""
+    graph = import_graph()
+    level = {**ROOMS, "entry": len(ROOMS)}
+    homeless = sorted(m for m in graph if room(m) not in level)
+    assert homeless == [], f"modules outside the rooms {sorted(ROOMS)}: {homeless}"
+    up = [
+        f"{module} -> {other}"
+        for module, imported in sorted(graph.items())
+        for other in sorted(imported)
+        if room(other) != room(module) and level[room(other)] >= level[room(module)]
+    ]
+    assert up == []
+    assert {p.name for p in PACKAGE.glob("*.py")} == {
+        f"{m.split('.')[-1] if m != 'dstrain' else '__init__'}.py" for m in ENTRY
+    }  # the top of dstrain/ holds the entry points only
 
 
-def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (tools/code_shape.py measures any package with it)."""
-    paths = sorted(package.rglob("*.py"))
-    modules = {module_name(p, package) for p in paths}
-    graph = {}
-    for path in paths:
-        name = module_name(path, package)
-        graph[name] = imports_of(path, modules) - {name, package.name}
-    return graph
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str]:
-    """One import cycle as a path [a, b, ..., a], or []."""
-    colour: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        colour[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if colour.get(nxt) == 1:
-                return stack[stack.index(nxt) :] + [nxt]
-            if nxt not in colour and (cycle := visit(nxt)):
-                return cycle
-        colour[node] = 2
-        stack.pop()
-        return []
-
-    for node in sorted(graph):
-        if node not in colour and (cycle := visit(node)):
-            return cycle
-    return []
+def test_the_room_rule_catches_an_import_up():
+    graph = {"dstrain.core.a": {"dstrain.loop.b"}, "dstrain.loop.b": set()}
+    level = {**ROOMS, "entry": len(ROOMS)}
+    up = [
+        (m, o)
+        for m, i in graph.items()
+        for o in i
+        if room(o) != room(m) and level[room(o)] >= level[room(m)]
+    ]
+    assert up == [("dstrain.core.a", "dstrain.loop.b")]
+    assert room("dstrain.data.check") == "data" and room("dstrain.polish") == "entry"
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -80,7 +66,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_import_cycles_lazy_imports_included():
     graph = import_graph()
-    assert len(graph) > 25 and "dstrain.trainer" in graph["dstrain.train"]
+    assert len(graph) > 25 and "dstrain.loop.trainer" in graph["dstrain.run.train"]
     assert find_cycle(graph) == []
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from dstrain.losses import smoothed_cross_entropy
+from dstrain.techniques.losses import smoothed_cross_entropy
 
 
 @pytest.mark.parametrize("s", [0.0, 0.1, 0.5])

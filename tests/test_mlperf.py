@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from dstrain import mlperf, plan
-from dstrain.config import load_config
-from dstrain.errors import ConfigError
-from dstrain.mlperf import events
-from dstrain.trainer import evaluates_after
+from dstrain.core.errors import ConfigError
+from dstrain.loop import mlperf
+from dstrain.loop.mlperf import events
+from dstrain.loop.trainer import evaluates_after
+from dstrain.run import plan
+from dstrain.settings.config import load_config
 from tests.conftest import REPO, TINY, run_cli
 
 
@@ -59,7 +60,7 @@ def test_log_mlperf_without_the_package_says_how_to_get_it(monkeypatch):
 
 
 def test_an_exact_end_lr_replaces_the_factor():
-    from dstrain.schedule import LRSchedule
+    from dstrain.techniques.schedule import LRSchedule
 
     cfg = load_config(
         TINY[1], [*TINY[2:], "optim.decay=poly", "optim.end_lr=0.0001", "optim.base_lr=10.5"]

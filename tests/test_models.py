@@ -1,9 +1,9 @@
-"""Model-side helpers of the precision and compile paths (dstrain/models.py)."""
+"""Model-side helpers of the precision and compile paths (dstrain/techniques/models.py)."""
 
 import pytest
 import torch
 
-from dstrain.models import build_model, keep_batchnorm_fp32
+from dstrain.techniques.models import build_model, keep_batchnorm_fp32
 
 pytestmark = pytest.mark.oldest
 

@@ -7,10 +7,10 @@ from dataclasses import fields
 import pytest
 import torch
 
-from dstrain.dist import free_port
-from dstrain.errors import ConfigError
-from dstrain.models import build_model
-from dstrain.optim import (
+from dstrain.core.dist import free_port
+from dstrain.core.errors import ConfigError
+from dstrain.techniques.models import build_model
+from dstrain.techniques.optim import (
     OPTIMIZERS,
     build_optimizer,
     param_groups,
@@ -54,13 +54,13 @@ def test_steps_suppressed_restores_the_real_step():
 
 ZERO_STEP_PROBE = textwrap.dedent("""
     import os, sys, torch, deepspeed
-    from dstrain.optim import steps_suppressed
+    from dstrain.techniques.optim import steps_suppressed
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))  # no BN: bf16 cast works on CPU
     if sys.argv[3] == "lars":
-        from dstrain.lars import LARS
+        from dstrain.techniques.lars import LARS
         opt = LARS(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
@@ -93,7 +93,7 @@ def test_deepspeed_initialize_zero_gradient_step_is_harmless(mode, buffers, opti
 
 @pytest.mark.parametrize("path", sorted((REPO / "ds_configs").glob("*.json")), ids=lambda p: p.stem)
 def test_every_shipped_optimizer_block_builds(path):
-    from dstrain import ds_config
+    from dstrain.run import ds_config
 
     spec = ds_config.read_json(path).get("optimizer")
     parsed = parse_spec(spec, str(path))
@@ -169,7 +169,7 @@ def test_fused_lamb_op_build_failure_is_reported_as_one_not_as_a_config_error(mo
     ],
 )
 def test_arch_lists_deepspeed_cannot_parse_are_made_parsable(given, handed):
-    from dstrain.optim import deepspeed_arch_list
+    from dstrain.techniques.optim import deepspeed_arch_list
 
     assert deepspeed_arch_list(given) == handed
 
@@ -179,7 +179,7 @@ def test_lamb_on_channels_last_parameters_equals_lamb_on_contiguous_ones():
 
     Both layouts get the same values and gradients (only the memory layout differs), so any
     difference beyond the norms' summation order is a layout bug."""
-    from dstrain.lamb import LAMB
+    from dstrain.techniques.lamb import LAMB
 
     torch.manual_seed(0)
     reference = build_model("resnet_small", 10, in_channels=3, width=8)
@@ -207,7 +207,7 @@ def test_lamb_on_channels_last_parameters_equals_lamb_on_contiguous_ones():
 
 
 def test_apply_schedule_scales_weight_decay_from_its_initial_value():
-    from dstrain.optim import apply_schedule
+    from dstrain.techniques.optim import apply_schedule
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
     opt = build_optimizer(
@@ -225,9 +225,9 @@ SINGLE_RANK_PROBE = textwrap.dedent("""
     import os, sys, torch, deepspeed
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     deepspeed.init_distributed(dist_backend="gloo")
-    from dstrain import ds_config
-    from dstrain.models import build_model
-    from dstrain.optim import build_optimizer
+    from dstrain.run import ds_config
+    from dstrain.techniques.models import build_model
+    from dstrain.techniques.optim import build_optimizer
     user = ds_config.load(sys.argv[2])
     x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
     params = []
@@ -250,7 +250,7 @@ SINGLE_RANK_PROBE = textwrap.dedent("""
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("json_name", ["fp32", "bf16", "lars_fp32"])
 def test_skipping_deepspeeds_single_rank_allreduce_changes_nothing(json_name):
-    """dstrain.train sets enable_backward_allreduce=False for one rank (ZeRO 0): the weights must not change."""
+    """dstrain.run.train sets enable_backward_allreduce=False for one rank (ZeRO 0): the weights must not change."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -283,7 +283,7 @@ class FakeEngine:
 def test_trainer_skips_deepspeeds_allreduce_only_for_one_rank_without_zero(
     world, zero_stage, allreduce
 ):
-    from dstrain.train import configure_grad_sync
+    from dstrain.run.train import configure_grad_sync
 
     engine = FakeEngine(zero_stage)
     assert configure_grad_sync(engine, None, world, seed=0) is None
@@ -307,7 +307,7 @@ def test_every_optimizer_path_receives_the_same_groups(kind, monkeypatch):
     whichever implementation runs. FusedLamb is built for real (its CUDA op load stubbed out)."""
     import deepspeed.ops.lamb.fused_lamb as fused_lamb
 
-    from dstrain import optim
+    from dstrain.techniques import optim
 
     monkeypatch.setattr(optim, "load_fused_lamb_op", lambda: None)
     monkeypatch.setattr(fused_lamb.FusedLambBuilder, "load", lambda self, *a, **k: object())
@@ -328,7 +328,7 @@ def test_every_optimizer_path_receives_the_same_groups(kind, monkeypatch):
 def test_exclude_bn_bias_false_gives_one_group_everywhere(kind, monkeypatch):
     import deepspeed.ops.lamb.fused_lamb as fused_lamb
 
-    from dstrain import optim
+    from dstrain.techniques import optim
 
     monkeypatch.setattr(optim, "load_fused_lamb_op", lambda: None)
     monkeypatch.setattr(fused_lamb.FusedLambBuilder, "load", lambda self, *a, **k: object())
@@ -342,8 +342,8 @@ def test_exclude_bn_bias_false_gives_one_group_everywhere(kind, monkeypatch):
 def test_bn_bias_lr_factor_sets_the_excluded_groups_lr_and_old_groups_still_step():
     """A separate LR for the BN/bias group (issue 33), set with every step's LR; and a LARS whose
     groups come from a checkpoint written before the newer settings existed still steps."""
-    from dstrain.lars import LARS
-    from dstrain.optim import apply_schedule, build_optimizer, parse_spec
+    from dstrain.techniques.lars import LARS
+    from dstrain.techniques.optim import apply_schedule, build_optimizer, parse_spec
 
     spec = parse_spec({"type": "LARS", "params": {"bn_bias_lr_factor": 0.1}})
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
@@ -365,7 +365,7 @@ TENSORS_PER_PARAM = {"none": 0, "momentum buffer": 1, "first and second moments"
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 @pytest.mark.parametrize("kind", sorted(set(OPTIMIZERS) - {"fusedlamb"}))  # a CUDA op: test_gpu.py
 def test_each_optimizer_keeps_the_state_its_table_entry_declares(kind, momentum):
-    """The resume fingerprint (dstrain/compat.py) takes an optimizer's state layout from its table
+    """The resume fingerprint (dstrain/run/compat.py) takes an optimizer's state layout from its table
     entry: after one step, its state_dict holds that many tensors of each parameter's shape."""
     model = build_model("resnet_small", 10, in_channels=1, width=8)
     params = {"weight_decay": 0.01}

@@ -1,4 +1,4 @@
-"""dstrain/outcome.py: how a run ended, recorded once (the rank's record, the failed mark, closers)."""
+"""dstrain/run/outcome.py: how a run ended, recorded once (the rank's record, the failed mark, closers)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from dstrain import fault, rundir
-from dstrain.errors import Diverged, PeerLost
-from dstrain.outcome import Outcome, ending_of
+from dstrain.core.errors import Diverged, PeerLost
+from dstrain.loop import fault
+from dstrain.run import rundir
+from dstrain.run.outcome import Outcome, ending_of
 
 
 def record(run_dir) -> dict:

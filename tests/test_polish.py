@@ -11,12 +11,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from dstrain.bn_refit import bn_layers, refit_bn
+from dstrain.core.dist import free_port
 from dstrain.data import Shard
 from dstrain.data.fashion_mnist import TensorLoader
-from dstrain.dist import free_port
-from dstrain.models import build_model
-from dstrain.schedule import augment_at
+from dstrain.techniques.bn_refit import bn_layers, refit_bn
+from dstrain.techniques.models import build_model
+from dstrain.techniques.schedule import augment_at
 from tests.conftest import TINY, deepspeed_launcher, one_thread_per_rank, rank_env, run_cli
 
 BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
@@ -314,7 +314,7 @@ def test_standalone_polish_two_ranks_equals_one(fake_fmnist, tmp_path):
         if ranks == 1:  # on the devices the 2 ranks get (a 1-GPU node: both on the CPU)
             cmd = run_cli(args, module="dstrain.polish", env=rank_env(2))
         else:
-            cmd = run_cli(args, launcher=deepspeed_launcher(2), script="dstrain/polish.py")
+            cmd = run_cli(args, launcher=deepspeed_launcher(2), script="dstrain/run/polish.py")
         assert cmd.returncode == 0, cmd.stdout[-3000:] + cmd.stderr[-3000:]
         info = json.loads((copy / "polished" / "polish.json").read_text())
         assert info["images"] == 250 and info["world_size"] == ranks

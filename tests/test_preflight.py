@@ -29,7 +29,7 @@ def check(capfd, args: list[str]) -> tuple[int, str, str]:
 
 
 def test_check_prints_the_plan_and_writes_nothing(fake_fmnist, tmp_path, capfd, monkeypatch):
-    from dstrain.launch import RUN_DIR_FILE_ENV
+    from dstrain.core.files import RUN_DIR_FILE_ENV
 
     monkeypatch.setenv(RUN_DIR_FILE_ENV, str(tmp_path / "pointer"))  # as under launch.sh
     run_dir = tmp_path / "run"

@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from dstrain.dist import free_port
-from dstrain.errors import ConfigError
-from dstrain.ramp import BatchStage, batch_at, batch_plan
+from dstrain.core.dist import free_port
+from dstrain.core.errors import ConfigError
+from dstrain.settings.ramp import BatchStage, batch_at, batch_plan
 from tests.conftest import CPU_ONLY, REPO
 
 
@@ -102,7 +102,7 @@ def test_first_step_after_a_switch_averages_exactly_the_new_batch(mode, exact):
 def test_the_ramp_rule_without_a_world_size_is_the_plans_rule(global_size, ramp):
     """compat's resume check reads a checkpoint's recorded ramp with ramp.global_size_at: the same
     global batch per epoch as the plan the run trained with (one rule, for any world size)."""
-    from dstrain.ramp import global_size_at
+    from dstrain.settings.ramp import global_size_at
 
     stages = batch_plan(global_size, 16, sorted(ramp), world=2, epochs=8)
     for epoch in range(8):

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dstrain import ds_config
-from dstrain.config import load_config
-from dstrain.optim import apply_schedule, build_optimizer
-from dstrain.schedule import LRSchedule
+from dstrain.run import ds_config
+from dstrain.settings.config import load_config
+from dstrain.techniques.optim import apply_schedule, build_optimizer
+from dstrain.techniques.schedule import LRSchedule
 from tests.conftest import REPO
 
 

@@ -1,12 +1,12 @@
-"""The failed-start rule (dstrain/rundir.py): a run with no checkpoint is marked failed and started over."""
+"""The failed-start rule (dstrain/run/rundir.py): a run with no checkpoint is marked failed and started over."""
 
 import json
 
 import pytest
 
-from dstrain import rundir
-from dstrain.config import load_config
-from dstrain.errors import ConfigError
+from dstrain.core.errors import ConfigError
+from dstrain.run import rundir
+from dstrain.settings.config import load_config
 
 
 def test_a_run_without_a_checkpoint_is_marked_failed_and_reused(tmp_path):
@@ -39,8 +39,8 @@ def test_meta_json_keeps_every_start_and_the_diff_of_an_uncommitted_tree(tmp_pat
     was rewritten at every restart), with the diff of an uncommitted tree saved beside it."""
     from omegaconf import OmegaConf
 
-    from dstrain import rundir
-    from dstrain.config import TrainConfig
+    from dstrain.run import rundir
+    from dstrain.settings.config import TrainConfig
 
     cfg = OmegaConf.structured(TrainConfig)
     run_dir = tmp_path / "run"
@@ -63,7 +63,7 @@ def test_meta_json_keeps_every_start_and_the_diff_of_an_uncommitted_tree(tmp_pat
 
 
 def test_uncommitted_diff_is_the_code_a_dirty_sha_ran():
-    from dstrain.provenance import git_sha, uncommitted_diff
+    from dstrain.core.provenance import git_sha, uncommitted_diff
 
     diff = uncommitted_diff()
     assert bool(diff) == git_sha().endswith("-dirty")

@@ -4,8 +4,15 @@ import math
 
 import pytest
 
-from dstrain.config import OptimConfig, load_config
-from dstrain.schedule import LRSchedule, decay_lr, lr_at, scaled_lr, warmup_lr, weight_decay_factor
+from dstrain.settings.config import OptimConfig, load_config
+from dstrain.techniques.schedule import (
+    LRSchedule,
+    decay_lr,
+    lr_at,
+    scaled_lr,
+    warmup_lr,
+    weight_decay_factor,
+)
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from dstrain.core.errors import ConfigError
 from dstrain.data import Shard, build_data, convert, shards
 from dstrain.data.images import scan_folder, scan_images
-from dstrain.errors import ConfigError
 from tests.conftest import run_cli
 from tests.test_folder_loaders import cfg_for
 

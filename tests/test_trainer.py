@@ -11,13 +11,15 @@ import signal
 import pytest
 import torch
 
-from dstrain import dist, fault, startup, train
-from dstrain.config import load_config
-from dstrain.errors import Preempted
-from dstrain.hooks import Hook, Hooks
-from dstrain.mlperf import events
-from dstrain.monitor import StepMeter
-from dstrain.plan import prepare
+from dstrain.core import dist
+from dstrain.core.errors import Preempted
+from dstrain.core.hooks import Hook, Hooks
+from dstrain.loop import fault
+from dstrain.loop.mlperf import events
+from dstrain.loop.monitor import StepMeter
+from dstrain.run import startup, train
+from dstrain.run.plan import prepare
+from dstrain.settings.config import load_config
 from tests.conftest import REPO, TINY
 from tests.test_mlperf import values
 
@@ -98,8 +100,9 @@ class Recorder(Hook):
         return {"recorded": len(self.events)}
 
 
+@pytest.mark.slow  # a 2-epoch run in process: the full suite only
 def test_a_hook_hears_the_loop_and_can_end_it(fake_fmnist, tmp_path, world_of_one):
-    """Issue 53, item 2: what rides on the loop is a hook (dstrain/hooks.py). A hook hears every
+    """Issue 53, item 2: what rides on the loop is a hook (dstrain/core/hooks.py). A hook hears every
     event in order, with the evaluated metrics; its eval_end ends training (the checkpoint of that
     epoch is written, as for target_top1); its summary lands in summary.json. The loop's module
     names none of the concerns that now ride on it."""
@@ -122,7 +125,7 @@ def test_a_hook_hears_the_loop_and_can_end_it(fake_fmnist, tmp_path, world_of_on
     assert [e[1] for e in events if e[0] == "log_window"] == [8, 16, 24, 32]  # 16 steps an epoch
     assert (trainer.checkpoint_root / "latest").read_text().strip() == "epoch0002"
     assert trainer.summary(world=1, precision=plan.spec.precision)["recorded"] == len(events)
-    source = (REPO / "dstrain" / "trainer.py").read_text().lower()
+    source = (REPO / "dstrain" / "loop" / "trainer.py").read_text().lower()
     assert not re.search(r"mlperf|lars_tensors|target_top1|tensor_stats", source)
 
 
@@ -274,11 +277,11 @@ def test_native_fp16_engine_updates_as_fp32_does_and_reports_its_scale(
 ):
     """ds_configs/fp16_native.json: DeepSpeed 0.19's engine.backward leaves the loss unscaled with
     ZeRO 0 while its wrapper divides the gradients by the scale (65,536) in step(), so ResNet-50's
-    weights did not move on the H100. dstrain multiplies the loss itself (dstrain/loss_scaling.py):
+    weights did not move on the H100. dstrain multiplies the loss itself (dstrain/techniques/loss_scaling.py):
     one step moves the weights as FP32 does. Run here on the CPU (the engine runs FP16 on gloo),
     with the GPU check answered yes. Fails if the workaround goes, and if a DeepSpeed that scales
     by itself is installed (the scale applied twice: every step overflows)."""
-    from dstrain.loss_scaling import backward_multiplier, loss_scale_of
+    from dstrain.techniques.loss_scaling import backward_multiplier, loss_scale_of
 
     overrides = ("epochs=1", "optim.warmup_epochs=0", "optim.base_lr=0.1", "log.every_steps=1")
     reference = _fc_update(make_trainer(fake_fmnist, tmp_path / "fp32", *overrides)[0])
@@ -300,7 +303,7 @@ def test_native_fp16_engine_updates_as_fp32_does_and_reports_its_scale(
 def test_engines_that_scale_the_loss_themselves_get_no_second_multiply(
     fake_fmnist, tmp_path, world_of_one
 ):
-    from dstrain.loss_scaling import backward_multiplier, loss_scale_of
+    from dstrain.techniques.loss_scaling import backward_multiplier, loss_scale_of
 
     for ds, scale in (("fp32", None), ("fp16", 2.0**16)):
         trainer, _ = make_trainer(fake_fmnist, tmp_path / ds, "epochs=1", ds=ds)
@@ -353,7 +356,7 @@ def test_training_runs_on_a_torch_without_the_public_set_timeout(
 def test_fused_lamb_with_channels_last_is_refused_before_anything_starts(fake_fmnist, tmp_path):
     import json
 
-    from dstrain.errors import ConfigError
+    from dstrain.core.errors import ConfigError
 
     raw = json.loads((REPO / "ds_configs" / "lamb_fp32.json").read_text())
     raw["optimizer"]["type"] = "FusedLamb"
@@ -373,7 +376,7 @@ def test_compiled_training_composes_with_ramp_eval_checkpoints_and_resume(
     """model.compile=true: no new graphs when the ramp changes accumulation or in a second epoch,
     checkpoint keys as uncompiled, and a compiled run's checkpoint resumes uncompiled and back;
     with a BN span throughout (compiled, refit, resumed)."""
-    from dstrain.models import compiled_graphs
+    from dstrain.techniques.models import compiled_graphs
 
     common = ["batch.micro_per_rank=32", "polish.enabled=true", "model.bn_span=16"]
     plain, _ = make_trainer(fake_fmnist, tmp_path, "epochs=1", *common)  # run 1: uncompiled
@@ -420,7 +423,7 @@ def test_compiled_training_composes_with_channels_last_precision_optimizers_and_
     new graph."""
     import json
 
-    from dstrain.models import compiled_graphs
+    from dstrain.techniques.models import compiled_graphs
 
     raw = json.loads((REPO / "ds_configs" / f"{ds}.json").read_text())
     if comm:
@@ -466,7 +469,7 @@ def test_the_trainers_first_step_after_a_ramp_switch_averages_exactly_the_new_ba
     fresh copy of the weights, and not the last micro batch's alone."""
     import torch.nn.functional as F
 
-    from dstrain.models import model_from_config
+    from dstrain.techniques.models import model_from_config
 
     trainer, _ = make_trainer(
         fake_fmnist,
@@ -569,15 +572,18 @@ def test_the_mlperf_log_holds_the_values_the_run_uses(fake_fmnist, tmp_path, wor
     assert got["model_bn_span"] == 32 and got["train_samples"] == 512
     assert [e["metadata"]["epoch_num"] for e in log if e["key"] == "eval_accuracy"] == [2, 3]
     # the run's set-up (train.py) and the loop's marks (mlperf.py's MLPerfMarks, a loop hook)
-    assert {e["metadata"]["file"] for e in log} <= {"dstrain/train.py", "dstrain/mlperf.py"}
+    assert {e["metadata"]["file"] for e in log} <= {
+        "dstrain/run/train.py",
+        "dstrain/loop/mlperf.py",
+    }
     assert log[-1]["metadata"]["status"] == "aborted"  # no quality target: not MLPerf's success
 
 
 def test_the_train_state_round_trips_through_its_state_dict_and_refuses_unknown_keys():
     """What a checkpoint keeps is TrainState.state_dict() (plain values, copied); load_state_dict
     takes it back, keeps defaults for keys an older dstrain did not write, refuses unknown ones."""
-    from dstrain.errors import ConfigError
-    from dstrain.trainer import TrainState
+    from dstrain.core.errors import ConfigError
+    from dstrain.loop.trainer import TrainState
 
     state = TrainState(epoch=3, step=42, best_top1=0.5, history=[{"epoch": 1, "top1": 0.4}])
     saved = state.state_dict()

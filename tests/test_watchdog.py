@@ -1,4 +1,4 @@
-"""dstrain/watchdog.py: a stalled run ends itself (exit 6), a stop signal gets a bounded grace (exit 75).
+"""dstrain/loop/watchdog.py: a stalled run ends itself (exit 6), a stop signal gets a bounded grace (exit 75).
 
 In-process: the Watchdog with a replaced exit. Real runs: DSTRAIN_FAULT_STALL hangs the main thread in a
 phase (a sleep loop that Python signal handlers do not break, as a native hang would not), and the
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from dstrain import checkpoint, fault
-from dstrain.config import load_config, validate
-from dstrain.errors import ConfigError
-from dstrain.watchdog import Watchdog
+from dstrain.core.errors import ConfigError
+from dstrain.loop import checkpoint, fault
+from dstrain.loop.watchdog import Watchdog
+from dstrain.settings.config import load_config, validate
 from tests.conftest import TINY, deepspeed_launcher, run_cli
 from tests.inject.sitecustomize import STALL_ENV, InjectedStall
 from tests.test_faults import Running, clean_env, records, user_lines

@@ -5,7 +5,8 @@
 
 Per package: files and lines, the longest functions (lines, decorators and docstring included), the
 widest signatures (parameters, ``self``/``cls`` not counted), import cycles (top-level and lazy
-imports, from tests/test_layers.py), how many modules each module imports, lines past 100 columns,
+imports: import_graph, find_cycle, which tests/test_layers.py checks dstrain with), how many
+modules each module imports, lines past 100 columns,
 and the floor plan (floor 0 imports nothing of the package; each module sits one floor above the
 highest module it imports).
 """
@@ -21,6 +22,61 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+PACKAGE = REPO / "dstrain"
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """Every module of ``modules`` that ``path`` imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.update(name for name in names if name in modules)
+    return found
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (tests/test_layers.py checks dstrain's with it;
+    measure() any package's)."""
+    paths = sorted(package.rglob("*.py"))
+    modules = {module_name(p, package) for p in paths}
+    graph = {}
+    for path in paths:
+        name = module_name(path, package)
+        graph[name] = imports_of(path, modules) - {name, package.name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle as a path [a, b, ..., a], or []."""
+    colour: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        colour[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if colour.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in colour and (cycle := visit(nxt)):
+                return cycle
+        colour[node] = 2
+        stack.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in colour and (cycle := visit(node)):
+            return cycle
+    return []
 
 
 def functions(path: Path):
@@ -43,8 +99,6 @@ def functions(path: Path):
 
 
 def measure(package: Path) -> dict:
-    from tests.test_layers import find_cycle, import_graph
-
     paths = sorted(package.rglob("*.py"))
     rel = {p: str(p.relative_to(package.parent)) for p in paths}
     funcs = [(f"{rel[p]}:{name}", n, k) for p in paths for name, n, k in functions(p)]
@@ -99,7 +153,7 @@ def main() -> int:
     p.add_argument("--package", default=str(REPO / "dstrain"), help="a dstrain package folder")
     p.add_argument("--out", default=str(REPO / "bench/results/code_shape.json"))
     args = p.parse_args()
-    from dstrain.provenance import record as provenance_record
+    from dstrain.core.provenance import record as provenance_record
 
     result = {
         **provenance_record(f"python tools/code_shape.py {shlex.join(sys.argv[1:])}"),

@@ -259,9 +259,9 @@ TUNING_30EP = (
     ("goyal", "goyal_4096", "Goyal SGD (LR per 256 images)", ("0.05", "0.1", "0.2")),
 )
 OPTIMIZER_CODE = (
-    "dstrain/lars.py",
-    "dstrain/lamb.py",
-    "dstrain/multitensor.py",
+    "dstrain/techniques/lars.py",
+    "dstrain/techniques/lamb.py",
+    "dstrain/techniques/multitensor.py",
     "bench/optimizer_step.py",
 )
 R = "python bench/"  # a benchmark
@@ -315,14 +315,14 @@ RESULTS = [
     Result("single_rank_allreduce", "DeepSpeed's single-rank all-reduce (now skipped)",
            R + "single_rank_allreduce.py", "bench/results/single_rank_allreduce_cpu.json",
            "a step {speedup_without_allreduce:.2f}x faster without it",
-           code=("dstrain/trainer.py", "dstrain/compat.py", "bench/single_rank_allreduce.py")),
+           code=("dstrain/loop/trainer.py", "dstrain/run/compat.py", "bench/single_rank_allreduce.py")),
     Result("bn_span", "BN span 32 cost, channels_last", R + "bn_span.py",
            "bench/results/bn_span_cpu.json", "{span_over_plain:.2f}x the plain-BN step",
-           code=("dstrain/bn_span.py", "bench/bn_span.py")),
+           code=("dstrain/techniques/bn_span.py", "bench/bn_span.py")),
     Result("bn_span_nchw", "BN span 32 cost, NCHW",
            R + "bn_span.py --channels-last off --out bench/results/bn_span_cpu_nchw.json",
            "bench/results/bn_span_cpu_nchw.json", "{span_over_plain:.2f}x the plain-BN step",
-           code=("dstrain/bn_span.py", "bench/bn_span.py")),
+           code=("dstrain/techniques/bn_span.py", "bench/bn_span.py")),
     Result("optimizer_step", "LARS/LAMB step on ResNet-50's parameters", R + "optimizer_step.py",
            "bench/results/optimizer_step_cpu.json",
            "LARS {ratio_vs_sgd_foreach.dstrain_lars:.2f}x, LAMB {ratio_vs_sgd_foreach.dstrain_lamb:.2f}x"

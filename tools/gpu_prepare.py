@@ -301,7 +301,7 @@ def source_record(repo: Path = REPO) -> dict:
     """The git SHA and each tracked file's SHA-256: the node, without .git, checks its copy against
     them (tools/gpu_node.py: the SHA it records, with ``-modified`` where a file differs)."""
     sys.path.insert(0, str(repo))
-    from dstrain.provenance import git_sha
+    from dstrain.core.provenance import git_sha
 
     tracked = subprocess.run(
         ["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, text=True

@@ -122,7 +122,7 @@ def gpu_slug(name: str | None) -> str:
 def environment() -> dict:
     import torch
 
-    from dstrain.provenance import record
+    from dstrain.core.provenance import record
 
     def version(module: str) -> str | None:
         try:
@@ -704,7 +704,7 @@ class Run:
         return bool(set(collected) - set(skip))
 
     def _summarise(self, progress: Path, item: dict, out: Path, targets: list[str]) -> None:
-        from dstrain.provenance import record as provenance_record
+        from dstrain.core.provenance import record as provenance_record
 
         summary = {
             **provenance_record(

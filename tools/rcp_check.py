@@ -26,10 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dstrain import mlperf  # noqa: E402
-from dstrain.errors import ConfigError  # noqa: E402
-from dstrain.files import atomic_write_text  # noqa: E402
-from dstrain.provenance import record as provenance_record  # noqa: E402
+from dstrain.core.errors import ConfigError  # noqa: E402
+from dstrain.core.files import atomic_write_text  # noqa: E402
+from dstrain.core.provenance import record as provenance_record  # noqa: E402
+from dstrain.loop import mlperf  # noqa: E402
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:

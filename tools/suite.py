@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dstrain.provenance import record as provenance_record  # noqa: E402
+from dstrain.core.provenance import record as provenance_record  # noqa: E402
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 

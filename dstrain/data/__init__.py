@@ -15,7 +15,7 @@ images each rank reads is decided in one place,
   synthetic    random device-resident batches with the data set's shape; reads no files
 
 Batch-size ramp: the micro batch stays fixed and the ramp raises the number of
-accumulation steps (dstrain/ramp.py), so no loader or pipeline is rebuilt; each
+accumulation steps (dstrain/settings/ramp.py), so no loader or pipeline is rebuilt; each
 epoch's index lists are cut again from the accumulation ``start_epoch`` passes.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from dstrain.config import DataConfig
+from dstrain.core.errors import ConfigError
 from dstrain.data.fashion_mnist import (
     TensorLoader,
     idx_length,
@@ -47,7 +47,7 @@ from dstrain.data.sharding import (
     polish_batches,
     val_range,
 )
-from dstrain.errors import ConfigError
+from dstrain.settings.config import DataConfig
 
 __all__ = [
     "Data",
@@ -111,7 +111,7 @@ def resolve_loader(cfg: DataConfig) -> str:
 @dataclass(frozen=True)
 class ImageCounts:
     """What a run reads, found without decoding anything: the run's start-up checks and
-    ``python -m dstrain --check`` (dstrain/startup.py) count with it, and :func:`build_data` builds
+    ``python -m dstrain --check`` (dstrain/run/startup.py) count with it, and :func:`build_data` builds
     from it, so an image folder is scanned once."""
 
     kind: str  # the loader: tensor | dali | torchvision | synthetic

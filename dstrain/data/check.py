@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("root", help="folder holding train/<class>/ and val/<class>/")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decode processes")
     args = p.parse_args(argv)
-    from dstrain.config import ConfigError
     from dstrain.data.images import decode_error, scan_folder
+    from dstrain.settings.config import ConfigError
 
     try:
         splits = scan_folder(args.root)

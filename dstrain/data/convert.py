@@ -25,10 +25,10 @@ import sys
 import time
 from pathlib import Path
 
+from dstrain.core.errors import ConfigError
+from dstrain.core.files import atomic_write_text
 from dstrain.data import shards
 from dstrain.data.images import scan_folder
-from dstrain.errors import ConfigError
-from dstrain.files import atomic_write_text
 
 
 class Progress:

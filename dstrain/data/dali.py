@@ -51,7 +51,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from dstrain.config import DataConfig
 from dstrain.data.images import (
     GRAY_MEAN,
     GRAY_STD,
@@ -63,6 +62,7 @@ from dstrain.data.images import (
     decode_error,
 )
 from dstrain.data.sharding import Output, Shard, ShardedBatches, index_lists
+from dstrain.settings.config import DataConfig
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dstrain.config import FASHION_MNIST_DEFAULT_ROOT
+from dstrain.core.errors import ConfigError
 from dstrain.data.sharding import Output, Shard, ShardedBatches
-from dstrain.errors import ConfigError
+from dstrain.settings.config import FASHION_MNIST_DEFAULT_ROOT
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from dstrain.config import DataConfig
 from dstrain.data.images import (
     GRAY_MEAN,
     GRAY_STD,
@@ -17,6 +16,7 @@ from dstrain.data.images import (
     first_corrupt_line,
 )
 from dstrain.data.sharding import Output, Shard, ShardedBatches
+from dstrain.settings.config import DataConfig
 
 
 # ---------------------------------------------------------------- torchvision loader

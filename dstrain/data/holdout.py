@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from dstrain.errors import ConfigError
+from dstrain.core.errors import ConfigError
 
 SPLIT_SEED = 20190312  # fixed: the split is part of the data set, not of a run
 

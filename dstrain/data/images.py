@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dstrain.core.errors import ConfigError
 from dstrain.data.shards import ShardStore, scan_shards
-from dstrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dstrain.errors import ConfigError
+from dstrain.core.errors import ConfigError
 
 SHARD_SUFFIX = {"wds": ".tar", "recordio": ".rec"}
 WDS_INDEX_VERSION = "v1.2"

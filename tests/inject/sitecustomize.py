@@ -10,7 +10,7 @@ launcher starts, too), and this one patches dstrain's modules as they are import
     SIGKILL rank 0 inside the save of checkpoint TAG: ``written`` (every rank's files are in
     TAG.partial, not yet renamed) or ``renamed`` (TAG is complete, ``latest`` not yet moved).
 ``DSTRAIN_FAULT_STALL=PHASE:SECONDS[:RANK[:STEP]]``
-    the main thread hangs for SECONDS the first time it enters PHASE (dstrain/watchdog.py's
+    the main thread hangs for SECONDS the first time it enters PHASE (dstrain/loop/watchdog.py's
     PHASES) after at least STEP optimizer steps, on rank RANK only (default: every rank).
 """
 
@@ -80,7 +80,7 @@ def patch_trainer(module) -> None:
 
         trainer.after_step = killing_after_step
     if os.environ.get(STALL_ENV):
-        from dstrain import dist
+        from dstrain.core import dist
 
         phase, pending = trainer.phase, {}
 
@@ -116,7 +116,7 @@ def patch_checkpoint(module) -> None:
     module._agree_or_fail, module.atomic_write_text = agree_then_kill, kill_then_write
 
 
-PATCHES = {"dstrain.trainer": patch_trainer, "dstrain.checkpoint": patch_checkpoint}
+PATCHES = {"dstrain.loop.trainer": patch_trainer, "dstrain.loop.checkpoint": patch_checkpoint}
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

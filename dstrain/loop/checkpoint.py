@@ -1,0 +1,226 @@
+"""Atomic checkpoints around DeepSpeed's save_checkpoint, with the trainer's own state.
+
+Layout of ``RUN_DIR/checkpoints``::
+
+    epoch0003/              one complete checkpoint (DeepSpeed files + ours) after 3 epochs
+        mp_rank_00_model_states.pt ...   DeepSpeed: module, optimizer, loss scaler, client_state
+        rng_rank00000.pt ...             per-rank RNG state (DeepSpeed saves none)
+        trainer_state.json               epoch, step, history (human-readable copy)
+    epoch0003-step00000050/ written on SIGTERM/SIGINT: 3 epochs and global step 50 done
+    epoch0004.partial/      a save in progress, or one killed half-way: never loaded
+    latest                  the tag of the newest complete checkpoint
+
+A save writes into ``<tag>.partial``; after every rank has finished, rank 0
+renames it to ``<tag>`` and then replaces ``latest`` atomically (write to a
+temporary file, fsync, ``os.replace``). A process killed at any point leaves the
+previous checkpoint complete and ``latest`` pointing at it (tested by killing at
+each phase: tests/inject/sitecustomize.py). A write that fails (a full
+disk) fails on every rank with :class:`~dstrain.core.errors.CheckpointWriteError`,
+and the partial directory is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dstrain.core import dist
+from dstrain.core.errors import CheckpointWriteError, ConfigError, first_line
+from dstrain.core.files import atomic_write_text, fsync_dir
+from dstrain.core.safe_load import NUMPY_ARRAYS, load_data, refuse_code
+
+log = logging.getLogger(__name__)
+TAG_RE = re.compile(r"^epoch(\d{4,})(?:-step(\d{8,}))?$")
+POINTER = "latest"
+STATE_FILE = "trainer_state.json"
+
+
+def tag_for(epoch: int, step: int | None = None) -> str:
+    """``epoch0003`` after 3 whole epochs; ``epoch0003-step00000050`` for a stop part-way through the fourth."""
+    return f"epoch{epoch:04d}" if step is None else f"epoch{epoch:04d}-step{step:08d}"
+
+
+def _order(tag: str) -> tuple[int, int]:
+    m = TAG_RE.match(tag)
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+def rng_state() -> dict:
+    """Every generator's state, in types torch's weights_only loader reads (numpy's key array as a
+    tensor): the file loads as data (dstrain/core/safe_load.py)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, *rest = state["numpy"]  # a tensor, or a numpy array in files before issue 51
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else keys
+    np.random.set_state((kind, keys.astype(np.uint32), *rest))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def complete_tags(root: Path) -> list[str]:
+    """Complete checkpoint tags, oldest first."""
+    if not root.is_dir():
+        return []
+    tags = [p.name for p in root.iterdir() if TAG_RE.match(p.name) and (p / STATE_FILE).is_file()]
+    return sorted(tags, key=_order)
+
+
+def newest_complete(root: Path) -> str | None:
+    """The tag ``latest`` names if it is complete, else the newest complete one on disk."""
+    pointer = root / POINTER
+    if pointer.is_file():
+        tag = pointer.read_text().strip()
+        if TAG_RE.match(tag) and (root / tag / STATE_FILE).is_file():
+            return tag
+        log.warning(
+            "%s names %r, which is not a complete checkpoint; scanning the directory", pointer, tag
+        )
+    tags = complete_tags(root)
+    return tags[-1] if tags else None
+
+
+def trainer_state(root: Path, tag: str) -> dict:
+    """The trainer state a complete checkpoint was saved with (its human-readable copy), or {}."""
+    try:
+        return json.loads((root / tag / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) -> Path:
+    """Collective: every rank calls it. Returns the complete checkpoint's directory."""
+    partial = f"{tag}.partial"
+    error = ""
+    try:
+        if dist.is_main():
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(root / partial, ignore_errors=True)
+        dist.barrier()
+        engine.save_checkpoint(
+            str(root), tag=partial, client_state={"dstrain": trainer_state}, save_latest=False
+        )
+        (root / partial).mkdir(parents=True, exist_ok=True)
+        torch.save(rng_state(), root / partial / f"rng_rank{dist.rank():05d}.pt")
+    except (
+        OSError,
+        RuntimeError,
+    ) as err:  # torch.save reports ENOSPC as e.g. "unexpected pos N vs M"
+        error = f"{root / partial}: {_describe(err, root)}"
+    # every rank's files are on disk before the checkpoint is complete
+    _agree_or_fail(root / partial, error)
+    if dist.is_main():
+        try:
+            atomic_write_text(root / partial / STATE_FILE, json.dumps(trainer_state, indent=2))
+            stale = root / f"{tag}.stale"
+            if (
+                root / tag
+            ).exists():  # re-saving a tag (e.g. after a resume): move the old copy aside first
+                shutil.rmtree(stale, ignore_errors=True)
+                os.rename(root / tag, stale)
+            os.rename(root / partial, root / tag)
+            shutil.rmtree(stale, ignore_errors=True)
+            fsync_dir(root)
+            atomic_write_text(root / POINTER, tag + "\n")
+            _prune(root, keep_last)
+        except OSError as err:
+            error = f"{root / tag}: {_describe(err, root)}"
+    _agree_or_fail(root / partial, error)
+    return root / tag
+
+
+def _describe(err: Exception, root: Path) -> str:
+    text = (
+        err.strerror
+        if isinstance(err, OSError) and err.strerror
+        else str(err).strip().splitlines()[-1]
+    )
+    try:
+        free = shutil.disk_usage(root).free
+        if free < 2**20:
+            return f"the file system is full ({free // 1024} KiB free; {text})"
+        return f"{text} ({free / 2**20:.1f} MiB free on its file system)"
+    except OSError:
+        return text
+
+
+def _agree_or_fail(partial: Path, error: str) -> None:
+    """All ranks learn whether any rank failed to write; then all raise, and the partial copy is removed."""
+    if not dist.host_all_reduce([1.0 if error else 0.0], "max")[0]:
+        return
+    if dist.is_main():
+        shutil.rmtree(partial, ignore_errors=True)
+    where = error or "another rank could not write its part of the checkpoint"
+    raise CheckpointWriteError(
+        f"could not write a checkpoint: {where}. The previous complete checkpoint is "
+        "untouched; free disk space (or fix permissions) and resume with resume=auto"
+    )
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    if keep_last <= 0:
+        return
+    for tag in complete_tags(root)[:-keep_last]:
+        shutil.rmtree(root / tag, ignore_errors=True)
+
+
+def refuse_foreign_code(ckpt: Path) -> None:
+    """Refuse a checkpoint directory whose files would run code when unpickled (DeepSpeed's loader
+    unpickles without weights_only): each file's pickle opcodes are read, nothing is run."""
+    for path in sorted(ckpt.glob("*.pt")):
+        refuse_code(path, NUMPY_ARRAYS if path.name.startswith("rng_rank") else ())
+
+
+def load(engine, root: Path, tag: str) -> dict:
+    """Load a complete checkpoint into the engine; returns the trainer state saved with it."""
+    refuse_foreign_code(root / tag)  # before DeepSpeed unpickles its files
+    try:
+        path, client_state = engine.load_checkpoint(
+            str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
+    except RuntimeError as err:  # load_state_dict's "size mismatch" / "Missing key(s)"
+        if "size mismatch" not in str(err) and "key(s)" not in str(err):
+            raise
+        raise ConfigError(
+            f"{root / tag}: this checkpoint belongs to a different model "
+            f"({str(err).splitlines()[-1].strip()[:160]}). Resume with the model.* settings it was "
+            "trained with, or start a new run_dir"
+        ) from None
+    except (KeyError, ValueError) as err:  # an optimizer or engine state of another layout
+        # dstrain/run/compat.py refuses the known causes first; this names the file if another slips through
+        raise ConfigError(
+            f"{root / tag}: cannot be loaded into this run's optimizer or engine "
+            f"({type(err).__name__}: {first_line(err)[:160]}). "
+            "Resume with the run's own config.yaml and DeepSpeed JSON, or start a new run_dir"
+        ) from None
+    if path is None or not client_state or "dstrain" not in client_state:
+        raise RuntimeError(f"{root / tag}: DeepSpeed could not load this checkpoint")
+    rng_file = root / tag / f"rng_rank{dist.rank():05d}.pt"
+    if rng_file.is_file():
+        set_rng_state(load_data(rng_file, NUMPY_ARRAYS))
+    else:
+        log.warning(
+            "%s missing (world size changed?): RNG state not restored on rank %d",
+            rng_file,
+            dist.rank(),
+        )
+    return client_state["dstrain"]

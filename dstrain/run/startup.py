@@ -1,0 +1,236 @@
+"""A run's start-up checks: one list, one order, one wording for the run and for ``--check``.
+
+:func:`check` is what ``python -m dstrain`` (dstrain/run/train.py) calls after :func:`dstrain.run.plan.prepare`
+and before it builds anything, and what ``python -m dstrain --check`` (dstrain/run/preflight.py) calls
+for the job it is asked about; :func:`stage_lines` is the batch plan both print. In order:
+
+1. the run directory: a file, a used directory without ``resume=auto``, a foreign one, or one that
+   cannot be created is refused (:func:`dstrain.run.rundir.choose`);
+2. with ``resume=auto``, a checkpoint this config cannot continue (dstrain/run/compat.py);
+3. the model, built once: what the precision needs of the device (bf16 weight casts with
+   BatchNorm on a CPU), the optimizer's arguments (built on it once: what torch or our optimizers
+   refuse, e.g. nesterov without momentum), room on the run directory's file system for two
+   checkpoints of it (``fault.check_disk``);
+4. the data: the loader, its files and image counts (dstrain/data: a missing root, an empty or
+   corrupt shard index...), at least one global batch of training images at every stage, and
+   with ``polish.enabled`` a polish set the BN refit can use (2 images or more).
+
+Nothing here writes a file or starts a process group. Every refusal of input the run makes is
+made here or before (dstrain/run/plan.py), so ``--check`` and the run give the same line; what only
+reading the data finds (a corrupt image inside a file) is the exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dstrain.core.errors import ConfigError
+from dstrain.data import ImageCounts, count_images
+from dstrain.loop import checkpoint, mlperf
+from dstrain.run import compat, rundir
+from dstrain.run.components import check_precision
+from dstrain.run.plan import Plan
+from dstrain.settings.ramp import batch_at
+from dstrain.techniques.models import model_from_config
+from dstrain.techniques.optim import build_optimizer
+from dstrain.techniques.schedule import LRSchedule
+
+
+@dataclass(frozen=True)
+class Start:
+    """What the checks found: where the run lives, where it continues from, what it reads."""
+
+    run_dir: Path
+    resume_tag: str | None  # the complete checkpoint resume=auto continues from, or None
+    images: ImageCounts  # the loader and its counts; build_data builds from them
+    run_dir_use: (
+        str  # how the run uses its directory, in words, as found before anything is written
+    )
+
+
+@contextlib.contextmanager
+def quiet(logger: str):
+    """``logger``'s INFO lines left out while a check builds what the run builds again."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def run_dir_use(run_dir: Path, tag: str | None) -> str:
+    if tag:
+        return f"{run_dir} (resume=auto: continues from {tag})"
+    if run_dir.is_dir():
+        held = "no complete checkpoint, starts fresh" if any(run_dir.iterdir()) else "empty"
+        return f"{run_dir} (exists; {held})"
+    return f"{run_dir} (new)"
+
+
+def check(plan: Plan, device: torch.device) -> Start:
+    """Every start-up check of ``plan`` on ``device``, in the order listed above."""
+    cfg = plan.cfg
+    run_dir = rundir.choose(cfg)
+    tag = resume_tag(plan, run_dir)
+    if not run_dir.exists():
+        check_creatable(run_dir)
+    use = run_dir_use(run_dir, tag)
+    model = model_from_config(cfg.model)
+    check_precision(plan.spec.precision, device, model, plan.spec.path)
+    # its arguments refused now, not at build time (the run logs its groups when it builds it)
+    with quiet("dstrain.techniques.optim"):
+        build_optimizer(model, plan.spec.optimizer, plan.schedule.base_lr)
+    if cfg.fault.check_disk:
+        short = rundir.disk_shortfall(run_dir, rundir.checkpoint_bytes(model, plan.spec.precision))
+        if short:
+            raise ConfigError(short)
+    images = count_images(cfg.data, cfg.model.num_classes)
+    check_images(plan, images.n_train)
+    check_polish_set(plan, images.n_train)
+    return Start(run_dir, tag, images, use)
+
+
+def resume_tag(plan: Plan, run_dir: Path) -> str | None:
+    """resume=auto: the newest complete checkpoint in ``run_dir``, refused (dstrain/run/compat.py) when
+    this config cannot continue it; None when there is nothing to continue."""
+    root = run_dir / rundir.CHECKPOINTS
+    if plan.cfg.resume != "auto" or not root.is_dir():
+        return None
+    tag = checkpoint.newest_complete(root)
+    if tag:
+        compat.check(run_dir, plan.cfg, plan.spec, plan.world, checkpoint.trainer_state(root, tag))
+        checkpoint.refuse_foreign_code(root / tag)  # DeepSpeed's loader unpickles what it finds
+    return tag
+
+
+def check_creatable(path: Path) -> None:
+    """A new run directory's nearest existing parent must take it (the wording of
+    :func:`dstrain.run.rundir.create`'s refusal, which finds an unwritable directory too late)."""
+    parent = next((p for p in path.absolute().parents if p.exists()), Path("/"))
+    if os.access(parent, os.W_OK | os.X_OK):
+        return
+    read_only = os.statvfs(parent).f_flag & os.ST_RDONLY
+    reason = "Read-only file system" if read_only else "Permission denied"
+    raise ConfigError(
+        f"run_dir={str(path)!r}: not writable ({reason}) in {parent}; choose another run_dir"
+    )
+
+
+def check_images(plan: Plan, n_train: int) -> None:
+    """At least one global batch of training images at every batch-size stage."""
+    for i, stage in enumerate(plan.stages):
+        if n_train >= stage.global_size:
+            continue
+        asks = (
+            f"batch.global_size={stage.global_size}"
+            if i == 0
+            else f"batch.ramp reaches {stage.global_size} at epoch {stage.epoch + 1}"
+        )
+        key = "batch.global_size" if i == 0 else "batch.ramp"
+        raise ConfigError(
+            f"data: {n_train} training images is less than one global batch ({asks}); "
+            f"lower {key} or use more data"
+        )
+
+
+def polish_images(plan: Plan, n_train: int) -> int:
+    """How many training images the BN refit will see over all ranks: ``polish.images`` (or
+    ``polish.batches`` batches) of the training set, cut into whole batches of
+    ``polish.batch_per_rank`` (0: the last micro batch), a short last batch dropped unless it is
+    the only one (dstrain/data/sharding.py: polish_batches)."""
+    settings = plan.cfg.polish
+    batch = settings.batch_per_rank or plan.stages[-1].micro
+    limit = settings.batches * batch * plan.world if settings.batches else settings.images
+    size = min(limit or n_train, n_train)
+    return size if size <= batch else size // batch * batch
+
+
+def check_polish_set(plan: Plan, n_train: int) -> None:
+    """polish.enabled: a BN refit estimates a variance per channel, so it needs 2 images or more
+    (found here, not after the last epoch)."""
+    if not plan.cfg.polish.enabled:
+        return
+    n = polish_images(plan, n_train)
+    if n >= 2:
+        return
+    settings = plan.cfg.polish
+    asked = (
+        f"polish.batches={settings.batches}"
+        if settings.batches
+        else f"polish.images={settings.images}"
+    )
+    raise ConfigError(
+        f"{asked}: the polish set holds {n} training image(s); the BN refit needs at least 2. "
+        "Raise it (polish.images=0 takes the whole training set) or set polish.enabled=false"
+    )
+
+
+def stage_lines(plan: Plan, n_train: int, schedule: LRSchedule) -> list[str]:
+    """The batch plan, one line per stage, and the total steps: the run logs these lines and
+    ``--check`` prints them."""
+    cfg = plan.cfg
+    steps = sum(n_train // batch_at(epoch, plan.stages).global_size for epoch in range(cfg.epochs))
+    lines = [
+        f"from epoch {stage.epoch + 1}: global {stage.global_size} = {stage.micro} micro x "
+        f"{stage.accumulation} accumulation x {plan.world} ranks, "
+        f"{n_train // stage.global_size} steps/epoch, peak lr {schedule.peak(stage.global_size):.4g}"
+        for stage in plan.stages
+    ]
+    return lines + [
+        f"{steps} optimizer steps; warmup {cfg.optim.warmup_epochs:g} epochs "
+        f"({cfg.optim.warmup}), decay {cfg.optim.decay}"
+    ]
+
+
+def plan_lines(plan: Plan, start: Start, job: str) -> list[str]:
+    """The resolved plan, one function for both: ``--check`` prints these lines (``job``: the ranks
+    it was asked about) and the run logs them as it starts (its own ranks)."""
+    cfg, spec, images, schedule = plan.cfg, plan.spec, start.images, plan.schedule
+    comm = (
+        "DeepSpeed's all-reduce"
+        if spec.comm is None
+        else f"dstrain {spec.comm.config.mode}, compression {spec.comm.config.compression}"
+    )
+    lines = [
+        f"recipe       {cfg.name}: {cfg.epochs} epochs, seed {cfg.seed}",
+        f"DeepSpeed    {spec.path}: precision {spec.precision}, optimizer {spec.optimizer.name} "
+        f"(optim.base_lr {schedule.base_lr:g} per {cfg.optim.lr_reference_batch} images, "
+        f"{cfg.optim.lr_scaling} scaling), gradients by {comm}",
+        f"job          {job}",
+        f"model        {cfg.model.name}, channels_last {str(cfg.model.channels_last).lower()}, "
+        f"compile {str(cfg.model.compile).lower()}",
+        f"data         {images.kind} loader, {images.n_train} train / {images.n_val} val images "
+        f"from {images.source}",
+    ]
+    if images.note:
+        lines.append(f"             note: {images.note}")
+    *stages, steps = stage_lines(plan, images.n_train, schedule)
+    lines += [f"batch        {line}" for line in stages]
+    lines += [f"schedule     {steps}", f"run_dir      {start.run_dir_use}"]
+    if cfg.log.mlperf:
+        lines.append(mlperf_line(plan, images, schedule))
+    return lines
+
+
+def mlperf_line(plan: Plan, images: ImageCounts, schedule: LRSchedule) -> str:
+    """log.mlperf: what the log would hold, judged now by MLPerf's own checker (a log with the
+    run's values and one evaluation at the target); the closed rules name what breaks them."""
+    log = plan.cfg.log
+    values = mlperf.run_values(plan, images.n_train, images.n_val, schedule)
+    verdict = mlperf.judge_values(values, log.mlperf_division)
+    where = f"mlperf       RUN_DIR/mlperf.log, {log.mlperf_division} division: "
+    if verdict.passed:
+        return where + (
+            f"meets MLPerf's rules (ruleset {mlperf.RULESET}) once top-1 reaches "
+            f"{mlperf.TARGET_TOP1}"
+        )
+    broken = ", ".join(f"{k}={values.get(k, 'missing')}" for k in verdict.failed)
+    return where + f"would fail MLPerf's rules (ruleset {mlperf.RULESET}) on {broken}"
