@@ -92,11 +92,45 @@ def test_key_paths_select_aggregate_and_combine():
     assert evidence.resolve(data, "wall_s | seconds") == 19
     with pytest.raises(ValueError, match="2 values, not one"):
         evidence.resolve(data, "runs[row=a].top1")
-    assert evidence.prints_as("91.00", "%", 0.91) and evidence.prints_as("91", "%", 91.0)
+    assert evidence.prints_as("91.00", "%", 0.91) and evidence.prints_as("91", "%", 0.91)
     assert evidence.prints_as("1.50", "pt", -0.015) and not evidence.prints_as(
         "+1.50", "pt", -0.015
     )
     assert not evidence.prints_as("91.1", "%", 0.91)
+
+
+def test_the_foolings_of_issue_53_are_caught():
+    """Shares and gaps are fractions printed x 100, never as they are; arithmetic is left to
+    right; a published or derived figure is cited by its name, not matched by its text."""
+    # 92.43% was accepted as "0.92%", a 0.46-pt gap (0.0046) as "0.00 pt"
+    assert not evidence.prints_as("0.92", "%", 0.9243) and evidence.prints_as("92.43", "%", 0.9243)
+    assert not evidence.prints_as("0.00", "pt", 0.0046) and evidence.prints_as("0.46", "pt", 0.0046)
+    # a - b - c was read as a - (b - c); a - b / c keeps the division inside
+    data = {"a": 10.0, "b": 4.0, "c": 2.0}
+    assert evidence.resolve(data, "a - b - c") == 4.0  # not 8
+    assert evidence.resolve(data, "a - b + c") == 8.0  # not 4
+    assert evidence.resolve(data, "a - b / c") == 8.0  # not 3
+    assert evidence.resolve(data, "a / b / c") == 1.25  # not 5
+    # "6.8%" was a key: any 6.8% passed, "6.8% of ImageNet" too
+    assert "6.8% names no source" in _problems("6.8% of ImageNet per step")[0]
+    share = "4,096 images, 6.8%<!-- derived fashion_share_b4096 --> of the training set"
+    assert _problems(share, "docs/large-batch.md") == []
+    assert _problems(share.replace("6.8%", "6.9%"), "docs/large-batch.md") == [
+        "6.9% is not fashion_share_b4096 (0.0682667)"
+    ]
+    imagenet = "6.8%<!-- derived imagenet_share_b86016 --> of ImageNet"
+    assert _problems(imagenet, "docs/large-batch.md") == [
+        "6.8% is not imagenet_share_b86016 (0.0671388)"
+    ]
+    assert "registered for" in _problems(share, "docs/faults.md")[0]  # quoted in another doc
+    target = "MLPerf's 75.9%<!-- published mlperf_resnet_target --> target"
+    assert _problems(target, "docs/mlperf.md") == []
+    assert (
+        "is not mlperf_resnet_target as published"
+        in _problems(target.replace("75.9%", "76.0%"), "docs/mlperf.md")[0]
+    )
+    assert "does not register" in _problems("1.5x<!-- derived nothing -->", "docs/mlperf.md")[0]
+    assert "follows no number" in _problems("see <!-- derived fashion_share_b4096 -->")[0]
 
 
 @needs_git
@@ -124,8 +158,9 @@ def test_a_number_with_no_source_fails_in_every_doc():
         '"key.path")) or say why it is stated (<!-- stated 15 min: why -->)'
     ]
     assert _problems("Run `pytest --timeout 900` (15 min): <!-- stated 15 min: a limit -->") == []
-    # arithmetic is recomputed: 4,096 of 60,000 is 6.8%, not 6.9%
-    assert _problems("a batch of 6.8% of the data") == []
+    # arithmetic is recomputed, by name: 4,096 of 60,000 is 6.8%, not 6.9%
+    derived = "a batch of 6.8%<!-- derived fashion_share_b4096 --> of the data"
+    assert _problems(derived, "docs/usage.md") == []
     assert "6.9% names no source" in _problems("a batch of 6.9% of the data")[0]
 
 
