@@ -168,6 +168,16 @@ def test_a_spike_shows_as_a_dip_and_the_worst_seed_chooses():
     )  # one seed, already below b's worst (89): out, whatever comes
     (line,) = study.worst_seed_choice(records, ["baseline", "a", "b", "c", "d"])
     assert "ruled out with fewer seeds (a seed already below 89.00%): d; not compared" in line
+    # batch 128 may take or leave the BN refit (issue 52): its *_no_refit rows are candidates,
+    # other derived rows are not (the large-batch recipes end with the refit)
+    tuned = [
+        *(rec("b128_lr0.4", s, v) for s, v in enumerate((0.926, 0.925, 0.927))),
+        *(rec("b128_lr0.4_no_refit", s, v) for s, v in enumerate((0.928, 0.927, 0.929))),
+        *(rec("lars_no_refit", s, 0.99) for s in range(3)),
+    ]
+    rows = ["b128_lr0.4", "b128_lr0.4_no_refit", "lars_no_refit"]
+    (line,) = study.worst_seed_choice(tuned, rows)
+    assert line.startswith("Chosen by the worst of 3 seeds: b128_lr0.4_no_refit (worst seed 92.70%")
 
 
 def test_study_derived_no_refit_row_reads_the_recipe_runs_before_the_refit():
