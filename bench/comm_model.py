@@ -103,6 +103,48 @@ def model(p: int) -> dict:
     return out
 
 
+COLUMNS = [
+    "ring_fp32",
+    "hierarchical_fp32",
+    "torus_4xN_fp32",
+    "torus_square_fp32",
+    "ring_fp16",
+    "torus_4xN_fp16",
+    "torus_square_fp16",
+    "sign_allgather_1bit",
+    "torus_4xN_sign_columns",
+]
+
+
+def readout(rows: list[dict]) -> dict:
+    """What the docs read off the model, computed here so that they quote it (issue 53: "sign is
+    fastest up to 16 GPUs" passed where the model says 8): the GPU counts where each way is the
+    fastest, from how many GPUs the flat FP32 ring's latency steps, 2(P-1) alpha, outweigh its
+    bandwidth term, and up to how many GPUs 1-bit sign stays below the FP16 4 x N torus and the
+    FP16 ring."""
+    fastest = {
+        c: [r["gpus"] for r in rows if min(COLUMNS, key=lambda k: r[k]) == c] for c in COLUMNS
+    }
+    latency_ms = {
+        r["gpus"]: 1e3 * 2 * (r["gpus"] - 1) * (A_NV if r["gpus"] <= GPUS_PER_NODE else A_IB)
+        for r in rows
+    }
+    dominates = [p for p, ms in latency_ms.items() if ms > rows_by(rows)[p]["ring_fp32"] - ms]
+    below = [r["gpus"] for r in rows if r["sign_allgather_1bit"] < r["torus_4xN_fp16"]]
+    below_ring = [r["gpus"] for r in rows if r["sign_allgather_1bit"] < r["ring_fp16"]]
+    return {
+        "fastest": {c: g for c, g in fastest.items() if g},
+        "ring_fp32_latency_ms": latency_ms,
+        "ring_latency_dominates_from_gpus": min(dominates) if dominates else None,
+        "sign_below_torus_4xN_fp16_up_to_gpus": max(below) if below else None,
+        "sign_below_ring_fp16_up_to_gpus": max(below_ring) if below_ring else None,
+    }
+
+
+def rows_by(rows: list[dict]) -> dict[int, dict]:
+    return {r["gpus"]: r for r in rows}
+
+
 def main() -> int:
     gpus = [2**k for k in range(3, 13)]  # 8 ... 4096
     rows = [
@@ -126,20 +168,11 @@ def main() -> int:
             "ib_bytes_per_s_per_node": B_NODE,
         },
         "rows": rows,
+        "readout": readout(rows),
     }
     out = REPO / "bench" / "results"
     (out / "comm_model.json").write_text(json.dumps(result, indent=2) + "\n")
-    cols = [
-        "ring_fp32",
-        "hierarchical_fp32",
-        "torus_4xN_fp32",
-        "torus_square_fp32",
-        "ring_fp16",
-        "torus_4xN_fp16",
-        "torus_square_fp16",
-        "sign_allgather_1bit",
-        "torus_4xN_sign_columns",
-    ]
+    cols = COLUMNS
     lines = ["| GPUs | " + " | ".join(cols) + " | fastest |", "|---" * (len(cols) + 2) + "|"]
     for r in rows:
         best = min(cols, key=lambda c: r[c])

@@ -131,6 +131,18 @@ def test_the_foolings_of_issue_53_are_caught():
     )
     assert "does not register" in _problems("1.5x<!-- derived nothing -->", "docs/mlperf.md")[0]
     assert "follows no number" in _problems("see <!-- derived fashion_share_b4096 -->")[0]
+    # counts were not units: "sign is fastest up to 16 GPUs" passed beside the model's numbers
+    cm = "../bench/results/comm_model.json"
+    ms = f'([0.93 ms]({cm} "rows[gpus=8].sign_allgather_1bit"))'
+    unsourced = _problems(f"Sign is the fastest up to 16 GPUs {ms}.", "docs/communication.md")
+    assert unsourced and "16 GPUs is a count in a paragraph that quotes results" in unsourced[0]
+    up_to = f'[16 GPUs]({cm} "readout.fastest.sign_allgather_1bit | max")'
+    assert _problems(f"Sign is the fastest up to {up_to} {ms}.", "docs/communication.md") == [
+        '16 is not "readout.fastest.sign_allgather_1bit | max" in bench/results/comm_model.json (8)'
+    ]
+    ring = f'[~64 GPUs]({cm} "readout.ring_latency_dominates_from_gpus")'
+    assert "is not" in _problems(f"The ring's latency dominates from {ring}.", "docs/x.md")[0]
+    assert _problems("A 2-node job of 16 GPUs runs it.", "docs/x.md") == []  # no result quoted
 
 
 @needs_git

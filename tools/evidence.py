@@ -774,6 +774,10 @@ def without_staleness(text: str) -> str:
 _UNIT = r"(?:\s?(%|pt\b|points?\b|img/s|ms\b|min\b|s\b(?!/))|(x)(?!\w))"
 UNIT_NUMBER = re.compile(r"(?<![\w.])([-+]?\d[\d,]*(?:\.\d+)?)" + _UNIT)  # what must be sourced
 UNIT_NUMBER_AT_END = re.compile(UNIT_NUMBER.pattern + r"$")  # the number a figure's name follows
+# a count of GPUs, nodes or ranks is a claim in a paragraph that quotes results (epochs, steps and
+# images: not yet, most of them are the settings of the run a paragraph describes):
+# "sign is fastest up to 16 GPUs" beside the model's milliseconds (issue 53: it passed, the model says 8)
+COUNT = re.compile(r"(?<![\w.])~?\d[\d,]*\s(?:GPUs?|nodes?|ranks?)\b")
 NUMBER = re.compile(r"(?<![\w.])([-+]?\d[\d,]*(?:\.\d+)?)" + _UNIT + "?")  # in a label or cell
 SOURCED = re.compile(r'\[([^\[\]]*)\]\(([^)\s]+)\s+"([^"]+)"\)')
 LINK = re.compile(r"\]\(([^)\s#]+)")
@@ -984,6 +988,10 @@ def doc_problems(doc: str, text: str, results: list[Result]) -> list[str]:
     def outside(matches):
         return [m for m in matches if not any(a <= m.start() < b for a, b in code)]
 
+    quoting = [  # the paragraphs that quote a result (a sourced link)
+        (text.rfind("\n\n", 0, m.start()), text.find("\n\n", m.end()) % (len(text) + 1))
+        for m in outside(SOURCED.finditer(text))
+    ]
     for m in outside(LINK.finditer(text)):
         rel = _result_file(doc, m[1])
         if rel and registered_file(rel, results) is None:
@@ -1017,6 +1025,17 @@ def doc_problems(doc: str, text: str, results: list[Result]) -> list[str]:
         for m in STATED.finditer(text)
     ]
     text = _blank(text, done + comments)
+    for m in COUNT.finditer(text):
+        shown = m.group(0).lstrip("~")
+        if not any(a < m.start() < b for a, b in quoting) or any(
+            a < m.start() < b and n in (shown, m.group(0)) for a, b, n in stated
+        ):
+            continue
+        problems.append(
+            f"{doc}:{line(m.start())}: {m.group(0)} is a count in a paragraph that quotes results: "
+            f'link it to the value it claims ([{shown}](path/to/result.json "key.path")) or say '
+            f"why it is stated (<!-- stated {shown}: why -->)"
+        )
     for m in UNIT_NUMBER.finditer(text):
         shown = m.group(0)
         if any(a < m.start() < b and n == shown for a, b, n in stated):
