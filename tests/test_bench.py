@@ -1090,3 +1090,56 @@ def test_a_report_across_commits_that_changed_dstrain_says_so_and_is_asked_for_b
     written = json.loads((tmp_path / "out" / "n.json").read_text())
     assert written["code_between_runs"]["commits"] == [old, new]
     assert "dstrain/ changed between them" in (tmp_path / "out" / "n.md").read_text()
+
+
+def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
+    """Issue 52, item 3: per batch, the LR whose runs reach the level first (mean over seeds; a
+    seed that never reaches it rules its LR out); ratios against batch 128 at its own best LR."""
+    tuned = load("epochs_tuned")
+
+    def run(batch: int, lr: float, seed: int, curve: list[float]) -> dict:
+        cmd = f"python -m dstrain epochs=4 optim.base_lr=10 batch.global_size={batch} optim.base_lr={lr:g}"
+        return {"row": f"target_b{batch}", "seed": seed, "command": cmd, "top1_per_epoch": curve}
+
+    def report(lr: float, runs: list[dict]) -> Path:
+        path = tmp_path / f"lr{lr:g}.json"
+        path.write_text(json.dumps({"grid": "target", "holdout": 6000, "runs": runs}))
+        return path
+
+    low = report(
+        5,
+        [
+            run(128, 5, 0, [0.5, 0.9, 0.95, 0.95]),  # 2 epochs
+            run(8192, 5, 0, [0.1, 0.2, 0.5, 0.91]),  # 4
+        ],
+    )
+    high = report(
+        10,
+        [
+            run(128, 10, 0, [0.5, 0.6, 0.91, 0.95]),  # 3
+            run(8192, 10, 0, [0.2, 0.5, 0.92, 0.93]),  # 3
+            run(8192, 10, 1, [0.2, 0.5, 0.6, 0.7]),  # never: LR 10 is out at 8,192
+        ],
+    )
+    out = tmp_path / "out"
+    argv = ["--reports", str(low), str(high), "--target", "0.9", "--out", str(out), "--name", "t"]
+    assert tuned.main(argv) == 0
+    rows = json.loads((out / "t.json").read_text())["rows"]
+    assert [(r["batch"], r["lr"], r["epochs"], r["ratio"]) for r in rows] == [
+        (128, 5.0, 2, 1.0),
+        (8192, 5.0, 4, 2.0),
+    ]
+    assert rows[1]["lrs"] == [{"lr": 5.0, "epochs": 4}, {"lr": 10.0, "epochs": None}]
+    md = (out / "t.md").read_text()
+    assert "| 8,192 | 15.17% | 5 | 4.0 (1) | 2.00x | 4.0 | never |" in md  # of 54,000
+    rcps = [{"batch": 1632, "ratio": 1.0}, {"batch": 67840, "ratio": 2.45}]
+    assert tuned.goal(rows, 0.9, rcps).endswith("(2.45x): 2.00x -> met.")
+    # a report of another grid, or of other images, is refused
+    (tmp_path / "study.json").write_text(json.dumps({"grid": "study", "runs": []}))
+    with pytest.raises(SystemExit):
+        tuned.main(
+            ["--reports", str(tmp_path / "study.json"), "--target", "0.9", "--out", str(out)]
+        )
+    (tmp_path / "test.json").write_text(json.dumps({"grid": "target", "holdout": 0, "runs": []}))
+    with pytest.raises(SystemExit):
+        tuned.main(["--reports", str(low), str(tmp_path / "test.json"), "--target", "0.9"])
