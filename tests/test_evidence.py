@@ -143,6 +143,12 @@ def test_the_foolings_of_issue_53_are_caught():
     ring = f'[~64 GPUs]({cm} "readout.ring_latency_dominates_from_gpus")'
     assert "is not" in _problems(f"The ring's latency dominates from {ring}.", "docs/x.md")[0]
     assert _problems("A 2-node job of 16 GPUs runs it.", "docs/x.md") == []  # no result quoted
+    # epochs, steps and images too; a count stated for its paragraph, or in a table, passes
+    runs = f'to [1.94 ms]({cm} "rows[gpus=16].torus_4xN_sign_columns") after 90\nepochs'
+    assert "90 epochs is a count" in _problems(f"It gets {runs}.", "docs/x.md")[0]
+    stated = f"It gets {runs}.\n<!-- stated 90 epochs: the run's length, a setting -->"
+    assert _problems(stated, "docs/x.md") == []
+    assert _problems(f"| a | 30 epochs | {runs.split(' after')[0]} |", "docs/x.md") == []
 
 
 @needs_git
