@@ -207,6 +207,38 @@ def test_a_table_under_a_caption_is_tied_to_its_file():
     assert len(_problems(edited)) == 1 and "not a line of" in _problems(edited)[0]
 
 
+def test_tables_are_rendered_from_their_files():
+    """Issue 53: a directive's table is printed from its file (``evidence.py index`` writes it), so
+    its numbers are rendered, not typed: an edited cell comes back as the file says, in the format
+    its author chose (decimals, sign, commas, the unit's scale), and the check names the page."""
+    assert evidence.render_number("91.00", "%", 0.9243) == "92.43"
+    assert evidence.render_number("+1.5", "pt", -0.0046) == "-0.5"
+    assert evidence.render_number("1.5", "pt", -0.0046) == "0.5"  # no sign written: the magnitude
+    assert evidence.render_number("1,000", None, 22600.4) == "22,600"
+    assert evidence.render_number("3.0", "min", 185.0) == "3.1"  # seconds shown in minutes
+    comm = "../bench/results/comm_accuracy.json"
+    path = "rows[config=ds_configs/{1}.json]"
+    rows = (
+        "| config | bytes | top-1 vs fp32 |\n|---|---|---|\n| `comm_sign` | 0.073x | -2.24 pt |\n"
+    )
+    tied = f"<!-- evidence columns of {comm}: ; {path}.bytes_vs_fp32 ; {path}.top1_vs_fp32 -->\n\n"
+    edited = tied + rows.replace("-2.24 pt", "+7.76 pt").replace("0.073x", "0.1x")
+    assert evidence.render_doc("docs/x.md", edited) == tied + rows.replace("0.073x", "0.1x")
+    report = "../docs/results/accuracy_study_30ep_records.md"
+    lines = (evidence.REPO / report[3:]).read_text().splitlines()
+    table = "\n".join([line for line in lines if line.startswith("|")][:3]) + "\n"
+    directive = f"<!-- evidence rows of {report} -->\n"
+    assert evidence.render_doc("docs/x.md", directive + table.replace("91.93", "92.93")) == (
+        directive + table
+    )
+    texts = _texts()
+    texts["docs/polish.md"] = texts["docs/polish.md"].replace("83.61 ± 0.10", "83.71 ± 0.10", 1)
+    problems = evidence.check(texts)
+    assert "docs/polish.md: a table differs from its file; run python tools/evidence.py index" in (
+        problems
+    )
+
+
 @needs_git
 def test_every_result_file_is_registered_and_every_linked_one_too():
     texts = _texts()

@@ -1,7 +1,8 @@
 """Every result README and the docs quote: its command, its file, its numbers and whether it is current.
 
     python tools/evidence.py index            # write the tables (docs/results/README.md, README.md's
-    ./run.sh results --index                  #   results) from the result files, staleness included
+    ./run.sh results --index                  #   results, and every doc table under an evidence
+                                              #   directive) from the result files
     python tools/evidence.py check            # exit 1 when a table or a number the docs quote differs
                                               # from its result file (tests/test_evidence.py runs this)
     python tools/evidence.py stale            # which results the code changed since they ran (exit 0:
@@ -19,7 +20,8 @@ ignores that column, so a code commit does not fail the tests until the index is
 Every number with a unit in a doc (README.md and every Markdown page but the reports results
 wrote) names where it comes from, and the check recomputes it from there: a link to the result file
 whose title is the value's key path (``[1.57x](bench/results/x.json "ratio.lars")``), a table whose
-rows are lines of a report or whose columns are key paths, a generated table, or, for what is not
+rows are lines of a report or whose columns are key paths (rendered from its file by ``index``: its
+numbers are printed, not typed), a generated table, or, for what is not
 measured, a stated reason (see "the docs' numbers" below). A number equal by chance to another value
 of the file fails, and so does one typed by hand or left behind when its file was regenerated.
 """
@@ -974,6 +976,95 @@ def _table_problems(doc: str, m: re.Match, results: list[Result]) -> list[str]:
     return problems
 
 
+def render_number(written: str, unit: str | None, value: float) -> str:
+    """``value`` printed as ``written`` is: its decimals, thousands commas, sign style (a ``+`` kept,
+    no sign: the magnitude) and the unit's scale the author used (% and pt: x 100)."""
+    plain = written.replace(",", "")
+    decimals = len(plain.split(".")[1]) if "." in plain else 0
+    scale = min(SCALES.get(unit or "", (1,)), key=lambda k: abs(abs(value * k) - abs(float(plain))))
+    shown = value * scale
+    if plain[0] not in "+-":
+        shown = abs(shown)
+    text = f"{shown:{'+' if plain[0] == '+' else ''}{',' if ',' in written else ''}.{decimals}f}"
+    return text
+
+
+def render_cell(rel: str, cell: str, exprs: str) -> str:
+    """A table cell with each of its numbers printed from the value its expression names (``&``
+    between several); a cell whose numbers and expressions do not pair up is left as it is."""
+    numbers = list(NUMBER.finditer(cell))
+    named = [" ".join(e.split()) for e in exprs.split("&")]
+    if len(numbers) != len(named):
+        return cell
+    data, out, last = _load(rel), [], 0
+    for n, expr in zip(numbers, named, strict=True):
+        try:
+            value = resolve(data, expr)
+        except (KeyError, IndexError, TypeError, ValueError, statistics.StatisticsError):
+            return cell
+        out += [cell[last : n.start(1)], render_number(n[1], n[2] or n[3], value)]
+        last = n.end(1)
+    return "".join(out) + cell[last:]
+
+
+def render_table(doc: str, m: re.Match) -> str:
+    """A directive's table as its file says (issue 53: numbers rendered, not typed): a ``rows``
+    table's rows become the report's lines that start with the same first cell; a ``columns``
+    table's cells are printed from the values their expressions name."""
+    kind, of, exprs, table = m.groups()
+    source = _result_file(doc, of) if of else None
+    lines = table.split("\n")
+    if kind == "rows":
+        if source is None:
+            return table
+        report = [x for x in (REPO / source).read_text().splitlines() if x.startswith("|")]
+        first: dict[str, str] = {}
+        for x in report:
+            if not re.fullmatch(r"\|[-:| ]+\|", x):  # the rules stay the doc's
+                first.setdefault(x.split("|")[1].strip(), x)
+
+        def row(x: str) -> str:
+            if x in report or not x.startswith("|") or re.fullmatch(r"\|[-:| ]+\|", x):
+                return x
+            return first.get(x.split("|")[1].strip(), x)
+
+        return "\n".join(map(row, lines))
+    columns = [e.strip() for e in (exprs or "").split(";")]
+    out = lines[:2]  # the header and its rule
+    for row in lines[2:]:
+        if not row.startswith("|"):
+            out.append(row)
+            continue
+        cells = row.strip().strip("|").split("|")
+        rel = source or next(
+            (f for f in map(lambda t: _result_file(doc, t), LINK.findall(row)) if f), None
+        )
+        if rel is None:
+            out.append(row)
+            continue
+        named = {f"{{{i}}}": re.sub(r"[`*]", "", c.strip()) for i, c in enumerate(cells, 1)}
+        rendered = []
+        for cell, expr in itertools.zip_longest(cells, columns[: len(cells)], fillvalue=""):
+            if expr:
+                expr = re.sub(r"\{\d+\}", lambda k, named=named: named[k[0]], expr)
+                cell = " " + render_cell(rel, cell.strip(), expr) + " "
+            rendered.append(cell)
+        out.append("|" + "|".join(rendered) + "|")
+    return "\n".join(out)
+
+
+def render_doc(doc: str, text: str) -> str:
+    """``text`` with every directive's table rendered from its file (:func:`render_table`)."""
+    code = [(x.start(), x.end()) for x in CODE.finditer(text)]
+    out, last = [], 0
+    for m in DIRECTIVE.finditer(text):
+        if any(a <= m.start() < b for a, b in code):
+            continue
+        out += [text[last : m.start(4)], render_table(doc, m)]
+        last = m.end(4)
+    return "".join(out) + text[last:]
+
+
 def doc_problems(doc: str, text: str, results: list[Result]) -> list[str]:
     """Every number with a unit in ``text`` (the doc ``doc``) that no source backs, and every
     sourced number, table and linked file that disagrees with its result file."""
@@ -1090,6 +1181,10 @@ def check(texts: dict[str, str] | None = None, results: list[Result] | None = No
         )
     for doc, text in texts.items():
         problems += doc_problems(doc, text, results)
+        if render_doc(doc, text) != text:
+            problems.append(
+                f"{doc}: a table differs from its file; run python tools/evidence.py index"
+            )
     for rel in unregistered(results):
         problems.append(f"{rel}: a result file no Result in tools/evidence.py registers")
     return problems
@@ -1136,6 +1231,12 @@ def write_tables() -> None:
     INDEX.write_text(render_index(INDEX.read_text()))
     README.write_text(render_readme(README.read_text()))
     print(f"wrote {INDEX.relative_to(REPO)} and the results table of {README.relative_to(REPO)}")
+    for page in docs(RESULTS):  # every directive's table, from its file
+        text = page.read_text()
+        rendered = render_doc(str(page.relative_to(REPO)), text)
+        if rendered != text:
+            page.write_text(rendered)
+            print(f"rendered the tables of {page.relative_to(REPO)}")
 
 
 def main() -> int:
