@@ -137,7 +137,7 @@ def register(entries: list[dict], registry: Path = REGISTRY) -> None:
     by_file.update({e["file"]: e for e in entries})
     data = {
         "what": "GPU result files imported by ./run.sh gpu-import (tools/gpu_pack.py); "
-        "tools/evidence.py registers each",
+        "tools/results/registry.py registers each",
         "results": sorted(by_file.values(), key=lambda e: e["file"]),
     }
     write_json(registry, data)

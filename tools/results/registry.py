@@ -1,0 +1,606 @@
+"""Every result file: its command, its file, the code it measures, its headline (the index's row);
+the published and derived figures the docs cite by name."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+INDEX = REPO / "docs/results/README.md"
+README = REPO / "README.md"
+BEGIN, END = "<!-- evidence:index begin -->", "<!-- evidence:index end -->"
+README_BEGIN, README_END = "<!-- evidence:readme begin -->", "<!-- evidence:readme end -->"
+RESULT_DIRS = ("bench/results", "docs/results")  # every .json here is a registered result
+GPU_IMPORTS = "bench/results/gpu_imports.json"  # written by ./run.sh gpu-import (tools/gpu_pack.py)
+NOT_RESULTS = {
+    "docs/results/results_run.txt": "the log of the last `./run.sh results`: steps and times",
+    GPU_IMPORTS: "the GPU result files ./run.sh gpu-import brought in, each registered from it",
+}
+
+TRAINER = ("dstrain", "ds_configs")  # the code a training run measures: the package and its JSONs
+# what a run of the test suite depends on: the code, the tests, the scripts they run, the pins
+SUITE = (
+    *TRAINER,
+    "tests",
+    "bench/*.py",
+    "tools/*.py",
+    "tools/results/*.py",
+    "launch.sh",
+    "run.sh",
+    "hostfiles",
+    "pyproject.toml",
+)
+
+if str(REPO) not in sys.path:  # run as a script: tools/ is on the path, the repository is not
+    sys.path.insert(0, str(REPO))
+from tools.suite import headline as suite_headline  # noqa: E402
+
+
+def pct(x: float, digits: int = 1) -> str:
+    return f"{100 * x:.{digits}f}%"
+
+
+def ratio(x: float, digits: int = 2) -> str:
+    return f"{x:.{digits}f}x"
+
+
+@dataclass(frozen=True)
+class Result:
+    key: str
+    what: str
+    command: str  # from the repository root; `python` is this interpreter
+    file: str  # the file the command writes (json, or md for ./run.sh evidence)
+    headline: str | Callable[[dict], str]  # a template of values ({key.path:format}) or a function
+    # what it measures, a change to which makes it stale (default: the trainer, the command's script)
+    code: tuple[str, ...] | None = None
+    # part of `run`; False: the long accuracy studies and the test suite, each its own step
+    rerun: bool = True
+    readme: str = ""  # a row of README's results table, with this label (empty: the index only)
+
+    def __post_init__(self):
+        if self.code is None:
+            scripts = re.findall(r"(?:bench|tools)/\w+\.py", self.command)
+            object.__setattr__(self, "code", (*TRAINER, *scripts))
+
+    def exists(self) -> bool:
+        return (REPO / self.file).is_file()
+
+    def load(self) -> dict:
+        path = REPO / self.file
+        if path.suffix == ".json":
+            return json.loads(path.read_text())
+        text = path.read_text()  # faults.md: "git <sha>" in its header
+        m = re.search(r"\bgit ([0-9a-f]{40}(?:-dirty)?)", text)
+        return {"git_sha": m.group(1) if m else None, "text": text}
+
+    def summary(self, d: dict) -> str:
+        """The headline of the result's data ``d``."""
+        if callable(self.headline):
+            return self.headline(d)
+
+        from tools.results.numbers import resolve  # the key-path language
+
+        def value(m: re.Match) -> str:
+            v = resolve(d, m[1])
+            return format(int(v) if v.is_integer() and not m[2] else v, m[2] or "")
+
+        return re.sub(r"\{([^{}:]+)(?::([^{}]*))?\}", value, self.headline)
+
+    def shas(self, d: dict) -> list[str]:
+        shas = d.get("run_git_shas") or [
+            d.get("git_sha") or d.get("environment", {}).get("git_sha")
+        ]
+        return [s for s in shas if s]
+
+
+# ------------------------------------------------------------------- headlines
+
+
+def _loader(d: dict) -> str:
+    return ", ".join(
+        f"{ratio(r['ratio_dali_over_plain'])} at {r['batches_per_epoch']} batches/epoch"
+        for r in d["rows"]
+    )
+
+
+def _loader_formats(d: dict) -> str:
+    r = d["rows"][0]
+    return "; ".join(
+        f"{name} from shards: "
+        + ", ".join(
+            f"{fmt} {ratio(r[key])}"
+            for fmt in ("wds", "recordio")
+            if (key := f"ratio_{name}_{fmt}_over_folder") in r
+        )
+        + " the folder's images/s"
+        for name in ("dali", "torchvision")
+        if any(k.startswith(f"ratio_{name}_") and k.endswith("_over_folder") for k in r)
+    )
+
+
+def _comm(d: dict) -> str:
+    rows = {r["config"].split("/")[-1].removesuffix(".json"): r for r in d["rows"]}
+    sign = rows["comm_sign"]
+    return (
+        f"torus2d {100 * rows['comm_torus2d']['top1_vs_fp32']:+.2f} pt vs all-reduce; sign "
+        f"{ratio(sign['bytes_vs_fp32'], 3)} bytes, {100 * sign['top1_vs_fp32']:+.2f} pt"
+    )
+
+
+def _throughput_ratios(d: dict) -> list[float]:
+    """dstrain / bare images/s for each (data, precision, channels_last, compile) pair in one run."""
+    bare, ours = {}, {}
+    for r in d["rows"]:
+        k = (r.get("data"), r.get("precision"), r.get("channels_last"), r.get("compile"))
+        (bare if r["loop"].startswith("bare") else ours)[k] = r["images_per_s"]
+    return [ours[k] / bare[k] for k in ours if k in bare]
+
+
+def _throughput(d: dict) -> str:
+    rs = _throughput_ratios(d)
+    return f"dstrain {min(rs):.2f}x-{max(rs):.2f}x its bare PyTorch twin ({len(rs)} pairs)"
+
+
+def _by_row(d: dict) -> dict[str, list[float]]:
+    """A study's final top-1 per row, one value per seed."""
+    by_row: dict[str, list[float]] = {}
+    for r in d["runs"]:
+        by_row.setdefault(r["row"], []).append(r["final_top1"])
+    return by_row
+
+
+def _study(d: dict) -> str:
+    by_row = _by_row(d)
+    n = max(len(v) for v in by_row.values())
+    shown = [k for k in by_row if not k.endswith("_no_refit")][:6]
+    body = ", ".join(f"{k} {100 * statistics.mean(by_row[k]):.2f}%" for k in shown)
+    return f"{d['epochs']} epochs, {n} seed(s): {body}"
+
+
+def _target(d: dict) -> str:
+    """Epochs to each target per batch, as the study computed them (its ``epochs_to_target``)."""
+    parts = []
+    for level in [d["target"], *d.get("extra_targets", [])]:
+        got = [
+            f"{e['batch']:,}{' SGD' if e['row'] == 'baseline' else ''} "
+            + (f"{round(e['epochs'], 1):g}" if e["epochs"] else "never")
+            for e in d["epochs_to_target"]
+            if e["level"] == level
+        ]
+        parts.append(f"to {100 * level:.2f}%: {', '.join(got)}")
+    return f"{d['epochs']} epochs, epochs " + "; ".join(parts)
+
+
+def _tuning(d: dict) -> str:
+    (run,) = [r for r in d["runs"] if not r["row"].endswith("_no_refit")]
+    lr = re.search(r"optim\.base_lr=(\S+)", d["command"]).group(1)
+    return f"LR {lr}, {d['epochs']} epochs: {pct(run['final_top1'], 2)} held-out top-1"
+
+
+def _lars_tensors(d: dict) -> str:
+    rises = [b["loss"] - a["loss"] for a, b in zip(d["steps"], d["steps"][1:])]
+    lars = max(r["max_step_lars"] for r in d["steps"][20:])
+    bn = max(r["max_step_bn_bias"] for r in d["steps"][20:])
+    return (
+        f"{len(d['top1_per_epoch'])} epochs; largest one-step loss rise {max(rises):.2f} (step "
+        f"{d['worst_step']}); after step 20, relative steps up to {bn:.2f} (BN/bias) vs "
+        f"{lars:.3f} (LARS weights)"
+    )
+
+
+def _faults(d: dict) -> str:
+    rows = [line for line in d["text"].splitlines() if line.startswith("| ") and "---" not in line]
+    return f"{len(rows) - 1} bad inputs and faults, each with its exit status and message"
+
+
+RECORDS_ROWS = (
+    "baseline",
+    "goyal_4096",
+    "lars_records",
+    "lars_records_no_last_k",
+    "fujitsu_span32",
+)
+
+
+def _code_shape(d: dict) -> str:
+    widest = d["widest_signatures"][0]["parameters"] if d["widest_signatures"] else 0
+    floors = f", {d['floors']} floors" if "floors" in d else ""
+    return (
+        f"{d['files']} files, {d['lines']:,} lines, {len(d['import_cycles'])} import cycles, "
+        f"widest signature {widest} parameters{floors}"
+    )
+
+
+def _crash(d: dict) -> str:
+    bad = [r for r in d["rows"] if r["outcome"] != "ok"]
+    return f"{len(bad)} of {len(d['rows'])} conv shapes crash oneDNN's channels_last backward"
+
+
+def _sweep(d: dict) -> str:
+    best = max(d["runs"], key=lambda r: r["final_top1"])
+    return f"{len(d['runs'])} runs; best {pct(best['final_top1'], 2)} ({best['name']}); no commit recorded"
+
+
+# issue 33's peak-LR choices at the CPU study's budget: (file stem, study row, what, LRs run)
+TUNING_30EP = (
+    ("records", "lars_records", "LARS in the records' regime (peak LR)", ("4", "8", "16")),
+    ("fujitsu", "fujitsu_span32", "Fujitsu recipe (peak LR)", ("10", "25")),
+    ("goyal", "goyal_4096", "Goyal SGD (LR per 256 images)", ("0.05", "0.1", "0.2")),
+)
+OPTIMIZER_CODE = (
+    "dstrain/techniques/lars.py",
+    "dstrain/techniques/lamb.py",
+    "dstrain/techniques/multitensor.py",
+    "bench/optimizer_step.py",
+)
+R = "python bench/"  # a benchmark
+T = "python tools/"  # project tooling
+# The registry, one entry per result file (bench/results, docs/results): key, what, command, file,
+# headline (a template of the file's values, or a function), then what differs from the defaults.
+# fmt: off
+RESULTS = [
+    Result("default_recipe", "default recipe (`fashion_mnist`)", R + "default_recipe.py",
+           "bench/results/default_recipe.json",
+           "{final_top1:.1%} top-1, {epochs} epochs, {train_wall_time_s:.0f} s training",
+           readme="default recipe (`./run.sh train`), 2 CPU cores"),
+    Result("recipe_fashion_mnist_lars", "shipped `fashion_mnist_lars` recipe",
+           R + "default_recipe.py --config fashion_mnist_lars",
+           "bench/results/recipe_fashion_mnist_lars.json",
+           "{final_top1:.1%} top-1, {epochs} epochs, {train_wall_time_s:.0f} s training",
+           readme="the `fashion_mnist_lars` recipe (batch ramp to 4,096, LARS)"),
+    Result("overhead_1rank", "trainer overhead, 1 rank", R + "overhead.py",
+           "bench/results/overhead_cpu_1rank.json",
+           "trainer step {overhead_ratio:.3f}x a bare DeepSpeed step (bare {median_step_ms.bare:.1f} ms)",
+           readme="trainer step vs a bare DeepSpeed loop, 1 rank"),
+    Result("overhead_1rank_1thread", "trainer overhead, 1 rank, 1 thread",
+           "OMP_NUM_THREADS=1 " + R + "overhead.py --out bench/results/overhead_cpu_1rank_1thread.json",
+           "bench/results/overhead_cpu_1rank_1thread.json",
+           "trainer step {overhead_ratio:.3f}x a bare DeepSpeed step (bare {median_step_ms.bare:.1f} ms)"),
+    Result("overhead_2rank", "trainer overhead, 2 ranks",
+           "OMP_NUM_THREADS=1 deepspeed --num_gpus 2 bench/overhead.py",
+           "bench/results/overhead_cpu_2rank.json",
+           "trainer step {overhead_ratio:.3f}x a bare DeepSpeed step (bare {median_step_ms.bare:.1f} ms)",
+           readme="the same, 2 ranks"),
+    Result("scaling", "multi-rank CPU scaling (`./launch.sh`)", R + "scaling.py",
+           "bench/results/scaling_cpu.json",
+           "1 -> 2 ranks (1 thread each): {images_per_s.1x1:,.0f} -> {images_per_s.2x1:,.0f} img/s, "
+           "{speedup:.2f}x, {scaling_efficiency:.0%} efficiency",
+           code=(*TRAINER, "launch.sh", "bench/scaling.py"),
+           readme="1 -> 2 CPU ranks under `./launch.sh`"),
+    Result("scaling_threads1",
+           "2 CPU ranks on 2 cores, 1 torch thread each (what dist.share_cpu_cores gives)",
+           R + "scaling.py --threads 1 --repeats 1 --out bench/results/scaling_cpu_threads1.json "
+           "data.limit_train=2048 data.limit_val=512 model.width=8",
+           "bench/results/scaling_cpu_threads1.json",
+           "2 ranks x 1 thread: {images_per_s.2x1:,.0f} img/s",
+           code=(*TRAINER, "launch.sh", "bench/scaling.py")),
+    Result("scaling_threads2",
+           "2 CPU ranks on 2 cores, 2 torch threads each (DeepSpeed's launcher's default before)",
+           R + "scaling.py --threads 2 --repeats 1 --out bench/results/scaling_cpu_threads2.json "
+           "data.limit_train=2048 data.limit_val=512 model.width=8",
+           "bench/results/scaling_cpu_threads2.json",
+           "2 ranks x 2 threads: {images_per_s.2x2:,.0f} img/s",
+           code=(*TRAINER, "launch.sh", "bench/scaling.py")),
+    Result("single_rank_allreduce", "DeepSpeed's single-rank all-reduce (now skipped)",
+           R + "single_rank_allreduce.py", "bench/results/single_rank_allreduce_cpu.json",
+           "a step {speedup_without_allreduce:.2f}x faster without it",
+           code=("dstrain/loop/trainer.py", "dstrain/run/compat.py", "bench/single_rank_allreduce.py")),
+    Result("bn_span", "BN span 32 cost, channels_last", R + "bn_span.py",
+           "bench/results/bn_span_cpu.json", "{span_over_plain:.2f}x the plain-BN step",
+           code=("dstrain/techniques/bn_span.py", "bench/bn_span.py")),
+    Result("bn_span_nchw", "BN span 32 cost, NCHW",
+           R + "bn_span.py --channels-last off --out bench/results/bn_span_cpu_nchw.json",
+           "bench/results/bn_span_cpu_nchw.json", "{span_over_plain:.2f}x the plain-BN step",
+           code=("dstrain/techniques/bn_span.py", "bench/bn_span.py")),
+    Result("optimizer_step", "LARS/LAMB step on ResNet-50's parameters", R + "optimizer_step.py",
+           "bench/results/optimizer_step_cpu.json",
+           "LARS {ratio_vs_sgd_foreach.dstrain_lars:.2f}x, LAMB {ratio_vs_sgd_foreach.dstrain_lamb:.2f}x"
+           " the time of SGD(foreach)",
+           code=OPTIMIZER_CODE, readme="LARS/LAMB step on ResNet-50 parameters vs SGD"),
+    Result("loader", "DALI loader vs a plain DALI pipeline (the ceiling)",
+           R + "loader.py --batch 64 --batches-per-epoch 25 100 --threads 2 --prefetch 2 --epochs 3",
+           "bench/results/loader_cpu.json", _loader, code=("dstrain/data", "bench/loader.py"),
+           readme="DALI loader vs a plain DALI pipeline (CPU decode)"),
+    Result("loader_formats",
+           "the same loader over shards (WebDataset, RecordIO) vs the folder, same files",
+           R + "loader.py --batch 64 --batches-per-epoch 25 --threads 2 --prefetch 2 --epochs 3 "
+           "--devices cpu --loaders dali dali@wds dali@recordio torchvision torchvision@wds "
+           "torchvision@recordio --out bench/results/loader_cpu_formats.json",
+           "bench/results/loader_cpu_formats.json", _loader_formats,
+           code=("dstrain/data", "bench/loader.py")),
+    Result("polish", "Final Polishing (BN refit, last K epochs)", R + "polish.py",
+           "bench/results/polish.json",
+           "{summary.none.values | count:.0f} seeds, batch 4,096: none {summary.none.mean:.2%}, refit "
+           "{summary.refit.mean:.2%}, last K {summary.k_epochs.mean:.2%}, both {summary.both.mean:.2%}; "
+           "refit {summary.refit_fraction.mean:.1%} of training time",
+           readme="Final Polishing at batch 4,096, 3 seeds (top-1 %)"),
+    Result("comm_accuracy", "gradient communication, accuracy and bytes (2 ranks)",
+           R + "comm_accuracy.py --epochs 2", "bench/results/comm_accuracy.json", _comm,
+           readme="2D-Torus and 1-bit compression vs all-reduce, 2 ranks"),
+    Result("throughput_cpu",
+           "the GPU throughput bench on CPU (resnet18, 64 px, fp32; synthetic and DALI data)",
+           R + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 1280 --bare-steps 40 "
+           "--bare-warmup 5 --epochs 3 --dali-images 1280 --dali-threads 2",
+           "bench/results/throughput_cpu_2_cores.json", _throughput,
+           readme="throughput bench on CPU (resnet18, 64 px)"),
+    Result("throughput_cpu_compile",
+           "the same, synthetic data only, channels_last and torch.compile on/off (a second run)",
+           R + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 640 --bare-steps 20 "
+           "--bare-warmup 5 --epochs 3 --loaders synthetic --channels-last on off --compile off on "
+           "--out bench/results/throughput_cpu_2_cores_compile.json",
+           "bench/results/throughput_cpu_2_cores_compile.json", _throughput),
+    Result("loader_settings", "DALI loader threads / prefetch",
+           R + "loader.py --batch 64 --batches-per-epoch 25 --threads 1 2 --prefetch 1 2 3 --epochs 3 "
+           "--out bench/results/loader_cpu_settings.json", "bench/results/loader_cpu_settings.json",
+           lambda d: f"{len(d['rows'])} settings: {_loader(d).split(',')[0]} (first); see docs/data.md",
+           code=("dstrain/data", "bench/loader.py")),
+    Result("comm_model",
+           "all-reduce cost model (ring, hierarchical, 2D-Torus; modelled, not measured)",
+           R + "comm_model.py", "bench/results/comm_model.json",
+           "{rows | count:.0f} cluster sizes, {rows[0].gpus} to {rows[-1].gpus} GPUs",
+           code=("bench/comm_model.py",)),
+    Result("faults", "bad inputs and faults, what the user sees", "./run.sh evidence",
+           "docs/results/faults.md", _faults, code=(*TRAINER, "launch.sh", "run.sh")),
+    Result("commit_ab_default",
+           "the default recipe at c8827d4 (its first result) and now, alternating on one machine",
+           T + "commit_ab.py --base c8827d4 --rounds 2 epochs=2",
+           "bench/results/commit_ab_c8827d4.json",
+           "training time now {head_over_base:.2f}x that at c8827d4 ({median_wall_time_s.head:.1f} vs "
+           "{median_wall_time_s.base:.1f} s)"),
+    Result("suite_cpu", "the test suite on this CPU (CI's first step)",
+           "./run.sh test -q --junitxml=/tmp/dstrain-suite.xml; python tools/suite.py "
+           "--junit /tmp/dstrain-suite.xml --ran './run.sh test -q'",
+           "bench/results/suite_cpu_2_cores.json", suite_headline,
+           code=(*SUITE, "requirements.txt"), rerun=False, readme="the test suite (CI step 1)"),
+    Result("suite_cpu_oldest", "the `oldest` tests on the oldest torch declared (CI's second step)",
+           "./run.sh test-oldest -q --junitxml=/tmp/dstrain-oldest.xml; .venv-oldest/bin/python "
+           "tools/suite.py --junit /tmp/dstrain-oldest.xml --ran './run.sh test-oldest -q' "
+           "--out bench/results/suite_cpu_2_cores_oldest.json",
+           "bench/results/suite_cpu_2_cores_oldest.json",
+           lambda d: f"torch {d['torch']}: {suite_headline(d)}",
+           code=(*SUITE, "requirements-oldest.txt"), rerun=False,
+           readme="the `oldest` tests on torch 2.11 (CI step 2)"),
+    Result("study_30ep", "large-batch study at the records' step budget (CPU: 30 epochs)",
+           R + "accuracy_study.py --epochs 30 --rows baseline naive_4096 lars lars_span32 --seeds 0",
+           "docs/results/accuracy_study_30ep.json", _study, rerun=False),
+    Result("study_30ep_records",
+           "large-batch study, issue 33's rows: Goyal SGD, LARS in the records' regime, Fujitsu recipe",
+           R + "accuracy_study.py --epochs 30 --rows " + " ".join(RECORDS_ROWS) + " --seeds 0 "
+           "--name accuracy_study_30ep_records", "docs/results/accuracy_study_30ep_records.json",
+           _study, rerun=False, readme="large-batch study, 30 epochs, seed 0 (test top-1)"),
+    Result("study_30ep_seeds",
+           "large-batch study, 30 epochs, 3 seeds: batch 128 vs the best batch-4,096 row",
+           R + "accuracy_study.py --epochs 30 --rows baseline fujitsu_span32 --seeds 0 1 2 "
+           "--name accuracy_study_30ep_seeds", "docs/results/accuracy_study_30ep_seeds.json",
+           _study, rerun=False, readme="batch 128 vs 4,096 (Fujitsu recipe), 30 epochs, 3 seeds"),
+    Result("study_90ep_baseline",
+           "the goal's measurement, batch 128 half: 90 epochs, 3 seeds, test set (CPU)",
+           R + "accuracy_study.py --epochs 90 --rows baseline --seeds 0 1 2 "
+           "--name accuracy_study_90ep_baseline", "docs/results/accuracy_study_90ep_baseline.json",
+           _study, rerun=False, readme="batch 128, 90 epochs, 3 seeds (the goal's reference)"),
+    Result("study_90ep",
+           "the goal's measurement: batch 128 vs the chosen batch-4,096 row, 90 epochs, 3 seeds, test "
+           "set (CPU; batch 128's runs read from accuracy_study_90ep_baseline.json)",
+           R + "accuracy_study.py --epochs 90 --rows baseline fujitsu_span32_bn_lr0.1 --seeds 0 1 2 "
+           "--reuse docs/results/accuracy_study_90ep.json docs/results/accuracy_study_90ep_baseline.json "
+           "--finished-only --across-commits 00a19ac ad260be 595ef6c 2b1af3d 8074058 "
+           "--name accuracy_study_90ep",
+           "docs/results/accuracy_study_90ep.json", _study, rerun=False,
+           readme="batch 128 vs 4,096 (the chosen row), 90 epochs, 3 seeds (the goal)"),
+    Result("brakes_holdout",
+           "issue 39, item 1: one brake at a time on the Fujitsu row, 6,000 held-out images, 30 "
+           "epochs, chosen by the worst of 3 seeds (in progress: the report names the pending runs)",
+           R + "accuracy_study.py --epochs 30 --holdout 6000 --rows fujitsu_span32 "
+           "fujitsu_span32_bn_lr0.1 fujitsu_span32_trust_clip1 fujitsu_span32_momentum_correction "
+           "fujitsu_span32_warmup50 fujitsu_span32_lr5 --seeds 0 1 2 --finished-only --reuse "
+           "docs/results/tuning/brakes_30ep_holdout6000.json --out docs/results/tuning "
+           "--name brakes_30ep_holdout6000",
+           "docs/results/tuning/brakes_30ep_holdout6000.json", _study, rerun=False),
+    Result("differences_holdout",
+           "issue 39, item 2: Fujitsu's differences one at a time on LARS in the records' regime, "
+           "6,000 held-out images, 30 epochs, 2 seeds: the trust coefficient 0.0025 carries the lead",
+           R + "accuracy_study.py --epochs 30 --holdout 6000 --rows lars_records "
+           "records_plus_eta0.0025 records_plus_m0.96 records_plus_trust_decay records_plus_warmup40 "
+           "records_plus_decay52 records_plus_span32 --seeds 0 1 --jobs 2 --out "
+           "docs/results/tuning --name differences_30ep_holdout6000 "
+           "--reuse docs/results/tuning/differences_30ep_holdout6000.json",
+           "docs/results/tuning/differences_30ep_holdout6000.json", _study, rerun=False),
+    Result("eta_vs_chosen_holdout",
+           "issue 39: the records-regime LARS with the trust coefficient 0.0025 against the chosen "
+           "braked Fujitsu row, 6,000 held-out images, 30 epochs, by the worst of 3 seeds",
+           R + "accuracy_study.py --epochs 30 --holdout 6000 --rows fujitsu_span32_bn_lr0.1 "
+           "records_plus_eta0.0025 --seeds 0 1 2 --jobs 1 --out docs/results/tuning "
+           "--name eta_vs_chosen_30ep_holdout6000 --reuse "
+           "docs/results/tuning/brakes_30ep_holdout6000.json "
+           "docs/results/tuning/differences_30ep_holdout6000.json",
+           "docs/results/tuning/eta_vs_chosen_30ep_holdout6000.json", _study, rerun=False),
+    Result("epochs_to_target_90ep",
+           "issue 39, item 4: epochs to batch 128's final top-1 minus 0.3 pt, the chosen row at batch "
+           "128 ... 8,192, 90 epochs, seed 0, test set (CPU), beside MLPerf's reference convergence "
+           "points (batch 4,096's run read from accuracy_study_90ep.json)",
+           R + "accuracy_study.py --grid target --epochs 90 --seeds 0 --jobs 2 --target-from "
+           "docs/results/accuracy_study_90ep.json --extra-targets 0.9 --reuse "
+           "docs/results/accuracy_study_90ep.json docs/results/epochs_to_target_90ep.json",
+           "docs/results/epochs_to_target_90ep.json", _target, rerun=False,
+           readme="epochs to target, batch 128 ... 8,192, 90 epochs (the chosen row)"),
+    Result("study_10ep", "earlier large-batch study (10 epochs, LRs tuned on the test set)",
+           R + "accuracy_study.py --jobs 2", "docs/results/accuracy_study.json", _study,
+           rerun=False),
+    Result("throughput_cpu_dali",
+           "the trainer fed by DALI vs synthetic data (CPU, resnet18, 64 px, fp32)",
+           R + "throughput.py --model resnet18 --batch 32 --image-size 64 --images 640 --dali-images 640 "
+           "--dali-threads 2 --bare-steps 20 --bare-warmup 5 --epochs 3 --loaders synthetic dali "
+           "--channels-last off --compile off --precisions fp32 --out bench/results/throughput_cpu_2_cores_dali.json",
+           "bench/results/throughput_cpu_2_cores_dali.json", _throughput),
+    Result("throughput_cpu_fp32_bf16",
+           "bf16 autocast vs fp32 on a CPU without AVX-512 BF16 (an earlier machine)",
+           R + "throughput.py --model resnet18 --batch 16 --image-size 32 --images 64 --bare-steps 4 "
+           "--bare-warmup 1 --epochs 2 --loaders synthetic --channels-last off --compile off --precisions "
+           "fp32 bf16 --out bench/results/throughput_cpu_2_cores_fp32_bf16.json",
+           "bench/results/throughput_cpu_2_cores_fp32_bf16.json", _throughput, rerun=False),
+    Result("optimizer_step_layouts", "LAMB on NCHW vs channels_last parameters (15 rounds)",
+           R + "optimizer_step.py --rounds 15 --out bench/results/optimizer_step_cpu_layouts.json",
+           "bench/results/optimizer_step_cpu_layouts.json",
+           "LAMB channels_last {median_step_ms.dstrain_lamb_channels_last / median_step_ms.dstrain_lamb"
+           ":.3f}x the time of LAMB NCHW", code=OPTIMIZER_CODE),
+    Result("overhead_1rank_95e4140",
+           "trainer overhead at 95e4140 (the loop before issue 15), same machine as overhead_1rank",
+           "git worktree add /tmp/base 95e4140 && cd /tmp/base && python bench/overhead.py",
+           "bench/results/overhead_cpu_1rank_95e4140.json",
+           "trainer step {overhead_ratio:.3f}x a bare DeepSpeed step (bare {median_step_ms.bare:.1f} ms)",
+           code=(), rerun=False),
+    Result("code_shape", "code shape of the package (files, lines, cycles, signatures)",
+           T + "code_shape.py", "bench/results/code_shape.json", _code_shape, code=("dstrain",)),
+    Result("code_shape_71a43a9", "code shape at 71a43a9 (before issue 32's second step)",
+           T + "code_shape.py --package CHECKOUT_AT_71a43a9/dstrain --out bench/results/code_shape_71a43a9.json",
+           "bench/results/code_shape_71a43a9.json", _code_shape, code=(), rerun=False),
+    Result("code_shape_95e4140", "code shape at 95e4140 (before the redesign)",
+           T + "code_shape.py --package /tmp/base/dstrain --out bench/results/code_shape_95e4140.json",
+           "bench/results/code_shape_95e4140.json", _code_shape, code=(), rerun=False),
+    Result("cpu_channels_last_crash",
+           "oneDNN's channels_last backward crash on narrow convolutions (CPU)",
+           R + "cpu_channels_last_crash.py", "bench/results/cpu_channels_last_crash.json", _crash,
+           code=("bench/cpu_channels_last_crash.py",)),
+    Result("recipe_fashion_mnist_c8827d4",
+           "default recipe at c8827d4, with augmentation (its first result)",
+           "python -m dstrain --config fashion_mnist data.augment=true",
+           "bench/results/recipe_fashion_mnist.json",
+           "{final_top1:.1%} top-1, {epochs} epochs, {train_wall_time_s:.0f} s training", code=(),
+           rerun=False),
+    Result("suite_cpu_quick", "the quick loop (`-m 'not slow'`)",
+           T + "suite.py --out bench/results/suite_cpu_2_cores_quick.json -- -q -m 'not slow'",
+           "bench/results/suite_cpu_2_cores_quick.json", suite_headline,
+           code=(*SUITE, "requirements.txt"), rerun=False,
+           readme='the quick loop, `./run.sh test -m "not slow"`'),
+    Result("accuracy_sweep",
+           "one-seed LR / warmup / ramp sweep, batch 4,096, 10 epochs (LRs chosen on the test set)",
+           "bench/accuracy_study.py at 4a0cead with uncommitted --jobs (the note in the file)",
+           "docs/results/accuracy_sweep.json", _sweep, code=(), rerun=False),
+    Result("probe_lars_lr_1.25",
+           "`fashion_mnist_lars` at LR 1.25 diverging at the switch to batch 4,096 (a log)",
+           "python -m dstrain --config fashion_mnist_lars optim.base_lr=1.25",
+           "bench/results/probe_lars_base_lr_1.25.log",
+           lambda d: d["text"].splitlines()[1].lstrip("# "), code=(), rerun=False),
+    *[Result(f"recipe_lars_{e}ep", f"the `recipe_lars` row run for {e} epochs (seed 0)",
+             R + f"accuracy_study.py --rows recipe_lars --seeds 0 --epochs {e} "
+             f"--out docs/results/recipe_epochs/e{e}",
+             f"docs/results/recipe_epochs/e{e}/accuracy_study.json", _study, rerun=False)
+      for e in (20, 30)],
+    Result("lars_tensors_fujitsu_seed2",
+           "Fujitsu recipe, seed 2, 30-epoch row rerun with log.lars_tensors (the run of "
+           "`accuracy_study.py --epochs 30 --rows fujitsu_span32 --seeds 2 --runs "
+           "runs/accuracy_study/diag-30ep --extra log.tensorboard=true log.lars_tensors=true "
+           "log.every_steps=1`), 30 epochs",
+           R + "lars_tensors.py runs/accuracy_study/diag-30ep/fujitsu_span32-2 "
+           "--name lars_tensors_fujitsu_span32_seed2_30ep",
+           "docs/results/stability/lars_tensors_fujitsu_span32_seed2_30ep.json", _lars_tensors,
+           code=(*TRAINER, "bench/accuracy_study.py", "bench/lars_tensors.py"), rerun=False),
+    *[Result(f"tuning_fujitsu_lr{lr}", f"Fujitsu recipe, peak LR {lr}, on 6,000 held-out images",
+             R + f"accuracy_study.py --epochs 10 --holdout 6000 --rows fujitsu_span32 --seeds 0 "
+             f"--out docs/results/tuning --name fujitsu_lr{lr}_10ep_holdout6000 --extra optim.base_lr={lr}",
+             f"docs/results/tuning/fujitsu_lr{lr}_10ep_holdout6000.json", _tuning, rerun=False)
+      for lr in ("1.6", "4", "10")],
+    *[Result(f"tuning_{stem}_lr{lr}_30ep", f"{what}, LR {lr}, 30 epochs, on 6,000 held-out images",
+             R + f"accuracy_study.py --epochs 30 --holdout 6000 --rows {row} --seeds 0 "
+             f"--runs runs/accuracy_study/tune-{stem}-30ep-lr{lr} --out docs/results/tuning "
+             f"--name {stem}_lr{lr}_30ep_holdout6000 --extra optim.base_lr={lr}",
+             f"docs/results/tuning/{stem}_lr{lr}_30ep_holdout6000.json", _tuning, rerun=False)
+      for stem, row, what, lrs in TUNING_30EP for lr in lrs],
+    Result("goyal_lr0.4_30ep",
+           "Goyal SGD at the baseline's 0.4 per 256 images (6.4 at 4,096), 30 epochs, test set",
+           R + "accuracy_study.py --epochs 30 --rows goyal_4096 --seeds 0 "
+           "--runs runs/accuracy_study/goyal-lr0.4-30ep --name goyal_lr0.4_30ep --extra optim.base_lr=0.4",
+           "docs/results/goyal_lr0.4_30ep.json", _study, rerun=False),
+]
+# fmt: on
+
+
+def _gpu(d: dict) -> str:
+    """A headline for any file of ``./run.sh gpu`` (tools/gpu_run.py), by what it holds."""
+    if "counts" in d:
+        return suite_headline(d)
+    rows = d.get("rows")
+    if isinstance(rows, dict):  # smoke: one run per shipped JSON
+        ok = sum(1 for r in rows.values() if r.get("exit") == 0)
+        return f"{ok} of {len(rows)} runs exited 0"
+    ratios = [r["vs_bare"] for r in rows or [] if isinstance(r, dict) and r.get("vs_bare")]
+    if ratios:
+        return f"dstrain vs its bare twin {ratio(min(ratios))} to {ratio(max(ratios))} ({len(ratios)} rows)"
+    if "median_step_ms" in d:
+        return f"{len(d['median_step_ms'])} optimizer steps timed"
+    if "runs" in d:
+        return f"{len(d['runs'])} training runs"
+    return f"{len(rows or [])} rows"
+
+
+def gpu_results(registry: Path = REPO / GPU_IMPORTS) -> list[Result]:
+    """One Result per GPU file ``./run.sh gpu-import`` brought in: registered by data, not code."""
+    entries = json.loads(registry.read_text())["results"] if registry.is_file() else []
+    return [
+        Result(
+            "gpu_" + Path(e["file"]).stem,
+            f"GPU `{e['part']}` part" + ("" if e["complete"] else " (partial)"),
+            f"./run.sh gpu {e['part']}",
+            e["file"],
+            _gpu,
+            code=(*TRAINER, "bench/*.py", "tools/gpu_run.py"),
+            rerun=False,
+        )
+        for e in entries
+    ]
+
+
+RESULTS += gpu_results()
+
+# Numbers the docs write that no result file of ours holds: published figures and arithmetic. A doc
+# names the one it quotes right after the number, <!-- published NAME --> or <!-- derived NAME -->:
+# keyed by name and by the docs that may quote it, never by the printed text (issue 53: "6.8% of
+# ImageNet" passed because "6.8%" was a key). A published figure must be written as registered; a
+# derived one must print from its value (a share or a factor as a fraction, shown x 100 with %).
+DOCS_GPU = ("docs/gpu.md", "docs/usage.md", "ds_configs/README.md", "docs/results/README.md")
+PUBLISHED = {  # name -> (the figure as written, where it comes from, the docs that quote it)
+    "fujitsu_v06_top1": (
+        "75.98%",
+        "Fujitsu's MLPerf v0.6 record (METHODS.md)",
+        ("docs/large-batch.md", "docs/usage.md"),
+    ),
+    "mlperf_resnet_target": (
+        "75.9%",
+        "MLPerf's ResNet-50 target (MLCommons rcps_resnet.json)",
+        ("docs/large-batch.md", "docs/mlperf.md", "docs/usage.md"),
+    ),
+    "h100_autocast_vs_bare_amp": (
+        "0.96x",
+        "issue 16: an H100 run of the code before it, bf16/autocast fp16 vs a bare AMP loop",
+        DOCS_GPU,
+    ),
+    "h100_native_fp16_vs_bare_amp": (
+        "0.52x",
+        "issue 16: the same H100 run, DeepSpeed's native fp16 engine",
+        (*DOCS_GPU, "docs/deepspeed-guards.md"),
+    ),
+}
+SHARE_DOCS = ("docs/large-batch.md", "docs/usage.md", "docs/results/README.md")
+DERIVED = {  # name -> (value, what it is, the docs that quote it)
+    "fashion_share_b4096": (
+        4096 / 60000,
+        "the study's batch as a share of Fashion-MNIST's training set",
+        SHARE_DOCS,
+    ),
+    "imagenet_share_b86016": (
+        86016 / 1281167,
+        "Fujitsu's batch as a share of ImageNet's training set",
+        SHARE_DOCS,
+    ),
+    "fujitsu_end_lr_factor": (
+        0.0025,
+        "Fujitsu's end LR: 0.0025 of the peak (the recipe's poly decay)",
+        ("docs/large-batch.md",),
+    ),
+}
