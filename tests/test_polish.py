@@ -314,7 +314,7 @@ def test_standalone_polish_two_ranks_equals_one(fake_fmnist, tmp_path):
         if ranks == 1:  # on the devices the 2 ranks get (a 1-GPU node: both on the CPU)
             cmd = run_cli(args, module="dstrain.polish", env=rank_env(2))
         else:
-            cmd = run_cli(args, launcher=deepspeed_launcher(2), script="dstrain/run/polish.py")
+            cmd = run_cli(args, launcher=deepspeed_launcher(2), script="dstrain/polish.py")
         assert cmd.returncode == 0, cmd.stdout[-3000:] + cmd.stderr[-3000:]
         info = json.loads((copy / "polished" / "polish.json").read_text())
         assert info["images"] == 250 and info["world_size"] == ranks
