@@ -44,9 +44,9 @@ def test_two_rank_cpu_run_through_the_deepspeed_launcher(tiny_on_two_ranks):
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch0003"
     assert (run_dir / "checkpoints" / "epoch0003" / "rng_rank00001.pt").is_file()
     assert "epoch 3/3 done" in proc.stdout
-    assert (
-        "base lr 0.2 per 256 images (none scaling rule)" in proc.stdout
-    )  # optim.base_lr overrides the JSON
+    # the plan's lines, as --check prints them: the LR's one home, optim.base_lr
+    assert "optim.base_lr 0.2 per 256 images, none scaling" in proc.stdout
+    assert "job          2 rank(s) on cpu" in proc.stdout
 
 
 def tb_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
