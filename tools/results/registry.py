@@ -393,6 +393,15 @@ RESULTS = [
            "--name accuracy_study_90ep",
            "docs/results/accuracy_study_90ep.json", _study, rerun=False,
            readme="batch 128 vs 4,096 (the chosen row), 90 epochs, 3 seeds (the goal)"),
+    Result("baseline_b128_holdout",
+           "issue 52, item 1: batch 128 tuned on 6,000 held-out images, 30 epochs (peak LR, warmup, "
+           "label smoothing, the un-augmented tail, the BN refit), chosen by the worst of 3 seeds",
+           R + "accuracy_study.py --epochs 30 --holdout 6000 --rows b128_lr0.1 b128_lr0.2 "
+           "b128_lr0.4 b128_lr0.8 b128_lr0.4_warmup b128_lr0.4_ls b128_lr0.4_tail b128_lr0.4_all "
+           "--seeds 0 1 2 --finished-only --reuse docs/results/tuning/baseline_b128_30ep_holdout6000.json "
+           "--runs runs/accuracy_study/tune-b128-30ep --out docs/results/tuning "
+           "--name baseline_b128_30ep_holdout6000",
+           "docs/results/tuning/baseline_b128_30ep_holdout6000.json", _study, rerun=False),
     Result("brakes_holdout",
            "issue 39, item 1: one brake at a time on the Fujitsu row, 6,000 held-out images, 30 "
            "epochs, chosen by the worst of 3 seeds (in progress: the report names the pending runs)",
