@@ -330,7 +330,9 @@ def test_the_gpu_pass_played_as_the_node_runs_it(tmp_path):
     )
     # every file the jobs brought home is registered (gpu_imports.json); the check's wording for
     # one that is not: "... a result file no Result in tools/results/registry.py registers"
-    assert "no Result in tools/results/registry.py registers" not in check.stdout, check.stdout[-2000:]
+    assert "no Result in tools/results/registry.py registers" not in check.stdout, check.stdout[
+        -2000:
+    ]
     suite = json.loads((results / "suite_gpu_cpu.json").read_text())
     # the marked tests only; the DALI one ran once DALI had arrived
     assert suite["counts"]["passed"] == 2 and suite["counts"]["failed"] == 0, suite

@@ -354,7 +354,9 @@ def doc_problems(doc: str, text: str, results: list[Result]) -> list[str]:
     for m in outside(LINK.finditer(text)):
         rel = _result_file(doc, m[1])
         if rel and registered_file(rel, results) is None:
-            problems.append(f"{doc}: links {rel}, which no Result in tools/results/registry.py registers")
+            problems.append(
+                f"{doc}: links {rel}, which no Result in tools/results/registry.py registers"
+            )
     done = code
     for m in outside(SOURCED.finditer(text)):
         label, target, exprs = m.groups()
