@@ -702,6 +702,7 @@ def test_bench_holds_benchmarks_and_every_script_has_one_provenance_helper():
             assert "results" in text, f"{path.name}: a benchmark writes a result file"
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 53: the quick loop under 1 minute)
 @pytest.mark.parametrize("epochs", [30, 90])
 @pytest.mark.parametrize("grid", ["study", "target"])
 def test_every_study_row_would_start(grid, epochs, tmp_path, capfd):

@@ -407,6 +407,7 @@ def finished_run(fake_fmnist, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 53: the quick loop under 1 minute)
 def test_the_run_logs_the_plan_check_prints(finished_run, fake_fmnist, capfd):
     """One renderer (startup.plan_lines) from one LR: every line --check prints for a run is in
     that run's log (issue 53: --check printed the JSON's lr, the run optim.base_lr)."""

@@ -276,6 +276,7 @@ def test_corrupt_jpeg_names_the_file(tmp_path, loader):
     assert message.startswith(f"corrupt image: {bad}") and "\n" not in message
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 53: the quick loop under 1 minute)
 def test_corrupt_jpeg_in_a_dataloader_worker_is_one_line(tmp_path):
     root = make_jpeg_folder(tmp_path / "data", per_class=2, val_per_class=1)
     bad = root / "val" / "ant" / "000.JPEG"

@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 # Every test marked `gpu`, with its seconds on this CPU (2 cores, one pytest process, --durations):
@@ -124,6 +126,7 @@ def collected_marks(tmp_path) -> dict[str, list[str]]:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 53: the quick loop under 1 minute)
 def test_the_gpu_pass_runs_the_marked_tests_and_they_fit_its_two_minutes(tmp_path):
     marks = collected_marks(tmp_path)
     gpu = {test for test, names in marks.items() if "gpu" in names}

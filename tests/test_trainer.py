@@ -272,6 +272,7 @@ def _fc_update(trainer) -> torch.Tensor:
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 53: the quick loop under 1 minute)
 def test_native_fp16_engine_updates_as_fp32_does_and_reports_its_scale(
     fake_fmnist, tmp_path, world_of_one, caplog
 ):

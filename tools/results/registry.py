@@ -483,7 +483,9 @@ RESULTS = [
            "{final_top1:.1%} top-1, {epochs} epochs, {train_wall_time_s:.0f} s training", code=(),
            rerun=False),
     Result("suite_cpu_quick", "the quick loop (`-m 'not slow'`)",
-           T + "suite.py --out bench/results/suite_cpu_2_cores_quick.json -- -q -m 'not slow'",
+           "./run.sh test -q -m 'not slow' --junitxml=/tmp/dstrain-quick.xml; python tools/suite.py "
+           "--junit /tmp/dstrain-quick.xml --ran \"./run.sh test -q -m 'not slow'\" "
+           "--out bench/results/suite_cpu_2_cores_quick.json",
            "bench/results/suite_cpu_2_cores_quick.json", suite_headline,
            code=(*SUITE, "requirements.txt"), rerun=False,
            readme='the quick loop, `./run.sh test -m "not slow"`'),
