@@ -129,7 +129,8 @@ def readout(rows: list[dict]) -> dict:
         r["gpus"]: 1e3 * 2 * (r["gpus"] - 1) * (A_NV if r["gpus"] <= GPUS_PER_NODE else A_IB)
         for r in rows
     }
-    dominates = [p for p, ms in latency_ms.items() if ms > rows_by(rows)[p]["ring_fp32"] - ms]
+    ring = {r["gpus"]: r["ring_fp32"] for r in rows}
+    dominates = [p for p, ms in latency_ms.items() if ms > ring[p] - ms]
     below = [r["gpus"] for r in rows if r["sign_allgather_1bit"] < r["torus_4xN_fp16"]]
     below_ring = [r["gpus"] for r in rows if r["sign_allgather_1bit"] < r["ring_fp16"]]
     return {
@@ -139,10 +140,6 @@ def readout(rows: list[dict]) -> dict:
         "sign_below_torus_4xN_fp16_up_to_gpus": max(below) if below else None,
         "sign_below_ring_fp16_up_to_gpus": max(below_ring) if below_ring else None,
     }
-
-
-def rows_by(rows: list[dict]) -> dict[int, dict]:
-    return {r["gpus"]: r for r in rows}
 
 
 def main() -> int:
