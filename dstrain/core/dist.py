@@ -200,6 +200,13 @@ def local_ranks() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or 1)
 
 
+def node_sizes(world: int) -> list[int]:
+    """The ranks of each node of this job, in rank order, as far as this rank can tell: its own
+    node's count (``local_ranks``) for every node when that divides the world, else nothing."""
+    local = local_ranks()
+    return [local] * (world // local) if local > 1 and world % local == 0 else []
+
+
 def share_cpu_cores() -> int | None:
     """CPU ranks sharing a node each take their share of its cores for torch's threads, as torchrun
     does (DeepSpeed's launcher does not, without --bind_cores_to_rank): every rank otherwise opens

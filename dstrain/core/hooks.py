@@ -12,13 +12,19 @@ not know it exists. The events, in the order a run meets them:
 - ``eval_start(trainer, epoch)``; ``eval_end(trainer, epoch, metrics)``: ``True`` from any hook
   makes this epoch the last (a quality target reached);
 - ``epoch_end(trainer, epoch, metrics)``: the epoch recorded in the history;
+- ``step_end(trainer, step)``: optimizer step ``step`` (1-based, global) is done;
 - ``log_window(trainer, step)``: a log line was written for the window ending at ``step``;
+- ``checkpoint_files(trainer)``: ``{file name: payload}`` saved (``torch.save``, rank 0) in every
+  checkpoint directory beside DeepSpeed's files, read back by the hook itself at ``fit_start``
+  (``trainer.checks.last_checkpoint`` is the checkpoint the run resumed from);
+- ``polish_end(trainer, run_dir, info)``: Final Polishing of the trained model is done;
 - ``fit_end(trainer, completed)``: training ended, ``completed`` False when it was stopped (a
   signal, a failure) rather than run to its end or its target;
 - ``summary(trainer)``: what the hook adds to summary.json; ``close()``: the run is over.
 
 Implementers: :class:`dstrain.loop.mlperf.MLPerfLog` (MLPerf's marks), :class:`TargetStop`
-(``target_top1``), :class:`dstrain.techniques.lars.TensorLog` (``log.lars_tensors``).
+(``target_top1``), :class:`dstrain.techniques.lars.TensorLog` (``log.lars_tensors``),
+:class:`dstrain.techniques.ema.EMAHook` (``optim.ema``).
 """
 
 from __future__ import annotations
@@ -51,7 +57,16 @@ class Hook:
     def epoch_end(self, trainer: Any, epoch: int, metrics: dict) -> None:
         pass
 
+    def step_end(self, trainer: Any, step: int) -> None:
+        pass
+
     def log_window(self, trainer: Any, step: int) -> None:
+        pass
+
+    def checkpoint_files(self, trainer: Any) -> dict:
+        return {}
+
+    def polish_end(self, trainer: Any, run_dir: Any, info: dict) -> None:
         pass
 
     def fit_end(self, trainer: Any, completed: bool) -> None:
@@ -96,9 +111,23 @@ class Hooks:
         for hook in self.hooks:
             hook.epoch_end(trainer, epoch, metrics)
 
+    def step_end(self, trainer: Any, step: int) -> None:
+        for hook in self.hooks:
+            hook.step_end(trainer, step)
+
     def log_window(self, trainer: Any, step: int) -> None:
         for hook in self.hooks:
             hook.log_window(trainer, step)
+
+    def checkpoint_files(self, trainer: Any) -> dict:
+        out: dict = {}
+        for hook in self.hooks:
+            out.update(hook.checkpoint_files(trainer))
+        return out
+
+    def polish_end(self, trainer: Any, run_dir: Any, info: dict) -> None:
+        for hook in self.hooks:
+            hook.polish_end(trainer, run_dir, info)
 
     def fit_end(self, trainer: Any, completed: bool) -> None:
         for hook in self.hooks:

@@ -107,8 +107,11 @@ def trainer_state(root: Path, tag: str) -> dict:
         return {}
 
 
-def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) -> Path:
-    """Collective: every rank calls it. Returns the complete checkpoint's directory."""
+def save(
+    engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0, files: dict | None = None
+) -> Path:
+    """Collective: every rank calls it. Returns the complete checkpoint's directory. ``files``:
+    ``{name: payload}`` this rank saves beside DeepSpeed's (the loop's hooks', e.g. ``ema.pt``)."""
     partial = f"{tag}.partial"
     error = ""
     try:
@@ -121,6 +124,8 @@ def save(engine, root: Path, tag: str, trainer_state: dict, keep_last: int = 0) 
         )
         (root / partial).mkdir(parents=True, exist_ok=True)
         torch.save(rng_state(), root / partial / f"rng_rank{dist.rank():05d}.pt")
+        for name, payload in (files or {}).items():
+            torch.save(payload, root / partial / name)
     except (
         OSError,
         RuntimeError,

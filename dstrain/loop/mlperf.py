@@ -239,7 +239,7 @@ def run_values(plan, n_train: int, n_val: int, schedule) -> dict:
         "gradient_accumulation_steps": last.accumulation,
         "train_samples": n_train,
         "eval_samples": n_val,
-        "model_bn_span": cfg.model.bn_span or last.micro,
+        "model_bn_span": (cfg.model.bn_span or last.micro) * cfg.model.bn_group,
         "opt_name": optimizer.kind,
         "opt_learning_rate_warmup_epochs": optim.warmup_epochs,
     }

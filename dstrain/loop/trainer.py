@@ -29,7 +29,7 @@ from dstrain.loop.evaluate import evaluate
 from dstrain.loop.fault import StepChecks
 from dstrain.loop.monitor import Monitor, Progress, StepMeter
 from dstrain.loop.watchdog import Watchdog
-from dstrain.settings.config import TrainConfig
+from dstrain.settings.config import TrainConfig, polish_batch
 from dstrain.settings.ramp import BatchStage, batch_at
 from dstrain.techniques import bn_refit
 from dstrain.techniques.comm import GradientSync
@@ -244,6 +244,7 @@ class Trainer:
             if not boundary:
                 continue
             state.step, done = state.step + 1, done + 1
+            self.hooks.step_end(self, state.step)
             stop = self.after_step()
             if state.step == self.first_step + 1 and self.cfg.model.compile:
                 log.info(
@@ -352,10 +353,13 @@ class Trainer:
         return summary() if summary is not None else None
 
     # ------------------------------------------------------------ evaluation, checkpoints, polish
-    def evaluate(self) -> dict:
-        compiled = self.cfg.model.compile
+    def evaluate(self, module: torch.nn.Module | None = None) -> dict:
+        """Evaluate the engine's model, or ``module`` (an FP32 copy such as the EMA's) in FP32."""
+        compiled = self.cfg.model.compile and module is None
         started, graphs = time.perf_counter(), compiled_graphs() if compiled else 0
         batches = self.marked(self.data.val, "evaluation")  # each batch is progress
+        if module is not None:
+            return evaluate(module, batches, torch.float32, self.memory_format)
         metrics = evaluate(self.engine, batches, self.input_dtype, self.memory_format)
         if compiled and compiled_graphs() > graphs:
             log.info(
@@ -376,6 +380,7 @@ class Trainer:
             tag,
             self.state.state_dict(),
             self.cfg.checkpoint.keep_last,
+            files=self.hooks.checkpoint_files(self) if dist.is_main() else {},
         )
 
     def stop_with_checkpoint(self, tag: str, epoch: int) -> None:
@@ -412,19 +417,10 @@ class Trainer:
             )
             return json.loads(done.read_text())
         self.phase("polish")
-        state, settings = self.state, self.cfg.polish
+        state = self.state
         # the last epoch is always evaluated
         before = next(h for h in reversed(state.history) if "val_top1" in h)
-        after = bn_refit.polish_model(
-            self.engine.module,
-            self.polish_forward,
-            self.data.polish,
-            self.evaluate,
-            settings,
-            batch_per_rank=settings.batch_per_rank or self.stages[-1].micro,
-            dtype=self.input_dtype,
-            memory_format=self.memory_format,
-        )
+        after = self.refit(self.engine.module, self.polish_forward)
         info = bn_refit.summarize(before, after, state.train_time_s)
         self.monitor.scalars(
             "polish",
@@ -451,7 +447,30 @@ class Trainer:
                 run_dir, self.engine.module, {"checkpoint": f"epoch{state.epoch:04d}", **info}
             )
         dist.barrier()
+        self.hooks.polish_end(self, run_dir, info)
         return info
+
+    def refit(self, module: torch.nn.Module, forward: Callable) -> dict:
+        """Final Polishing's BN refit of ``module`` (the engine's, or an FP32 copy such as the
+        EMA's, whose ``forward`` is itself) on the polish set, then its evaluation."""
+        own = module is self.engine.module
+        return bn_refit.polish_model(
+            module,
+            forward if own else self.marked_forward(forward),
+            self.data.polish,
+            self.evaluate if own else lambda: self.evaluate(module),
+            self.cfg.polish,
+            batch_per_rank=polish_batch(self.cfg, self.stages[-1].micro),
+            dtype=self.input_dtype if own else torch.float32,
+            memory_format=self.memory_format,
+        )
+
+    def marked_forward(self, forward: Callable) -> Callable:
+        def marked(x: torch.Tensor) -> torch.Tensor:
+            self.phase("polish")  # each refit batch is progress
+            return forward(x)
+
+        return marked
 
     def polish_forward(self, x: torch.Tensor) -> torch.Tensor:
         self.phase("polish")  # each refit batch is progress

@@ -15,6 +15,7 @@ from dstrain.core.errors import ConfigError
 from dstrain.data import Data, ImageCounts, Shard, build_data
 from dstrain.settings.config import TrainConfig
 from dstrain.settings.ramp import BatchStage
+from dstrain.techniques.bn_group import join_groups
 from dstrain.techniques.models import (
     cpu_channels_last_hazards,
     has_batchnorm,
@@ -61,12 +62,15 @@ def build_components(
     device: torch.device,
     images: ImageCounts | None = None,
     source: str = "the DeepSpeed JSON",
+    join_bn_groups: bool = True,
 ) -> Components:
     """Seed, build ``cfg.model`` and ``cfg.data`` for this rank, with ``stage``'s micro batch and
     accumulation (``images``: the data's counts from the start-up checks, counted here if None)."""
     seed_everything(cfg.seed)
     model = model_from_config(cfg.model)
     check_precision(precision, device, model, source)
+    if cfg.model.bn_group > 1 and join_bn_groups:
+        join_groups(model)  # BN groups across ranks (dstrain/techniques/bn_group.py)
     shard = Shard(
         rank=dist.rank(),
         world=dist.world_size(),

@@ -33,15 +33,20 @@ class Plan:
 
 
 def prepare(
-    cfg: TrainConfig, ds_path: str, world: int | None = None, cuda: bool | None = None
+    cfg: TrainConfig,
+    ds_path: str,
+    world: int | None = None,
+    cuda: bool | None = None,
+    node_sizes: list[int] | None = None,
 ) -> Plan:
     """Phase 1, nothing started yet: validate the config, read the JSON once, plan the batch sizes.
 
     ``world`` (default: this job's) and ``cuda`` (default: whether this machine has a GPU) let
-    ``python -m dstrain --check`` plan a job for other ranks and devices than the machine it runs on."""
+    ``python -m dstrain --check`` plan a job for other ranks and devices than the machine it runs on;
+    ``node_sizes`` (default: this job's, from its launcher's environment) the ranks of each node."""
     dist.setup_env_for_single_process()
     world = world or dist.world_size()
-    validate(cfg, world)
+    validate(cfg, world, node_sizes if node_sizes is not None else dist.node_sizes(world))
     if cfg.log.mlperf:
         mlperf.require_package()
     spec = ds_config.load(ds_path, cuda_available=cuda)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from dstrain.core import dist
@@ -30,7 +31,7 @@ from dstrain.run import ds_config, rundir
 from dstrain.run.components import build_components
 from dstrain.run.launch import adopt_mpi_env
 from dstrain.run.outcome import ending_of
-from dstrain.settings.config import PolishConfig, load_config, validate
+from dstrain.settings.config import PolishConfig, load_config, polish_batch, validate
 from dstrain.settings.ramp import batch_plan
 from dstrain.techniques.bn_refit import POLISHED_DIR, polish_model, save_polished, summarize
 from dstrain.techniques.models import input_dtype
@@ -140,7 +141,9 @@ def polish_run_dir(args: argparse.Namespace) -> dict:
     cfg = load_config(str(run_dir / "config.yaml"), args.overrides)
     dist.setup_env_for_single_process()
     world = dist.world_size()
-    validate(cfg, world)
+    # a BN group is a training-time grouping of ranks: the refit normalises each group's images
+    # together on any number of ranks (dstrain/techniques/bn_group.py), so it need not divide these
+    validate(OmegaConf.merge(cfg, {"model": {"bn_group": 1}}), world)
     import torch.distributed as tdist
 
     if world > 1 and not tdist.is_initialized():
@@ -154,7 +157,7 @@ def polish_run_dir(args: argparse.Namespace) -> dict:
         cfg.batch.global_size, cfg.batch.micro_per_rank, cfg.batch.ramp, world, cfg.epochs
     )[-1]
     # float32 inputs and weights; the run's FP16/BF16 precision comes back as autocast (no DeepSpeed engine here)
-    parts = build_components(cfg, "fp32", last, device)
+    parts = build_components(cfg, "fp32", last, device, join_bn_groups=False)
     model = parts.model
     load_weights(model, ckpt_root / tag / "mp_rank_00_model_states.pt")
     model.to(device).to(memory_format=parts.memory_format)
@@ -178,7 +181,7 @@ def polish_run_dir(args: argparse.Namespace) -> dict:
             parts.data.polish,
             evaluate_fn,
             settings,
-            batch_per_rank=args.batch or cfg.polish.batch_per_rank or last.micro,
+            batch_per_rank=args.batch or polish_batch(cfg, last.micro),
             memory_format=parts.memory_format,
         )
     except ValueError as err:

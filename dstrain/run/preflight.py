@@ -76,7 +76,8 @@ def check(cfg: TrainConfig, ds_path: str, target: Target) -> list[str]:
     """Every start-up check of a run of ``cfg`` on ``target`` (the run's own, dstrain/run/startup.py);
     the plan's lines. Writes nothing."""
     try:
-        plan = prepare(cfg, ds_path, target.world, cuda=target.device == "cuda")
+        nodes = [host.slots for host in target.hosts]
+        plan = prepare(cfg, ds_path, target.world, cuda=target.device == "cuda", node_sizes=nodes)
     except ConfigError as err:
         if target.hostfile is not None and refuses_the_world(cfg, target.world):
             raise ConfigError(

@@ -36,6 +36,7 @@ from dstrain.loop import checkpoint, mlperf
 from dstrain.run import compat, rundir
 from dstrain.run.components import check_precision
 from dstrain.run.plan import Plan
+from dstrain.settings.config import polish_batch
 from dstrain.settings.ramp import batch_at
 from dstrain.techniques.models import model_from_config
 from dstrain.techniques.optim import build_optimizer
@@ -144,10 +145,10 @@ def check_images(plan: Plan, n_train: int) -> None:
 def polish_images(plan: Plan, n_train: int) -> int:
     """How many training images the BN refit will see over all ranks: ``polish.images`` (or
     ``polish.batches`` batches) of the training set, cut into whole batches of
-    ``polish.batch_per_rank`` (0: the last micro batch), a short last batch dropped unless it is
+    ``polish.batch_per_rank`` (0: the last micro batch x the BN group), a short last batch dropped unless it is
     the only one (dstrain/data/sharding.py: polish_batches)."""
     settings = plan.cfg.polish
-    batch = settings.batch_per_rank or plan.stages[-1].micro
+    batch = polish_batch(plan.cfg, plan.stages[-1].micro)
     limit = settings.batches * batch * plan.world if settings.batches else settings.images
     size = min(limit or n_train, n_train)
     return size if size <= batch else size // batch * batch

@@ -27,6 +27,7 @@ from dstrain.run.components import Components, build_components
 from dstrain.run.plan import Plan, prepare
 from dstrain.settings.config import TrainConfig
 from dstrain.techniques import comm
+from dstrain.techniques.ema import EMAHook, WeightEMA
 from dstrain.techniques.lars import TensorLog
 from dstrain.techniques.models import compile_engine, keep_batchnorm_fp32
 from dstrain.techniques.optim import build_optimizer, steps_suppressed
@@ -82,6 +83,8 @@ def build_trainer(
         set_cudnn(cfg.deterministic)
     first = plan.stages[0]
     parts = build_components(cfg, spec.precision, first, device, start.images, source=spec.path)
+    # the EMA's FP32 copy is taken before DeepSpeed casts or compiles the model
+    ema = weight_ema(cfg, parts.model, device)
     engine_cfg = spec.engine_config(first.micro, first.accumulation, plan.world)
     engine, optimizer, grad_sync = build_engine(plan, parts, engine_cfg)
     # every group gets the timeout, also those DeepSpeed and comm.py made
@@ -106,7 +109,7 @@ def build_trainer(
         memory_format=parts.memory_format,
         grad_sync=grad_sync,
         state=state,
-        hooks=loop_hooks(cfg, mlperf_log),
+        hooks=loop_hooks(cfg, mlperf_log, ema),
     )
     if dist.is_main():
         rundir.write_run_files(
@@ -122,9 +125,32 @@ def build_trainer(
     return trainer
 
 
-def loop_hooks(cfg: TrainConfig, mlperf_log: mlperf.MLPerfLog) -> Hooks:
+def weight_ema(cfg: TrainConfig, model: torch.nn.Module, device: torch.device) -> WeightEMA | None:
+    """optim.ema: the FP32 average of ``model``'s weights (dstrain/techniques/ema.py), or None."""
+    settings = cfg.optim.ema
+    if not settings.decay:
+        return None
+    where = torch.device("cpu") if settings.device == "cpu" else device
+    ema = WeightEMA(model, settings, where)
+    log.info(
+        "EMA of the weights: decay %g%s, every %d step(s), FP32 on %s",
+        settings.decay,
+        f" (timm's warmup, gamma {settings.warmup_gamma:g}, power {settings.warmup_power:g})"
+        if settings.warmup
+        else "",
+        settings.every_steps,
+        where,
+    )
+    return ema
+
+
+def loop_hooks(
+    cfg: TrainConfig, mlperf_log: mlperf.MLPerfLog, ema: WeightEMA | None = None
+) -> Hooks:
     """What rides on this run's loop (dstrain/core/hooks.py), in the order each event reaches them."""
     hooks: list[Hook] = [mlperf.MLPerfMarks(mlperf_log)]  # its marks are no-ops with log.mlperf off
+    if ema is not None:  # before TargetStop: an epoch's EMA top-1 is in the history however it ends
+        hooks.append(EMAHook(ema))
     if cfg.target_top1:
         hooks.append(TargetStop(cfg.target_top1))
     if cfg.log.lars_tensors:

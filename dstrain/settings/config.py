@@ -129,6 +129,17 @@ class ModelConfig:
         "this many images, as each GPU of a large run computes them (Goyal 32, Fujitsu 42); must "
         "divide the micro batch; 0 = the whole micro batch (images)",
     )
+    bn_group: int = setting(
+        1,
+        "BN group: training-mode BatchNorm2d statistics reduced over groups of this many "
+        "consecutive ranks (NVIDIA's MLPerf bn_group; with bn_span, K x the span); must divide "
+        "the ranks; 1 = each rank alone, the world size = SyncBN (ranks)",
+    )
+    bn_group_across_nodes: bool = setting(
+        False,
+        "allow a BN group to straddle a node boundary (its collectives then cross the network "
+        "every BN layer) (bool)",
+    )
     channels_last: bool = setting(False, "train in NHWC memory format (bool)")
     compile: bool = setting(
         False,
@@ -154,6 +165,33 @@ class BatchConfig:
     ramp: list[list[int]] = setting(
         [],
         "batch-size ramp: later [epoch, global_size] switches, e.g. [[5, 4096]] (epochs, images)",
+    )
+
+
+@dataclass
+class EMAConfig:
+    decay: float = setting(
+        0.0,
+        "EMA of the weights: e <- decay*e + (1-decay)*w after every every_steps optimizer steps, "
+        "kept in FP32 beside the model and evaluated with it (timm's default 0.9998); 0 = off "
+        "(fraction in [0, 1))",
+    )
+    warmup: bool = setting(
+        False,
+        "timm's decay warmup: decay_t = min(decay, 1 - (1 + t/warmup_gamma)^-warmup_power) at "
+        "update t (bool)",
+    )
+    warmup_gamma: float = setting(1.0, "decay warmup: the gamma of timm's ModelEmaV3 (updates)")
+    warmup_power: float = setting(
+        2 / 3, "decay warmup: the power of timm's ModelEmaV3 (3/4 suits short runs) (dimensionless)"
+    )
+    every_steps: int = setting(
+        1, "update the EMA after every N optimizer steps; decay applies per update (steps)"
+    )
+    device: Literal["model", "cpu"] = setting(
+        "model",
+        "where the FP32 EMA is kept: model (its device) or cpu (saves GPU memory, copies the "
+        "weights to the host each update)",
     )
 
 
@@ -209,6 +247,7 @@ class OptimConfig:
     label_smoothing: float = setting(
         0.0, "label smoothing s: target (1-s)*onehot + s/K (fraction in [0, 1))"
     )
+    ema: EMAConfig = field(default_factory=EMAConfig)
 
 
 @dataclass
@@ -267,7 +306,9 @@ class PolishConfig:
         "polish set size in refit batches over all ranks instead of images; 0 = use images (batches)",
     )
     batch_per_rank: int = setting(
-        0, "images per refit forward on one rank; 0 = the last training micro batch (images)"
+        0,
+        "images per refit forward on one rank; 0 = the last training micro batch x model.bn_group "
+        "(a BN group's images, normalised together as in training) (images)",
     )
     last_epochs_without_augmentation: int = setting(
         0,
@@ -415,14 +456,23 @@ def load_config(recipe: str | None = None, overrides: list[str] | None = None) -
     return cfg  # a DictConfig typed as TrainConfig
 
 
-def validate(cfg: TrainConfig, world_size: int) -> None:
+def polish_batch(cfg: TrainConfig, micro: int) -> int:
+    """Images per BN-refit forward on one rank: ``polish.batch_per_rank``, else a BN group's
+    training batch (``micro`` x ``model.bn_group``), which the refit normalises together as the
+    group's ranks did in training (dstrain/techniques/bn_group.py)."""
+    return cfg.polish.batch_per_rank or micro * cfg.model.bn_group
+
+
+def validate(cfg: TrainConfig, world_size: int, node_sizes: list[int] | None = None) -> None:
     """Every cross-field and range rule, with a message that says what to change.
 
     Types and choices (``Literal``) were already checked by OmegaConf when the config was loaded;
     the rules are grouped by section below, and every broken one is reported at once.
+    ``node_sizes``: the ranks of each node in rank order, where known (the node rules).
     """
     sections = (_run_rules, _data_rules, _model_rules, _batch_rules, _optim_rules, _polish_rules)
     problems = [msg for rules in sections for ok, msg in rules(cfg, world_size) if not ok]
+    problems += [msg for ok, msg in _node_rules(cfg, node_sizes or []) if not ok]
     if len(problems) == 1:
         raise ConfigError(f"invalid config: {problems[0]}")
     if problems:
@@ -513,6 +563,7 @@ def _model_rules(cfg: TrainConfig, world_size: int) -> Rules:
     yield model.num_classes >= 2, f"model.num_classes={model.num_classes}: must be >= 2"
     yield model.in_channels >= 1, f"model.in_channels={model.in_channels}: must be >= 1"
     yield from _bn_span_rules(cfg, world_size)
+    yield from _bn_group_rules(cfg, world_size)
     if model.name == "resnet_small":
         return
     import torchvision  # heavy: only for recipes that name a torchvision model
@@ -530,6 +581,42 @@ def _model_rules(cfg: TrainConfig, world_size: int) -> Rules:
         model.in_channels == 3,
         f"model.name={model.name} takes 3 input channels but model.in_channels={model.in_channels}; "
         "set model.in_channels=3 (grayscale data is repeated to 3 channels)",
+    )
+
+
+def _bn_group_rules(cfg: TrainConfig, world_size: int) -> Rules:
+    group = cfg.model.bn_group
+    yield group >= 1, f"model.bn_group={group}: must be >= 1 (1 = each rank alone)"
+    yield (
+        group < 1 or world_size % group == 0,
+        f"model.bn_group={group} does not divide the {world_size} rank(s): BN groups are "
+        f"{group} consecutive ranks; choose a divisor of {world_size} "
+        f"(e.g. {max(d for d in range(1, min(max(group, 1), world_size) + 1) if world_size % d == 0)})",
+    )
+
+
+def node_split(group: int, node_sizes: list[int]) -> int | None:
+    """The first node boundary (after node i, 0-based) that a group of ``group`` consecutive ranks
+    would straddle, or None (launchers number ranks node by node)."""
+    boundary = 0
+    for node, size in enumerate(node_sizes[:-1]):
+        boundary += size
+        if boundary % group:
+            return node
+    return None
+
+
+def _node_rules(cfg: TrainConfig, node_sizes: list[int]) -> Rules:
+    group = cfg.model.bn_group
+    if group <= 1 or cfg.model.bn_group_across_nodes or len(node_sizes) < 2:
+        return
+    node = node_split(group, node_sizes)
+    yield (
+        node is None,
+        f"model.bn_group={group} would split a BN group across nodes {node} and "
+        f"{(node or 0) + 1} (ranks per node: {node_sizes[:4]}{'...' if len(node_sizes) > 4 else ''}): "
+        "every BN layer would then wait on the network; choose a group that divides the ranks "
+        "of each node, or set model.bn_group_across_nodes=true to allow it",
     )
 
 
@@ -570,6 +657,14 @@ def _batch_rules(cfg: TrainConfig, world_size: int) -> Rules:
 
 def _optim_rules(cfg: TrainConfig, world_size: int) -> Rules:
     optim = cfg.optim
+    ema = optim.ema
+    yield 0 <= ema.decay < 1, f"optim.ema.decay={ema.decay}: must be in [0, 1) (0 = no EMA)"
+    yield ema.every_steps >= 1, f"optim.ema.every_steps={ema.every_steps}: must be >= 1"
+    yield (
+        ema.warmup_gamma > 0 and ema.warmup_power > 0,
+        f"optim.ema.warmup_gamma={ema.warmup_gamma}, warmup_power={ema.warmup_power}: both must "
+        "be > 0",
+    )
     yield (
         optim.base_lr > 0,
         f"optim.base_lr={optim.base_lr}: must be > 0 (the LR per optim.lr_reference_batch images)",

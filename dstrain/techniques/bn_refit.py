@@ -43,6 +43,7 @@ from torch import nn
 from dstrain.core import dist
 from dstrain.core.files import atomic_write_text
 from dstrain.settings.config import PolishConfig
+from dstrain.techniques.bn_group import grouped_locally
 
 log = logging.getLogger(__name__)
 BatchNorm = nn.modules.batchnorm._BatchNorm
@@ -104,9 +105,12 @@ def refit_bn(
     handles = [m.register_forward_pre_hook(accumulate) for m in bns]
     counts = torch.zeros(2, dtype=torch.float64, device=device)  # images, batches (this rank)
     try:
-        for x in batches:
-            forward(x)
-            counts += torch.tensor([len(x), 1.0], dtype=torch.float64, device=device)
+        # BN groups across ranks: each batch normalised as its group did in training, with no
+        # collective inside the forward (ranks may hold different numbers of batches)
+        with grouped_locally(model):
+            for x in batches:
+                forward(x)
+                counts += torch.tensor([len(x), 1.0], dtype=torch.float64, device=device)
     finally:
         for h in handles:
             h.remove()
@@ -176,9 +180,12 @@ def polish_model(
     return {"images": n, "batch_per_rank": batch_per_rank, "refit_s": refit_s, **after}
 
 
-def save_polished(run_dir: Path, model: nn.Module, info: dict, overwrite: bool = False) -> Path:
-    """RUN_DIR/polished/{model.pt, polish.json}, written into polished.partial and renamed (rank 0 only)."""
-    out, tmp = run_dir / POLISHED_DIR, run_dir / (POLISHED_DIR + ".partial")
+def save_polished(
+    run_dir: Path, model: nn.Module, info: dict, overwrite: bool = False, name: str = POLISHED_DIR
+) -> Path:
+    """RUN_DIR/polished/{model.pt, polish.json} (``name``: another folder, e.g. the EMA's), written
+    into <name>.partial and renamed (rank 0 only)."""
+    out, tmp = run_dir / name, run_dir / (name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -187,7 +194,7 @@ def save_polished(run_dir: Path, model: nn.Module, info: dict, overwrite: bool =
     if out.exists():
         if not overwrite:
             raise FileExistsError(f"{out} exists")
-        old = run_dir / (POLISHED_DIR + ".old")
+        old = run_dir / (name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         os.rename(out, old)
         os.rename(tmp, out)

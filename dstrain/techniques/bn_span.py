@@ -69,7 +69,7 @@ class SpanBatchNorm2d(nn.BatchNorm2d):
         else:
             y = y.view(m, k, c, h, w).transpose(0, 1).reshape(n, c, h, w)
         if self.track_running_stats:
-            self._update_running(stats[0].float().view(k, c), stats[1].float().view(k, c), k)
+            self._update_running(stats[0].view(k, c), stats[1].view(k, c), k)
         return y
 
     @torch.no_grad()
@@ -78,16 +78,18 @@ class SpanBatchNorm2d(nn.BatchNorm2d):
         cumulative average with ``momentum=None``)."""
         t0 = int(self.num_batches_tracked.item()) if self.momentum is None else 0
         self.num_batches_tracked.add_(k)
+        acc = torch.promote_types(self.running_mean.dtype, torch.float32)  # FP64 buffers stay FP64
         if self.momentum is None:  # cumulative average: r = (t0 r + sum s) / (t0 + k)
             keep = t0 / (t0 + k)
-            weights = torch.full((k, 1), 1.0 / (t0 + k), device=means.device)
+            weights = torch.full((k, 1), 1.0 / (t0 + k), device=means.device, dtype=acc)
         else:
             a = float(self.momentum)
             keep = (1.0 - a) ** k
-            powers = torch.arange(k - 1, -1, -1, device=means.device, dtype=torch.float32)
+            powers = torch.arange(k - 1, -1, -1, device=means.device, dtype=acc)
             weights = (a * (1.0 - a) ** powers).view(k, 1)
         for running, stats in ((self.running_mean, means), (self.running_var, unbiased)):
-            running.copy_((keep * running.float() + (weights * stats).sum(0)).to(running.dtype))
+            update = keep * running.to(acc) + (weights * stats.to(acc)).sum(0)
+            running.copy_(update.to(running.dtype))
 
 
 def apply_bn_span(model: nn.Module, span: int) -> int:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from dstrain.core.errors import ConfigError
 from dstrain.settings.config import ModelConfig
+from dstrain.techniques.bn_group import apply_bn_group
 from dstrain.techniques.bn_span import apply_bn_span
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ def model_from_config(cfg: ModelConfig) -> nn.Module:
         log.info(
             "BN span: %d BatchNorm2d layers normalise over groups of %d images", layers, cfg.bn_span
         )
+    apply_bn_group(model, cfg.bn_group)  # its ranks join in dstrain/run/components.py
     return model
 
 

@@ -1,0 +1,132 @@
+"""The EMA of the weights (dstrain/techniques/ema.py): its arithmetic against an FP64 reference, and
+a run that evaluates, checkpoints, resumes bit for bit and polishes it."""
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+from omegaconf import OmegaConf
+
+from dstrain.settings.config import EMAConfig
+from dstrain.techniques.ema import EMA_FILE, WeightEMA, decay_at
+from tests.conftest import TINY, run_cli
+
+
+def _cfg(**kw) -> EMAConfig:
+    return OmegaConf.structured(EMAConfig(**kw))
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.Flatten(), nn.Linear(12, 2))
+
+
+def test_the_decay_is_timms_counted_in_updates():
+    """timm's ModelEmaV3.get_decay with update_after_step 0: 0 at the first update, then the decay,
+    or 1 - (1 + t/gamma)^-power up to it."""
+    plain = _cfg(decay=0.999)
+    assert [decay_at(t, plain) for t in range(3)] == [0.0, 0.999, 0.999]
+    warm = _cfg(decay=0.999, warmup=True, warmup_gamma=1.0, warmup_power=0.75)
+    assert decay_at(1, warm) == pytest.approx(1 - 2**-0.75)
+    assert decay_at(10, warm) == pytest.approx(1 - 11**-0.75)
+    assert decay_at(10**6, warm) == 0.999  # capped at the decay
+    gamma = _cfg(decay=0.99, warmup=True, warmup_gamma=4.0, warmup_power=2 / 3)
+    assert decay_at(8, gamma) == pytest.approx(1 - 3 ** (-2 / 3))
+
+
+@pytest.mark.parametrize("device", ["model", "cpu"])
+def test_the_average_matches_an_fp64_reference(device):
+    cfg = _cfg(decay=0.9, warmup=True, warmup_gamma=2.0, warmup_power=0.75)
+    model = _net()
+    ema = WeightEMA(model, cfg, "cpu")
+    reference = {k: v.double().clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    for t in range(6):
+        with torch.no_grad():  # the weights and BN statistics move as training would move them
+            for p in list(model.parameters()) + [model[1].running_mean, model[1].running_var]:
+                p.add_(torch.randn(p.shape, generator=g))
+            model[1].num_batches_tracked.add_(1)
+        used = ema.update(model)
+        d = 0.0 if t == 0 else min(0.9, 1 - (1 + t / 2.0) ** -0.75)
+        assert used == pytest.approx(d, abs=1e-15)
+        for k, v in model.state_dict().items():
+            if v.is_floating_point():
+                reference[k] = d * reference[k] + (1 - d) * v.double()
+            else:
+                reference[k] = v.clone()  # integer buffers are copied
+    got = ema.module.state_dict()
+    for k, v in reference.items():
+        if v.is_floating_point():
+            assert got[k].dtype == torch.float32
+            torch.testing.assert_close(got[k].double(), v, rtol=1e-6, atol=1e-6, msg=k)
+        else:
+            assert torch.equal(got[k], v), k
+    assert ema.updates == 6
+    # ema.pt's payload round-trips exactly
+    again = WeightEMA(_net(), cfg, "cpu")
+    again.load_state_dict(ema.state_dict())
+    assert again.updates == 6
+    for k, v in again.module.state_dict().items():
+        assert torch.equal(v, got[k]), k
+
+
+def test_the_average_is_fp32_whatever_the_model_holds():
+    model = _net().to(torch.bfloat16)
+    ema = WeightEMA(model, _cfg(decay=0.5), "cpu")
+    assert all(p.dtype == torch.float32 for p in ema.module.parameters())
+    assert not any(p.requires_grad for p in ema.module.parameters())
+    ema.update(model)
+    ema.update(model)
+    for mine, theirs in zip(ema.module.parameters(), model.parameters()):
+        assert torch.equal(mine, theirs.float())
+
+
+EMA_RUN = [*TINY, "optim.ema.decay=0.9", "optim.ema.warmup=true", "checkpoint.every_epochs=1"]
+
+
+@pytest.mark.slow
+def test_a_run_evaluates_checkpoints_resumes_and_polishes_its_ema(fake_fmnist, tmp_path):
+    """The EMA top-1 beside the trained model's in the history, TensorBoard and summary.json; ema.pt
+    in every checkpoint, the same bit for bit after a kill at step 21 and a resume; the refit of the
+    EMA in polished_ema/ and summary.json."""
+    common = [*EMA_RUN, f"data.root={fake_fmnist}", "polish.enabled=true", "polish.images=256"]
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    done = run_cli(common + [f"run_dir={straight}"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "EMA of the weights: decay 0.9 (timm's warmup" in done.stdout
+    killed = run_cli(common + [f"run_dir={broken}"], env={"DSTRAIN_FAULT_KILL_AT_STEP": "21"})
+    assert killed.returncode == -9
+    resumed = run_cli(common + [f"run_dir={broken}", "resume=auto"])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "EMA: resumed from" in resumed.stdout
+
+    def ema_state(run_dir):
+        tag = (run_dir / "checkpoints" / "latest").read_text().strip()
+        return torch.load(run_dir / "checkpoints" / tag / EMA_FILE, weights_only=True)
+
+    a, b = ema_state(straight), ema_state(broken)
+    assert a["updates"] == b["updates"] == 48  # 3 epochs of 16 steps
+    for key, value in a["module"].items():
+        assert torch.equal(value, b["module"][key]), key
+    sa = json.loads((straight / "summary.json").read_text())
+    sb = json.loads((broken / "summary.json").read_text())
+    assert sa["ema"] == sb["ema"] and sa["ema"]["updates"] == 48
+    assert [h["val_top1_ema"] for h in sa["history"]] == [h["val_top1_ema"] for h in sb["history"]]
+    assert sa["ema"]["final_top1"] == sa["history"][-1]["val_top1_ema"]
+    assert sa["polish_ema"]["before"]["val_top1"] == sa["ema"]["final_top1"]
+    assert sa["polish_ema"]["images"] == 256
+    for key in ("before", "after", "top1_gain"):  # not its timings
+        assert sa["polish_ema"][key] == sb["polish_ema"][key], key
+    polished = json.loads((straight / "polished_ema" / "polish.json").read_text())
+    assert polished["weights"] == "ema"
+    refit = torch.load(straight / "polished_ema" / "model.pt", weights_only=True)
+    # the refit changed the EMA's BN statistics and nothing else
+    assert not torch.equal(refit["stem.1.running_mean"], a["module"]["stem.1.running_mean"])
+    assert torch.equal(refit["fc.weight"], a["module"]["fc.weight"])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(straight / "tb"))
+    events.Reload()
+    assert len(events.Scalars("epoch/val_top1_ema")) == 3
+    assert "polish/val_top1_ema_after" in events.Tags()["scalars"]
