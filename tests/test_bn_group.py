@@ -28,7 +28,7 @@ def _net(span: int = 0, group: int = 1) -> nn.Module:
     model = nn.Sequential(
         nn.Conv2d(2, 4, 3, padding=1),
         nn.BatchNorm2d(4),
-        nn.ReLU(),
+        nn.ReLU(inplace=True),  # as torchvision's ResNets: the layer's output must be its own
         nn.Conv2d(4, 3, 3, padding=1),
         nn.BatchNorm2d(3, momentum=None),  # the cumulative average too
         nn.Flatten(),

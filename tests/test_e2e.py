@@ -147,7 +147,8 @@ def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path, extra):
 
 
 def test_lars_warmup_smoothing_and_ramp_follow_the_plan_on_two_ranks(fake_fmnist, tmp_path):
-    """LARS + hybrid warmup + label smoothing + a two-step ramp through `deepspeed --num_gpus 2`."""
+    """LARS + hybrid warmup + label smoothing + a two-step ramp through `deepspeed --num_gpus 2`,
+    with BN over both ranks' spans (model.bn_group=2, bn_span=8: 16 images) in NHWC, refit after."""
     from omegaconf import OmegaConf
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -169,11 +170,16 @@ def test_lars_warmup_smoothing_and_ramp_follow_the_plan_on_two_ranks(fake_fmnist
             "batch.ramp=[[2,64]]",
             "log.every_steps=1",
             "model.channels_last=true",
+            "model.bn_span=8",
+            "model.bn_group=2",
+            "polish.enabled=true",
+            "polish.images=128",
         ],
         launcher=deepspeed_launcher(2),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "epoch 3: global batch -> 64 (2 accumulation steps)" in proc.stdout
+    assert "normalise over ranks 0-1 (groups of 2 consecutive ranks)" in proc.stdout
     o = OmegaConf.load(run_dir / "config.yaml").optim  # the shape settings left at their defaults
     sf, f, end_factor, power = (
         o.warmup_start_factor,
@@ -223,6 +229,8 @@ def test_lars_warmup_smoothing_and_ramp_follow_the_plan_on_two_ranks(fake_fmnist
     assert [h["global_batch"] for h in summary["history"]] == [32, 32, 64]
     assert [h["steps_per_epoch"] for h in summary["history"]] == [16, 16, 8]
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
+    # the refit: one group's batch per forward (16 x 2 ranks' worth of images on each rank)
+    assert summary["polish"]["images"] == 128 and summary["polish"]["batch_per_rank"] == 32
 
 
 FOLDER = [

@@ -124,6 +124,22 @@ def test_a_run_evaluates_checkpoints_resumes_and_polishes_its_ema(fake_fmnist, t
     # the refit changed the EMA's BN statistics and nothing else
     assert not torch.equal(refit["stem.1.running_mean"], a["module"]["stem.1.running_mean"])
     assert torch.equal(refit["fc.weight"], a["module"]["fc.weight"])
+    # the polish command takes either weights: the EMA's refit equals the one the run made
+    command = run_cli(
+        ["--checkpoint", str(straight), "--weights", "ema", "--force", "polish.images=256"],
+        module="dstrain.polish",
+    )
+    assert command.returncode == 0, command.stderr[-2000:]
+    again = json.loads((straight / "polished_ema" / "polish.json").read_text())
+    assert again["weights"] == "ema" and again["after"] == sa["polish_ema"]["after"]
+    assert again["before"] == sa["polish_ema"]["before"]
+    plain = tmp_path / "plain"
+    assert (
+        run_cli([*TINY, "epochs=1", f"data.root={fake_fmnist}", f"run_dir={plain}"]).returncode == 0
+    )
+    refused = run_cli(["--checkpoint", str(plain), "--weights", "ema"], module="dstrain.polish")
+    assert refused.returncode == 2 and "has no ema.pt" in refused.stderr
+    assert not (plain / "polished_ema").exists()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(straight / "tb"))

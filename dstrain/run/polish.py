@@ -2,10 +2,13 @@
 
 Standalone, on a finished run (also under ``deepspeed --num_gpus N``)::
 
-    python -m dstrain.polish --checkpoint RUN_DIR [--images N | --batches N] [--batch B] [key=value ...]
+    python -m dstrain.polish --checkpoint RUN_DIR [--weights trained|ema] [--images N | --batches N]
+        [--batch B] [key=value ...]
 
 refits BN on un-augmented training images (:func:`dstrain.techniques.bn_refit.refit_bn`), writes
-``RUN_DIR/polished/`` (``model.pt`` state dict + ``polish.json``) and prints top-1 before/after.
+``RUN_DIR/polished/`` (``model.pt`` state dict + ``polish.json``) and prints top-1 before/after;
+``--weights ema`` refits the checkpoint's EMA of the weights (``optim.ema``, its ``ema.pt``)
+instead, into ``RUN_DIR/polished_ema/``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dstrain.run.outcome import ending_of
 from dstrain.settings.config import PolishConfig, load_config, polish_batch, validate
 from dstrain.settings.ramp import batch_plan
 from dstrain.techniques.bn_refit import POLISHED_DIR, polish_model, save_polished, summarize
+from dstrain.techniques.ema import EMA_FILE, POLISHED_EMA_DIR
 from dstrain.techniques.models import input_dtype
 
 log = logging.getLogger(__name__)
@@ -70,7 +74,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batches", type=int, default=None, help="polish set size in batches over all ranks"
     )
     p.add_argument("--batch", type=int, default=None, help="images per refit forward on one rank")
-    p.add_argument("--force", action="store_true", help="replace an existing RUN_DIR/polished/")
+    p.add_argument(
+        "--weights",
+        choices=("trained", "ema"),
+        default="trained",
+        help="the trained weights (-> RUN_DIR/polished/) or their EMA, optim.ema "
+        "(the checkpoint's ema.pt -> RUN_DIR/polished_ema/)",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="replace an existing RUN_DIR/polished/ (polished_ema/)"
+    )
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "overrides",
@@ -100,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def checkpoint_tag(run_dir: Path, tag: str, force: bool) -> str:
+def checkpoint_tag(run_dir: Path, tag: str, force: bool, weights: str = "trained") -> str:
     """The checkpoint to polish (``tag``, else the newest complete one); refuses what cannot be polished."""
     ckpt_root = run_dir / "checkpoints"
     failed = rundir.failed_start(run_dir)
@@ -115,13 +128,20 @@ def checkpoint_tag(run_dir: Path, tag: str, force: bool) -> str:
     if not found or not (ckpt_root / found / "mp_rank_00_model_states.pt").is_file():
         named = f" {tag!r}" if tag else ""
         raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint{named} in {ckpt_root}")
-    if (run_dir / POLISHED_DIR).exists() and not force:
-        raise ConfigError(f"{run_dir / POLISHED_DIR} exists; pass --force to replace it")
+    if weights == "ema" and not (ckpt_root / found / EMA_FILE).is_file():
+        raise ConfigError(
+            f"--weights ema: {ckpt_root / found} has no {EMA_FILE} (the run trained without "
+            "optim.ema); polish its trained weights (--weights trained)"
+        )
+    out = run_dir / (POLISHED_EMA_DIR if weights == "ema" else POLISHED_DIR)
+    if out.exists() and not force:
+        raise ConfigError(f"{out} exists; pass --force to replace it")
     return found
 
 
 def load_weights(model: nn.Module, model_file: Path) -> None:
-    """A DeepSpeed checkpoint's module weights, as float32, into ``model``."""
+    """A DeepSpeed checkpoint's module weights (or an ``ema.pt``'s average), as float32, into
+    ``model``."""
     state = load_data(model_file)["module"]  # as data: a foreign checkpoint runs no code
     try:
         model.load_state_dict(
@@ -137,7 +157,8 @@ def load_weights(model: nn.Module, model_file: Path) -> None:
 def polish_run_dir(args: argparse.Namespace) -> dict:
     """Polish a finished run's checkpoint: its own config, model and data, built as training builds them."""
     run_dir = Path(args.checkpoint)
-    ckpt_root, tag = run_dir / "checkpoints", checkpoint_tag(run_dir, args.tag, args.force)
+    ckpt_root = run_dir / "checkpoints"
+    tag = checkpoint_tag(run_dir, args.tag, args.force, args.weights)
     cfg = load_config(str(run_dir / "config.yaml"), args.overrides)
     dist.setup_env_for_single_process()
     world = dist.world_size()
@@ -159,7 +180,8 @@ def polish_run_dir(args: argparse.Namespace) -> dict:
     # float32 inputs and weights; the run's FP16/BF16 precision comes back as autocast (no DeepSpeed engine here)
     parts = build_components(cfg, "fp32", last, device, join_bn_groups=False)
     model = parts.model
-    load_weights(model, ckpt_root / tag / "mp_rank_00_model_states.pt")
+    ema = args.weights == "ema"
+    load_weights(model, ckpt_root / tag / (EMA_FILE if ema else "mp_rank_00_model_states.pt"))
     model.to(device).to(memory_format=parts.memory_format)
     amp_dtype = (
         input_dtype(precision) if device.type == "cuda" or precision == "bf16" else torch.float32
@@ -189,19 +211,21 @@ def polish_run_dir(args: argparse.Namespace) -> dict:
     trainer_state = json.loads((ckpt_root / tag / checkpoint.STATE_FILE).read_text())
     info = {
         "checkpoint": str(ckpt_root / tag),
+        "weights": args.weights,
         "world_size": world,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         **summarize(before, after, trainer_state.get("train_time_s", 0.0)),
     }
     if dist.is_main():
-        save_polished(run_dir, model, info, overwrite=args.force)
+        name = POLISHED_EMA_DIR if ema else POLISHED_DIR
+        save_polished(run_dir, model, info, overwrite=args.force, name=name)
     dist.barrier()
     log.info(
         "polish: top-1 %.4f -> %.4f (%+.4f) -> %s",
         before["val_top1"],
         after["val_top1"],
         info["top1_gain"],
-        run_dir / POLISHED_DIR,
+        run_dir / (POLISHED_EMA_DIR if ema else POLISHED_DIR),
     )
     return info
 

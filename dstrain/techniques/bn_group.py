@@ -53,9 +53,22 @@ def _stats(x: torch.Tensor, k: int, acc: torch.dtype) -> tuple[torch.Tensor, tor
     return mean, m2
 
 
+def _chunk_sums(t: torch.Tensor, k: int) -> torch.Tensor:
+    """Per (chunk, channel) sums of an (n, C, H, W) tensor cut into k chunks along the batch."""
+    n, c, h, w = t.shape
+    return t.reshape(k, n // k, c, h, w).sum((1, 3, 4))
+
+
+def _per_image(t: torch.Tensor, n: int) -> torch.Tensor:
+    """A (k, C) per-chunk value broadcast to (n, C, 1, 1): each image gets its chunk's."""
+    k, c = t.shape
+    return t.repeat_interleave(n // k, dim=0).view(n, c, 1, 1)
+
+
 class _GroupNorm(torch.autograd.Function):
     """Batch norm of k chunks per rank, each chunk's statistics over the same chunk of every rank of
-    ``group`` (the autograd function; :class:`GroupBatchNorm2d` is the layer)."""
+    ``group`` (the autograd function; :class:`GroupBatchNorm2d` is the layer). Outputs are computed
+    in the input's own shape (a fresh tensor, so an in-place ReLU after it is allowed)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps, k, group, size):
@@ -73,45 +86,37 @@ class _GroupNorm(torch.autograd.Function):
         total = counts.sum(0)  # (1, 1)
         g_mean = (counts * means).sum(0) / total  # Chan et al.: exact, no cancellation
         g_m2 = m2s.sum(0) + (counts * (means - g_mean).square()).sum(0)
-        biased = g_m2 / total
-        invstd = torch.rsqrt(biased + eps)
-        xs = x.view(k, n // k, c, h, w).to(acc)
-        xhat = (xs - g_mean.view(k, 1, c, 1, 1)) * invstd.view(k, 1, c, 1, 1)
-        y = xhat
+        invstd = torch.rsqrt(g_m2 / total + eps)
+        y = (x.to(acc) - _per_image(g_mean, n)) * _per_image(invstd, n)
         if weight is not None:
-            y = xhat * weight.to(acc).view(1, 1, c, 1, 1) + bias.to(acc).view(1, 1, c, 1, 1)
+            y = y * weight.to(acc).view(1, c, 1, 1) + bias.to(acc).view(1, c, 1, 1)
         ctx.save_for_backward(x, weight, g_mean, invstd)
         ctx.k, ctx.group, ctx.total = k, group, float(total)
         unbiased = g_m2 / (total - 1).clamp(min=1)
         ctx.mark_non_differentiable(g_mean, unbiased)
-        return y.view(n, c, h, w).to(x.dtype), g_mean, unbiased
+        return y.to(x.dtype), g_mean, unbiased
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, _dmean, _dvar):
         x, weight, g_mean, invstd = ctx.saved_tensors
         k, group = ctx.k, ctx.group
-        n, c, h, w = x.shape
+        n, c = x.shape[:2]
         acc = g_mean.dtype
-        shape = (k, 1, c, 1, 1)
-        xhat = (x.view(k, n // k, c, h, w).to(acc) - g_mean.view(shape)) * invstd.view(shape)
-        g = dy.reshape(k, n // k, c, h, w).to(acc)
-        sums = torch.stack([g.sum((1, 3, 4)), (g * xhat).sum((1, 3, 4))])  # (2, k, C)
+        inv = _per_image(invstd, n)
+        xhat = (x.to(acc) - _per_image(g_mean, n)) * inv
+        g = dy.to(acc)
+        sums = torch.stack([_chunk_sums(g, k), _chunk_sums(g * xhat, k)])  # (2, k, C)
         d_weight = sums[1].sum(0) if weight is not None else None  # this rank's share
         d_bias = sums[0].sum(0) if weight is not None else None
+        dx = None
         if ctx.needs_input_grad[0]:
-            group_sums = sums.clone()
-            tdist.all_reduce(group_sums, group=group)
-            scale = invstd.view(shape) / ctx.total
+            tdist.all_reduce(sums, group=group)  # the group's sums
+            scale = inv / ctx.total
             if weight is not None:
-                scale = scale * weight.to(acc).view(1, 1, c, 1, 1)
-            s_dy, s_dy_xhat = group_sums[0].view(shape), group_sums[1].view(shape)
-            dx = scale * (ctx.total * g - s_dy - xhat * s_dy_xhat)
-            dx = dx.view(n, c, h, w).to(x.dtype)
-            if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-                dx = dx.contiguous(memory_format=torch.channels_last)
-        else:
-            dx = None
+                scale = scale * weight.to(acc).view(1, c, 1, 1)
+            dx = scale * (ctx.total * g - _per_image(sums[0], n) - xhat * _per_image(sums[1], n))
+            dx = dx.to(x.dtype)
         if weight is not None:
             d_weight, d_bias = d_weight.to(weight.dtype), d_bias.to(weight.dtype)
         return dx, d_weight, d_bias, None, None, None, None
