@@ -479,6 +479,27 @@ def test_loader_bench_measures_dali_against_the_plain_pipeline_ceiling(tmp_path)
         assert len(row["dali"]["epoch_s"]) == 2
 
 
+@pytest.mark.slow
+def test_bn_group_bench_times_both_models_and_counts_the_bytes(tmp_path):
+    out = tmp_path / "bn_group.json"
+    args = ["--batch", "4", "--width", "4", "--steps", "1", "--rounds", "2", "--out", str(out)]
+    proc = bench("bn_group.py", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["step_s"]) == {"plain", "group", "group_of_one"}
+    assert all(len(v) == 2 and min(v) > 0 for v in result["step_s"].values())
+    med = {k: statistics.median(v) for k, v in result["step_s"].items()}
+    assert result["group_over_plain"] == pytest.approx(med["group"] / med["plain"])
+    b = result["per_step_and_rank"]
+    # resnet_small at width 4: stem 4, three stages of 4/8/16 channels (2 BN each), 2 shortcut BNs
+    channels = 4 + 2 * (4 + 8 + 16) + 8 + 16
+    assert (b["bn_layers"], b["bn_channels"]) == (9, channels)
+    # 2 ranks, one chunk: the all-gather sends the rank's 2C+1 numbers per layer once, the
+    # all-reduce of 2C numbers sends half of them twice; FP32
+    assert b["bn_forward_bytes"] == 4 * (2 * channels + 9)
+    assert b["bn_backward_bytes"] == 4 * 2 * channels
+
+
 def test_throughput_bench_refuses_the_native_fp16_engine_without_a_gpu(tmp_path):
     proc = bench(  # GPUs hidden where there are some: the refusal is tested on every node
         "throughput.py",

@@ -298,6 +298,11 @@ RESULTS = [
            R + "bn_span.py --channels-last off --out bench/results/bn_span_cpu_nchw.json",
            "bench/results/bn_span_cpu_nchw.json", "{span_over_plain:.2f}x the plain-BN step",
            code=("dstrain/techniques/bn_span.py", "bench/bn_span.py")),
+    Result("bn_group", "BN group over 2 CPU ranks (gloo)", R + "bn_group.py",
+           "bench/results/bn_group_cpu_2ranks.json",
+           "{group_over_plain:.2f}x the per-rank-BN step ({group_of_one_over_plain:.2f}x with a "
+           "group of one rank)",
+           code=("dstrain/techniques/bn_group.py", "bench/bn_group.py")),
     Result("optimizer_step", "LARS/LAMB step on ResNet-50's parameters", R + "optimizer_step.py",
            "bench/results/optimizer_step_cpu.json",
            "LARS {ratio_vs_sgd_foreach.dstrain_lars:.2f}x, LAMB {ratio_vs_sgd_foreach.dstrain_lamb:.2f}x"
