@@ -4,6 +4,8 @@ rank's own BN, and the bytes each sends beside the gradient all-reduce.
     .venv/bin/python bench/bn_group.py                       # 2 CPU ranks (gloo), resnet_small
     .venv/bin/python bench/bn_group.py --ranks 4 --model resnet50 --image-size 224 --batch 32 \\
         --device cuda                                        # 4 GPUs (NCCL), one per rank
+    .venv/bin/python bench/bn_group.py --ranks 1 --device cuda ...   # one GPU: the layer's own
+                                                             # arithmetic against cuDNN's BN
 
 Every rank times the same steps (forward, backward, the gradient all-reduce as DeepSpeed makes it:
 one flat buffer averaged over all ranks) for the plain model and the grouped one alternately, in
@@ -89,7 +91,7 @@ def worker(rank: int, args, port: int, out: dict) -> None:
     apply_bn_span(plain, args.span)
     grouped, alone = copy.deepcopy(plain), copy.deepcopy(plain)
     apply_bn_group(grouped, args.group)
-    join_groups(grouped)
+    join_groups(grouped)  # a group of 1 (one rank): the plain model again, not timed
     # the group layer's arithmetic with a group of this rank alone: its collectives carry nothing
     # to anyone, so grouped - alone is the cost of waiting on the peers
     apply_bn_group(alone, 2)
@@ -110,6 +112,8 @@ def worker(rank: int, args, port: int, out: dict) -> None:
     x = torch.randn(args.batch, channels, size, size, generator=g).to(device, memory_format=fmt)
     y = torch.randint(0, 10, (args.batch,), generator=g).to(device)
     models = {"plain": plain, "group": grouped, "group_of_one": alone}
+    if args.group == 1:
+        del models["group"]
     for model in models.values():  # warm-up
         step_time(model, x, y, 2, flat_grads)
     times = {name: [] for name in models}
@@ -153,7 +157,7 @@ def main() -> int:
         "config": vars(args),
         "step_s": out["times"],
         "median_step_ms": {k: 1000 * v for k, v in med.items()},
-        "group_over_plain": med["group"] / med["plain"],
+        "group_over_plain": med["group"] / med["plain"] if "group" in med else None,
         # the layer's own arithmetic (no peer to wait on) against the native BN
         "group_of_one_over_plain": med["group_of_one"] / med["plain"],
         "per_step_and_rank": out["bytes"],
@@ -162,11 +166,16 @@ def main() -> int:
     path = Path(args.out or REPO / "bench" / "results" / name)
     path.write_text(json.dumps(result, indent=2) + "\n")
     b = out["bytes"]
+    grouped = (
+        f"{1000 * med['group']:.1f} ms grouped ({med['group'] / med['plain']:.2f}x; "
+        if "group" in med
+        else "("
+    )
     print(
         f"{args.model}, {args.batch} images per rank, {args.ranks} {args.device} ranks, BN group "
-        f"{args.group}: step {1000 * med['plain']:.1f} ms plain, {1000 * med['group']:.1f} ms "
-        f"grouped ({med['group'] / med['plain']:.2f}x; {med['group_of_one'] / med['plain']:.2f}x "
-        "with a group of one rank, no peer to wait on); BN sends "
+        f"{args.group}: step {1000 * med['plain']:.1f} ms plain, {grouped}"
+        f"{med['group_of_one'] / med['plain']:.2f}x with a group of one rank, no peer to wait "
+        "on); BN sends "
         f"{(b['bn_forward_bytes'] + b['bn_backward_bytes']) / 1024:.1f} KiB per step and rank in "
         f"{b['bn_collectives']} collectives, the gradient all-reduce "
         f"{b['gradient_allreduce_bytes'] / 2**20:.2f} MiB -> {path}"

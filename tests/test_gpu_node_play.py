@@ -317,6 +317,7 @@ def test_the_gpu_pass_played_as_the_node_runs_it(tmp_path):
         "throughput_dali_cpu.json",
         "suite_gpu_cpu.json",
         "bn_span_cpu.json",
+        "bn_group_cpu.json",
         "optimizer_step_cpu.json",
         "smoke_cpu.json",
         "throughput_cudagraphs_cpu.json",

@@ -20,8 +20,9 @@ Parts, in priority order (``PARTS``, issue 50), each with a budget (``--budget P
               synthetic training -> throughput_dali_<gpu>.json
   tests       the tests whose path differs on a GPU (``-m gpu``) on pytest-xdist workers, continued
               test by test across jobs -> suite_gpu_<gpu>.json; the rest of the suite is CI's
-  micro       BN span's cost on ResNet-50 (cuDNN), one optimizer step of SGD, LARS, LAMB,
-              FusedLamb, timm's Lars -> bn_span_<gpu>.json, optimizer_step_<gpu>.json
+  micro       BN span's cost on ResNet-50 (cuDNN), the BN group layer's arithmetic on one GPU,
+              one optimizer step of SGD, LARS, LAMB, FusedLamb, timm's Lars -> bn_span_<gpu>.json,
+              bn_group_<gpu>.json, optimizer_step_<gpu>.json
   smoke       a short synthetic ResNet-50 run per shipped ImageNet JSON as a user runs it (fp16,
               fp16_native in NCHW, bf16, lamb_fp16, lars_bf16): a row whose training loss does not
               fall fails -> smoke_<gpu>.json
@@ -517,9 +518,10 @@ class Run:
         }
 
     def micro(self, budget: Budget) -> dict:
-        """BN span's cost (ResNet-50, cuDNN) and one optimizer step (SGD, LARS, LAMB, FusedLamb,
-        timm's Lars). BN span first: the 9a9aaeb pass measured the optimizer step, and BN span
-        never got its 60 s; it now runs 3 rounds of 5 steps at batch 128 (~30 s on an H100)."""
+        """BN span's cost (ResNet-50, cuDNN), the BN group layer's arithmetic on one GPU, and one
+        optimizer step (SGD, LARS, LAMB, FusedLamb, timm's Lars). BN span first: the 9a9aaeb pass
+        measured the optimizer step, and BN span never got its 60 s; it now runs 3 rounds of 5
+        steps at batch 128 (~30 s on an H100)."""
         device = "cuda" if self.cuda else "cpu"
         items = {
             "bn_span": [
@@ -529,6 +531,18 @@ class Run:
                     ("--steps", "1", "--rounds", "1", "--batch", "64")
                     if self.args.tiny
                     else ("--model", "resnet50", "--image-size", "224", "--batch", "128")
+                    + ("--steps", "5", "--rounds", "3")
+                ),
+            ],
+            # one GPU: the BN group layer's own arithmetic against cuDNN's BN (a group of one
+            # rank); the collectives need a node with 2 GPUs or more (--ranks N)
+            "bn_group": [
+                "bench/bn_group.py",
+                *("--ranks", "1", "--device", device),
+                *(
+                    ("--steps", "1", "--rounds", "1", "--batch", "4", "--width", "4")
+                    if self.args.tiny
+                    else ("--model", "resnet50", "--image-size", "224", "--batch", "64")
                     + ("--steps", "5", "--rounds", "3")
                 ),
             ],
