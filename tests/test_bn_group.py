@@ -61,7 +61,7 @@ def _step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
     return out
 
 
-def _worker(rank, world, group, span, channels_last, port, out):
+def _worker(rank, world, group, span, channels_last, compiled, port, out):
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
     )
@@ -69,6 +69,8 @@ def _worker(rank, world, group, span, channels_last, port, out):
     try:
         model = _net(span, group)
         assert join_groups(model) == group
+        if compiled:  # the group's collectives inside a compiled model (dynamo breaks around them)
+            model.compile(dynamic=False)
         x, y = _batch(world)
         mine = slice(rank * MICRO, (rank + 1) * MICRO)
         xr = x[mine]
@@ -84,13 +86,13 @@ def _worker(rank, world, group, span, channels_last, port, out):
         dist.destroy_process_group()
 
 
-def _run(world, group, span=0, channels_last=False) -> dict:
+def _run(world, group, span=0, channels_last=False, compiled=False) -> dict:
     with mp.Manager() as manager:
         out = manager.dict()
         with one_thread_per_rank():
             mp.spawn(
                 _worker,
-                args=(world, group, span, channels_last, free_port(), out),
+                args=(world, group, span, channels_last, compiled, free_port(), out),
                 nprocs=world,
                 join=True,
             )
@@ -121,11 +123,13 @@ def _reference(world: int, group: int, span: int) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "world,group,span,channels_last",
-    [(2, 2, 0, False), (4, 2, 4, False), (4, 4, 0, True)],
+    "world,group,span,channels_last,compiled",
+    [(2, 2, 0, False, True), (4, 2, 4, False, False), (4, 4, 0, True, False)],
 )
-def test_a_group_of_ranks_trains_as_one_rank_holding_its_batch(world, group, span, channels_last):
-    out = _run(world, group, span, channels_last)
+def test_a_group_of_ranks_trains_as_one_rank_holding_its_batch(
+    world, group, span, channels_last, compiled
+):
+    out = _run(world, group, span, channels_last, compiled)
     refs = _reference(world, group, span)
     for rank in range(world):
         ref, got = refs[rank // group], out[rank]

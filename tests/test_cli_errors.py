@@ -120,6 +120,18 @@ CASES = [
         "unknown key 'fp16.loss_scale_windw'",
     ),
     ("config", "negative LR", ["optim.base_lr=-0.1"], "optim.base_lr=-0.1: must be > 0"),
+    (
+        "config",
+        "a BN group larger than the ranks",
+        ["model.bn_group=2"],
+        "model.bn_group=2 does not divide the 1 rank(s): BN groups are 2 consecutive ranks",
+    ),
+    (
+        "config",
+        "an EMA decay of 1",
+        ["optim.ema.decay=1"],
+        "optim.ema.decay=1.0: must be in [0, 1)",
+    ),
     (  # was: passed --check, refused once the run built the optimizer (issue 53)
         "config",
         "nesterov without momentum",

@@ -204,6 +204,31 @@ def test_check_refuses_slots_the_batch_does_not_split_over(tiny_run, tmp_path, c
     assert line.endswith(f"; world size 4 = the slots in {path}")
 
 
+def test_a_bn_group_that_would_straddle_two_hosts_is_refused_unless_asked(
+    tiny_run, tmp_path, capfd
+):
+    path = tmp_path / "hostfile"
+    path.write_text("node1 slots=2\nnode2 slots=2\n")
+    code, _, err = check(capfd, [*tiny_run, "model.bn_group=4", "--check", "--hostfile", str(path)])
+    assert code == 2
+    assert one_error_line(err).startswith(
+        "dstrain: error: invalid config: model.bn_group=4 would split a BN group across nodes 0 "
+        "and 1 (ranks per node: [2, 2]): every BN layer would then wait on the network"
+    )
+    asked = [*tiny_run, "model.bn_group=4", "model.bn_group_across_nodes=true"]
+    code, out, err = check(capfd, [*asked, "--check", "--hostfile", str(path)])
+    assert code == 0, err
+    # TINY: 8 images a rank on 4 ranks
+    assert "BN over the micro batch of 8 images x 4 ranks = 32 images" in out
+    code, out, err = check(
+        capfd, [*tiny_run, "model.bn_group=2", "--check", "--hostfile", str(path)]
+    )
+    assert code == 0 and "BN over the micro batch of 8 images x 2 ranks = 16 images" in out
+    code, _, err = check(capfd, [*tiny_run, "model.bn_group=3", "--check", "--hostfile", str(path)])
+    assert code == 2
+    assert "model.bn_group=3 does not divide the 4 rank(s)" in one_error_line(err)
+
+
 def test_a_refusal_the_slots_do_not_cause_does_not_blame_them(tiny_run, tmp_path, capfd):
     path = tmp_path / "hostfile"
     path.write_text("node1 slots=2\n")

@@ -207,7 +207,7 @@ def plan_lines(plan: Plan, start: Start, job: str) -> list[str]:
         f"{cfg.optim.lr_scaling} scaling), gradients by {comm}",
         f"job          {job}",
         f"model        {cfg.model.name}, channels_last {str(cfg.model.channels_last).lower()}, "
-        f"compile {str(cfg.model.compile).lower()}",
+        f"compile {str(cfg.model.compile).lower()}, {bn_line(plan)}",
         f"data         {images.kind} loader, {images.n_train} train / {images.n_val} val images "
         f"from {images.source}",
     ]
@@ -219,6 +219,18 @@ def plan_lines(plan: Plan, start: Start, job: str) -> list[str]:
     if cfg.log.mlperf:
         lines.append(mlperf_line(plan, images, schedule))
     return lines
+
+
+def bn_line(plan: Plan) -> str:
+    """What one BN layer normalises over in training: the span, the group of ranks, their product."""
+    model, micro = plan.cfg.model, plan.stages[-1].micro
+    per_rank = f"chunks of {model.bn_span}" if model.bn_span else f"the micro batch of {micro}"
+    if model.bn_group == 1:
+        return f"BN over {per_rank} images"
+    return (
+        f"BN over {per_rank} images x {model.bn_group} ranks = "
+        f"{(model.bn_span or micro) * model.bn_group} images"
+    )
 
 
 def mlperf_line(plan: Plan, images: ImageCounts, schedule: LRSchedule) -> str:

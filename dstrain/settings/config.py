@@ -610,6 +610,8 @@ def _node_rules(cfg: TrainConfig, node_sizes: list[int]) -> Rules:
     group = cfg.model.bn_group
     if group <= 1 or cfg.model.bn_group_across_nodes or len(node_sizes) < 2:
         return
+    if sum(node_sizes) % group:
+        return  # the group does not divide the ranks: _bn_group_rules says so
     node = node_split(group, node_sizes)
     yield (
         node is None,
