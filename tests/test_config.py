@@ -30,6 +30,10 @@ def test_every_shipped_recipe_validates(recipe):
         1,
         2,
     ):  # what CPU runs use; cluster recipes are also checked at their own scale below
+        if world % cfg.model.bn_group:  # a BN group of 8 GPUs needs 8 ranks: one line says so
+            with pytest.raises(ConfigError, match=f"model.bn_group={cfg.model.bn_group} does not"):
+                validate(cfg, world_size=world)
+            cfg.model.bn_group = 1
         validate(cfg, world_size=world)
 
 
@@ -45,7 +49,7 @@ def test_every_shipped_recipe_validates(recipe):
         ("imagenet_resnet50_mlperf_b32768", (128, 256), []),
         ("imagenet_resnet50_mlperf_b49152", (96, 192), []),
         ("imagenet_resnet50_mlperf_b65536", (256, 512), []),
-        ("imagenet_resnet50_mlperf_b67840", (80, 160), []),
+        ("imagenet_resnet50_mlperf_b67840", (80, 160, 1280), []),
     ],
 )
 def test_imagenet_recipes_validate_at_cluster_scale(recipe, worlds, overrides):

@@ -126,7 +126,9 @@ def test_mlperf_rows_take_the_rcp_row_of_their_batch(batch):
     assert params["weight_decay"] == row["opt_weight_decay"]
     assert cfg.optim.base_lr == row["opt_base_learning_rate"] and "lr" not in params
     assert cfg.optim.warmup_epochs == row["opt_learning_rate_warmup_epochs"]
-    assert (cfg.model.bn_span or cfg.batch.micro_per_rank) == row["model_bn_span"]
+    # the span as MLPerf logs it: the images one BN layer normalises over, across a BN group
+    span = (cfg.model.bn_span or cfg.batch.micro_per_rank) * cfg.model.bn_group
+    assert span == row["model_bn_span"]
     assert (cfg.target_top1, cfg.eval_every_epochs, cfg.log.mlperf) == (0.759, 4, True)
     assert cfg.log.mlperf_division == "closed" and cfg.optim.poly_power == 2.0
     assert round(cfg.optim.decay_epochs * per_epoch) == row["opt_learning_rate_decay_steps"]
