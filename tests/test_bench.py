@@ -195,6 +195,40 @@ def test_study_derived_no_refit_row_reads_the_recipe_runs_before_the_refit():
     assert d["best_top1"] == 0.79
 
 
+def test_an_ema_run_gives_four_rows_and_its_decay_has_the_stated_half_life():
+    study = load("accuracy_study")
+    summary = {
+        "history": [{"val_top1": 0.7, "train_top1": 0.6, "epoch_time_s": 1.0}],
+        "best_top1": 0.7,
+        "final_top1": 0.7,
+        "epochs": 1,
+        "steps": 13,
+        "wall_time_s": 1.0,
+        "gpu_time_s": 1.0,
+        "world_size": 1,
+        "command": "python -m dstrain --deepspeed_config ds_configs/fp32.json",
+        "polish": {"before": {"val_top1": 0.70}, "after": {"val_top1": 0.71}},
+        "ema": {"final_top1": 0.72},
+        "polish_ema": {"after": {"val_top1": 0.73}},
+    }
+    rec = study.run_record("chosen_ema", 0, summary)
+    rows = {d["row"]: d["final_top1"] for d in study.derived([rec])}
+    assert rec["final_top1"] == 0.71  # the trained model, refit
+    assert rows == {
+        "chosen_ema_no_refit": 0.70,
+        "chosen_ema_avg": 0.72,
+        "chosen_ema_avg_refit": 0.73,
+    }
+    # half-life 2.8 epochs of 54,000 / B steps: d^(2.8 x steps) = 1/2
+    for batch in (128, 4096):
+        (decay,) = [s for s in study.ema_settings(batch) if s.startswith("optim.ema.decay=")]
+        d = float(decay.split("=")[1])
+        assert d ** (2.8 * (54000 // batch)) == pytest.approx(0.5, rel=1e-3)
+    rows = study.grid_rows("study", 30)
+    assert "optim.ema.warmup=true" in rows["chosen_ema"][2]
+    assert rows["chosen_ema"][2][: len(rows[study.CHOSEN][2])] == rows[study.CHOSEN][2]
+
+
 def test_epochs_to_target_and_its_table():
     study = load("accuracy_study")
     assert study.epochs_to([0.5, None, 0.91, 0.90, 0.93], 0.905) == 3
