@@ -81,9 +81,33 @@ def _worker(rank, world, group, span, channels_last, compiled, port, out):
         for name, _ in model.named_parameters():
             dist.all_reduce(result[name])
             result[name] /= world
+        if world == 2:  # BF16 activations and parameters (DeepSpeed's bf16 engine), NHWC
+            out[f"bf16-{rank}"] = _bf16_layer(rank, world)
         out[rank] = result
     finally:
         dist.destroy_process_group()
+
+
+def _bf16_layer(rank: int, world: int) -> dict:
+    """One group layer over the world in BF16: its output, input and weight gradients."""
+    torch.manual_seed(1)
+    x = torch.randn(world * MICRO, 4, 5, 5, dtype=torch.float64) * 3 + 1
+    bn = nn.BatchNorm2d(4)
+    nn.init.uniform_(bn.weight, 0.5, 1.5)
+    apply_bn_group(bn, world)
+    join_groups(bn)
+    bn.to(torch.bfloat16).train()
+    mine = x[rank * MICRO : (rank + 1) * MICRO].to(torch.bfloat16)
+    mine = mine.contiguous(memory_format=torch.channels_last).requires_grad_(True)
+    y = bn(mine)
+    (y.float() * torch.arange(1.0, 5.0).view(1, 4, 1, 1)).sum().backward()
+    return {
+        "y": y.detach(),
+        "x.grad": mine.grad,
+        "x": x.to(torch.bfloat16).double(),
+        "w": bn.weight.detach().double(),
+        "b": bn.bias.detach().double(),
+    }
 
 
 def _run(world, group, span=0, channels_last=False, compiled=False) -> dict:
@@ -146,6 +170,25 @@ def test_a_group_of_ranks_trains_as_one_rank_holding_its_batch(
         expected = sum(ref[name] for ref in refs) / len(refs)
         for rank in range(world):
             torch.testing.assert_close(out[rank][name], expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_a_bf16_group_layer_keeps_bf16_and_nhwc_and_matches_fp64():
+    out = _run(2, 2, 0, False, False)
+    # the reference: FP64 BN over both ranks' images, at the BF16-rounded inputs and weights
+    x = out["bf16-0"]["x"].clone().requires_grad_(True)
+    ref_bn = nn.BatchNorm2d(4).double()
+    ref_bn.weight.data, ref_bn.bias.data = out["bf16-0"]["w"], out["bf16-0"]["b"]
+    y = ref_bn(x)
+    (y * torch.arange(1.0, 5.0, dtype=torch.float64).view(1, 4, 1, 1)).sum().backward()
+    for rank in range(2):
+        got = out[f"bf16-{rank}"]
+        assert got["y"].dtype == torch.bfloat16 and got["x.grad"].dtype == torch.bfloat16
+        assert got["y"].is_contiguous(memory_format=torch.channels_last)
+        mine = slice(rank * MICRO, (rank + 1) * MICRO)
+        torch.testing.assert_close(got["y"].double(), y[mine].detach(), rtol=0.02, atol=0.02)
+        # each rank back-propagates its own sum: the input gradient is the whole batch's
+        torch.testing.assert_close(got["x.grad"].double(), x.grad[mine], rtol=0.05, atol=0.02)
 
 
 def test_without_a_process_group_a_layer_normalises_as_its_group_would():
