@@ -146,3 +146,14 @@ def test_a_run_evaluates_checkpoints_resumes_and_polishes_its_ema(fake_fmnist, t
     events.Reload()
     assert len(events.Scalars("epoch/val_top1_ema")) == 3
     assert "polish/val_top1_ema_after" in events.Tags()["scalars"]
+
+
+def test_the_disk_check_counts_the_average_in_each_checkpoint():
+    from dstrain.run.rundir import checkpoint_bytes
+
+    model = _net()
+    params = sum(p.numel() for p in model.parameters()) * 4
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert checkpoint_bytes(model, "fp32", ema=True) - checkpoint_bytes(model, "fp32") == (
+        params + buffers
+    )

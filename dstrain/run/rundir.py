@@ -69,12 +69,13 @@ def announce(path: Path) -> None:
         Path(os.environ[RUN_DIR_FILE_ENV]).write_text(str(path.resolve()) + "\n")
 
 
-def checkpoint_bytes(model: torch.nn.Module, precision: str) -> int:
+def checkpoint_bytes(model: torch.nn.Module, precision: str, ema: bool = False) -> int:
     """A generous estimate of one checkpoint: FP32 weights, two optimizer state slots, an FP32 master copy
-    with FP16/BF16 engines, the buffers."""
+    with FP16/BF16 engines, the buffers; with ``ema`` the FP32 average too (``ema.pt``)."""
     params = sum(p.numel() for p in model.parameters()) * 4
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    return params * (4 if precision in ("fp16", "bf16") else 3) + buffers
+    copies = (4 if precision in ("fp16", "bf16") else 3) + (1 if ema else 0)
+    return params * copies + buffers * (2 if ema else 1)
 
 
 def disk_shortfall(path: Path, checkpoint_size: int) -> str | None:

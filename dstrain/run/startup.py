@@ -90,7 +90,8 @@ def check(plan: Plan, device: torch.device) -> Start:
     with quiet("dstrain.techniques.optim"):
         build_optimizer(model, plan.spec.optimizer, plan.schedule.base_lr)
     if cfg.fault.check_disk:
-        short = rundir.disk_shortfall(run_dir, rundir.checkpoint_bytes(model, plan.spec.precision))
+        size = rundir.checkpoint_bytes(model, plan.spec.precision, ema=bool(cfg.optim.ema.decay))
+        short = rundir.disk_shortfall(run_dir, size)
         if short:
             raise ConfigError(short)
     images = count_images(cfg.data, cfg.model.num_classes)
