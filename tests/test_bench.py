@@ -622,8 +622,15 @@ def test_the_report_states_each_goal_with_its_distance():
         {"row": "lars", "final_top1": 0.921},
         {"row": "fujitsu_span32", "final_top1": 0.90},
     ]
-    (line,) = study.goal_lines(recs, "study", None)
-    assert "lars: 92.10% vs 92.50%, -0.40 pt -> missed" in line
+    head, fujitsu, lars = study.goal_lines(recs, "study", None)
+    assert "within 0.3 pt of batch 128 (baseline, 92.50% over 2 seeds)" in head
+    assert lars == "- lars: 92.10% over 1 seeds (worst 92.10%), -0.40 pt -> missed"
+    assert fujitsu.startswith("- fujitsu_span32: 90.00%") and "naive" not in head + fujitsu
+    # against the tuned baseline (issue 52): every large-batch row, each with its verdict
+    tuned = [{"row": "b128_lr0.4_tail", "final_top1": v} for v in (0.90, 0.92)]
+    head, fujitsu, lars = study.goal_lines(recs + tuned, "study", None, baseline="b128_lr0.4_tail")
+    assert "(b128_lr0.4_tail, 91.00% over 2 seeds)" in head
+    assert lars.endswith("+1.10 pt -> met") and fujitsu.endswith("-1.00 pt -> missed")
     curves = {128: [0.5, 0.9, 0.95], 4096: [0.3, 0.6, 0.9], 8192: [0.2, 0.5, 0.7]}
     recs = [{"row": f"target_b{b}", "top1_per_epoch": c} for b, c in curves.items()]
     rcps = [{"batch": 1632, "ratio": 1.0}, {"batch": 67840, "ratio": 2.45}]
