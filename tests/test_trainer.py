@@ -90,8 +90,15 @@ class Recorder(Hook):
     def epoch_end(self, trainer, epoch, metrics):
         self.events.append(("epoch_end", epoch, "val_top1" in metrics))
 
+    def step_end(self, trainer, step):
+        self.events.append(("step_end", step))
+
     def log_window(self, trainer, step):
         self.events.append(("log_window", step))
+
+    def checkpoint_files(self, trainer):
+        self.events.append(("checkpoint_files", trainer.state.epoch))
+        return {"recorder.pt": {"epoch": trainer.state.epoch}}
 
     def fit_end(self, trainer, completed):
         self.events.append(("fit_end", completed))
@@ -113,13 +120,17 @@ def test_a_hook_hears_the_loop_and_can_end_it(fake_fmnist, tmp_path, world_of_on
     trainer.hooks = Hooks([*trainer.hooks, recorder])
     trainer.fit()
     events = recorder.events
-    names = [e[0] for e in events if e[0] != "log_window"]
+    names = [e[0] for e in events if e[0] not in ("log_window", "step_end")]
     assert names == [
         "fit_start",
-        *["epoch_start", "train_end", "epoch_end"],  # epoch 1: no evaluation (every 2)
-        *["epoch_start", "train_end", "eval_start", "eval_end", "epoch_end"],
+        # epoch 1: no evaluation (every 2); a checkpoint (every epoch) holds the hook's file
+        *["epoch_start", "train_end", "epoch_end", "checkpoint_files"],
+        *["epoch_start", "train_end", "eval_start", "eval_end", "epoch_end", "checkpoint_files"],
         "fit_end",
     ]
+    assert [e[1] for e in events if e[0] == "step_end"] == list(range(1, 33))
+    saved = trainer.checkpoint_root / "epoch0002" / "recorder.pt"
+    assert torch.load(saved, weights_only=True) == {"epoch": 2}
     assert ("epoch_end", 0, False) in events and ("epoch_end", 1, True) in events
     assert events[-1] == ("fit_end", True) and trainer.state.epoch == 2  # ended after epoch 2
     assert [e[1] for e in events if e[0] == "log_window"] == [8, 16, 24, 32]  # 16 steps an epoch
