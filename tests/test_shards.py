@@ -287,3 +287,12 @@ def test_flat_val_labels_by_name_index_or_loc_csv(flat):
     by_name.write_text("".join(c + "\n" for c in [*classes[:-1], "zebra"]))
     with pytest.raises(ConfigError, match=rf"{by_name}:{len(names)}: 'zebra' is neither"):
         scan_folder(str(root), val_labels=str(by_name))
+    # the CSV's count both ways: a val/ folder that lost an image is refused, not evaluated on less
+    for path in (root / "val").glob(f"{names[-1]}.*"):
+        path.unlink()
+    with pytest.raises(
+        ConfigError,
+        match=rf"{loc}:2: ImageId {names[-1]} has no image file in {root / 'val'}/ \(1 of its "
+        rf"{len(names)} rows have none; the folder holds {len(names) - 1} images\)",
+    ):
+        scan_folder(str(root), val_labels=str(loc))

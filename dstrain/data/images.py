@@ -181,6 +181,18 @@ def flat_split(folder: Path, labels_file: Path, classes: list[str]) -> ImageList
                 )
             n, name = wanted[stem]
             labels.append(_class_of(name, by_name, f"{labels_file}:{n}"))
+        # both ways: a row whose image is gone (a copy that lost files) would shrink the set silently
+        stems = {Path(path).stem for path in files}
+        missing = sorted(
+            (n, image_id) for image_id, (n, _) in wanted.items() if image_id not in stems
+        )
+        if missing:
+            n, image_id = missing[0]
+            raise ConfigError(
+                f"{labels_file}:{n}: ImageId {image_id} has no image file in {folder}/ "
+                f"({len(missing)} of its {len(wanted)} rows have none; the folder holds "
+                f"{len(files)} images): the folder lost images, or the file belongs to another set"
+            )
     else:
         rows = [(n, line.strip()) for n, line in enumerate(lines, start=1) if line.strip()]
         if len(rows) != len(files):
