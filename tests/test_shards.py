@@ -117,6 +117,50 @@ def test_the_index_tool_writes_what_the_converter_wrote(converted, tmp_path):
         assert convert.main(["--index", str(copy)]) == 2  # refuses an existing index
 
 
+@pytest.mark.parametrize("tar_format", ["pax", "gnu"])
+def test_long_and_non_ascii_member_names_are_read_as_tarfile_reads_them(tmp_path, tar_format):
+    """A key over 100 bytes and one with non-ASCII characters (a pax header, webdataset's writer;
+    a GNU long name, GNU tar's): indexed by the index tool, read with their labels and bytes."""
+    import io
+    import tarfile
+
+    fmt = {"pax": tarfile.PAX_FORMAT, "gnu": tarfile.GNU_FORMAT}[tar_format]
+    keys = ["bébé_2", "x" * 120, "plain"]
+    images = {key: f"image bytes of {key}".encode() for key in keys}
+    for split in ("train", "val"):
+        (tmp_path / split).mkdir()
+        shard = tmp_path / split / "shard-000000.tar"
+        with tarfile.open(shard, "w", format=fmt) as tar:
+            for label, key in enumerate(keys):
+                for ext, data in (("jpg", images[key]), ("cls", str(label).encode())):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        assert convert.main(["--index", str(shard)]) == 0
+    train, val = scan_images(str(tmp_path), "wds", 3)
+    assert train.labels.tolist() == [0, 1, 2] and len(val) == 3
+    assert [train.store.read(i) for i in range(3)] == [images[k] for k in keys]
+    assert train.files[0].endswith(":bébé_2.jpg") and train.files[1].endswith("x" * 120 + ".jpg")
+    # an index of another shard still fails the check, named with the name tarfile reads there
+    idx = shards.index_path(tmp_path / "train" / "shard-000000.tar")
+    lines = idx.read_text().splitlines()
+    lines[1], lines[2] = (
+        lines[2].replace("x" * 120, "bébé_2"),
+        lines[1].replace("bébé_2", "x" * 120),
+    )
+    idx.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match="but the tar header there names 'x"):
+        scan_images(str(tmp_path), "wds", 3)
+
+
+def test_the_converter_writes_long_and_non_ascii_names(tmp_path):
+    src = noise_jpegs(tmp_path / "src", {"train": 1, "val": 1}, classes=("ünïcode", "c" * 110))
+    assert convert.main([str(src), str(tmp_path / "wds"), "--format", "wds"]) == 0
+    train, _ = scan_folder(str(src))
+    st, _ = scan_images(str(tmp_path / "wds"), "wds", 2)
+    assert [st.store.read(i) for i in range(len(st))] == [Path(f).read_bytes() for f in train.files]
+
+
 def test_a_record_holding_the_magic_number_is_split_and_joined(tmp_path):
     """MXNet's writer splits a payload where RecordIO's magic appears at a 4-byte boundary (the
     reader puts it back): an image with the magic in it reads back whole, here and in DALI."""

@@ -188,6 +188,7 @@ def _wds_samples(shard: Path, idx: Path, m, num_classes: int):
             f"{idx}: line 1 promises {head[1]} samples, the file has {len(lines) - 1}; "
             + INDEX_FIX["wds"].format(shard=shard)
         )
+    names = _TarNames(shard)
     for line_no, line in enumerate(lines[1:], start=2):
         fields = line.split(" ")
         if len(fields) % 4:
@@ -199,7 +200,7 @@ def _wds_samples(shard: Path, idx: Path, m, num_classes: int):
         for g in range(0, len(fields), 4):
             ext, offset, size, name = fields[g : g + 4]
             offset, size = int(offset), int(size)
-            _check_member(shard, idx, line_no, m, name, offset, size)
+            _check_member(shard, idx, line_no, m, name, offset, size, names)
             members[ext.lower()] = (offset, size, name)
         image = next((members[e] for e in IMAGE_EXTS if e in members), None)
         first = next(iter(members.values()))[2]
@@ -221,21 +222,59 @@ def _wds_samples(shard: Path, idx: Path, m, num_classes: int):
         yield f"{shard}:{image[2]}", label, image[0], image[1]
 
 
-def _check_member(shard, idx, line_no, m, name, offset, size) -> None:
+class _TarNames:
+    """Member names by data offset, as Python's tarfile reads them (GNU long names, pax headers,
+    UTF-8): read once, and only for a shard whose plain ustar headers do not name a member (the
+    fast check reads 512 bytes a member)."""
+
+    def __init__(self, shard: Path) -> None:
+        self.shard, self.names = shard, None
+
+    def at(self, offset: int) -> str | None:
+        if self.names is None:
+            import tarfile
+
+            try:
+                with tarfile.open(self.shard) as tar:
+                    self.names = {t.offset_data: t.name for t in tar if t.isfile()}
+            except tarfile.TarError:
+                self.names = {}
+        return self.names.get(offset)
+
+
+def _ustar_name(m, offset: int) -> str:
+    """The name the ustar header before ``offset`` holds: its prefix field (bytes 345-500, POSIX
+    ustar, where a long path is split) joined to its name field (bytes 0-100)."""
+    if offset < 512:
+        return ""
+    header = bytes(m[offset - 512 : offset])
+    name = header[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+    if header[257:262] == b"ustar":
+        prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "replace")
+        if prefix:
+            name = f"{prefix}/{name}"
+    return name
+
+
+def _check_member(shard, idx, line_no, m, name, offset, size, names: _TarNames) -> None:
     if offset + size > len(m):
         raise ConfigError(
             f"{shard}: truncated: member {name} (index line {line_no}) needs bytes {offset}.."
             f"{offset + size}, the file has {len(m)}; copy the shard again, or "
             + INDEX_FIX["wds"].format(shard=shard)
         )
-    header = bytes(m[offset - 512 : offset - 512 + 100]) if offset >= 512 else b""
-    stored = header.split(b"\0", 1)[0].decode("utf-8", "replace")
-    if stored != name and not name.endswith("/" + stored):
-        raise ConfigError(
-            f"{idx}:{line_no}: names member {name} at offset {offset}, but the tar header there "
-            f"names {stored or 'nothing'!r}: the index does not match {shard}; "
-            + INDEX_FIX["wds"].format(shard=shard)
-        )
+    stored = _ustar_name(m, offset)
+    if stored == name or name.endswith("/" + stored):
+        return
+    # a name over 100 bytes or with non-ASCII characters lives in a GNU or pax header before it
+    real = names.at(offset)
+    if real is not None and (real == name or name.endswith("/" + real)):
+        return
+    raise ConfigError(
+        f"{idx}:{line_no}: names member {name} at offset {offset}, but the tar header there "
+        f"names {real or stored or 'nothing'!r}: the index does not match {shard}; "
+        + INDEX_FIX["wds"].format(shard=shard)
+    )
 
 
 def _recordio_samples(shard: Path, idx: Path, m, num_classes: int):
@@ -271,7 +310,9 @@ class TarWriter:
         import tarfile
 
         self.path, self.samples = path, []
-        self.tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
+        # pax: a long or non-ASCII key gets a pax header, as webdataset's writer gives it (plain
+        # ustar headers, byte for byte as before, for every other member)
+        self.tar = tarfile.open(path, "w", format=tarfile.PAX_FORMAT)
 
     def add(self, key: str, members: list[tuple[str, bytes]]) -> None:
         import io
