@@ -309,6 +309,28 @@ def flat(converted, tmp_path):
     return root, names, classes
 
 
+def test_a_flat_val_folder_converts_to_shards_with_its_labels(flat, tmp_path):
+    root, names, classes = flat
+    loc = root / "LOC_val_solution.csv"
+    rows = [f"{n},{c} 1 2 3 4" for n, c in zip(names, classes, strict=True)]
+    loc.write_text("ImageId,PredictionString\n" + "\n".join(rows) + "\n")
+    _, val = scan_folder(str(root), val_labels=str(loc))
+    for fmt in FORMATS:
+        dst = tmp_path / f"flat-{fmt}"
+        args = [str(root), str(dst), "--format", fmt, "--val-labels", str(loc)]
+        assert convert.main(args) == 0
+        _, sv = scan_images(str(dst), fmt, 3)
+        assert sv.labels.tolist() == val.labels.tolist()
+        assert [sv.store.read(i) for i in range(len(sv))] == [
+            Path(f).read_bytes() for f in val.files
+        ]
+    # without the labels file the flat folder has no class folders: the message says what to give
+    with pytest.raises(ConfigError, match="it holds images directly .* --val-labels FILE"):
+        convert.convert(root, tmp_path / "none", "wds", 5)
+    assert convert.main([str(root), str(tmp_path / "none")]) == 2
+    assert not (tmp_path / "none").exists()
+
+
 def test_flat_val_labels_by_name_index_or_loc_csv(flat):
     root, names, classes = flat
     order = sorted(set(classes))

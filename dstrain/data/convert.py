@@ -2,9 +2,12 @@
 
     python -m dstrain.data.convert SRC DST --format wds       # SRC/{train,val}/<class>/* -> DST
     python -m dstrain.data.convert SRC DST --format recordio --shard-size 5000
+    python -m dstrain.data.convert SRC DST --val-labels LOC_val_solution.csv  # val/ holds files
     python -m dstrain.data.convert --index DST/train/*.tar    # indexes for shards made elsewhere
 
-SRC is an ImageNet-style folder (``train/<class>/*``, ``val/<class>/*``). DST gets
+SRC is an ImageNet-style folder (``train/<class>/*``, ``val/<class>/*``; or ``val/*`` directly, as
+image-net.org ships it, with ``--val-labels FILE``: the labels file ``data.val_labels`` takes,
+whose labels the shards then carry). DST gets
 ``{train,val}/<split>-NNNNN.tar`` (WebDataset: ``<key>.jpg`` + ``<key>.cls`` per image) or
 ``.rec`` (MXNet RecordIO, a 24-byte header with the label, then the image), each with its ``.idx``
 in the format of DALI's ``wds2idx`` / ``rec2idx``, and ``classes.txt`` (the class folder names,
@@ -71,17 +74,19 @@ def image_ext(path: str) -> str:
     return "jpg" if ext in ("jpeg", "jpg") else ext
 
 
-def convert(src: Path, dst: Path, fmt: str, shard_size: int) -> dict[str, int]:
-    """Write ``src``'s splits as ``fmt`` shards under ``dst``; images per split."""
+def convert(
+    src: Path, dst: Path, fmt: str, shard_size: int, val_labels: str = ""
+) -> dict[str, int]:
+    """Write ``src``'s splits as ``fmt`` shards under ``dst``; images per split. ``val_labels``:
+    ``src/val`` holds its images directly, labelled by this file (dstrain/data/images.py)."""
     if shard_size < 1:
         raise ConfigError(f"--shard-size {shard_size}: must be >= 1 image per shard")
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
         raise ConfigError(
             f"{dst}: exists and is not empty; refusing to overwrite it: choose a new DST"
         )
-    train, val = scan_folder(
-        str(src)
-    )  # every class folder and file listed before anything is written
+    # every class folder, file and label listed before anything is written
+    train, val = scan_folder(str(src), val_labels)
     partial = dst.with_name(dst.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
@@ -198,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--format", choices=("wds", "recordio"), default="wds")
     p.add_argument("--shard-size", type=int, default=5000, help="images per shard (default 5000)")
+    p.add_argument(
+        "--val-labels",
+        default="",
+        metavar="FILE",
+        help="SRC/val holds the images directly (image-net.org's layout), labelled by FILE: "
+        "LOC_val_solution.csv or one label per line (as data.val_labels)",
+    )
     p.add_argument("--index", nargs="+", type=Path, metavar="SHARD", help="only index these shards")
     args = p.parse_args(argv)
     try:
@@ -207,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.src is None or args.dst is None:
             p.error("give SRC and DST (or --index SHARD ...)")
-        counts = convert(args.src, args.dst, args.format, args.shard_size)
+        counts = convert(args.src, args.dst, args.format, args.shard_size, args.val_labels)
     except ConfigError as err:
         print(f"convert: {err}", file=sys.stderr)
         return 2

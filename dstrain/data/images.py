@@ -83,7 +83,18 @@ def scan_split(root: Path, split: str, classes: list[str] | None = None) -> Imag
         )
     found = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
     if not found:
-        raise ConfigError(f"{folder}: no class folders (expected {folder}/<class>/*.JPEG)")
+        flat = any(
+            e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS) for e in os.scandir(folder)
+        )
+        raise ConfigError(
+            f"{folder}: no class folders (expected {folder}/<class>/*.JPEG)"
+            + (
+                "; it holds images directly (image-net.org's val layout): give their labels file "
+                "(data.val_labels=FILE; python -m dstrain.data.convert ... --val-labels FILE)"
+                if flat
+                else ""
+            )
+        )
     if classes is not None and found != classes:
         extra, missing = sorted(set(found) - set(classes)), sorted(set(classes) - set(found))
         raise ConfigError(

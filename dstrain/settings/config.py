@@ -549,7 +549,8 @@ def _data_rules(cfg: TrainConfig, world_size: int) -> Rules:
     yield (
         not data.val_labels or (data.format == "folder" and data.dataset == "imagefolder"),
         f"data.val_labels={data.val_labels!r}: a flat val/ folder is for data.dataset=imagefolder "
-        "with data.format=folder; shards carry their labels",
+        "with data.format=folder; shards carry their labels (convert a flat val/ folder with "
+        "python -m dstrain.data.convert SRC DST --val-labels FILE, then drop data.val_labels)",
     )
     yield (
         not (data.holdout and data.loader == "synthetic"),
