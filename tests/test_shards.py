@@ -161,6 +161,27 @@ def test_the_converter_writes_long_and_non_ascii_names(tmp_path):
     assert [st.store.read(i) for i in range(len(st))] == [Path(f).read_bytes() for f in train.files]
 
 
+def test_nvidias_single_file_recordio_layout_reads_as_it_is(converted, tmp_path):
+    """NVIDIA's MXNet layout (train.rec/train.idx, val.rec/val.idx in one folder, as im2rec
+    writes them) is read where it lies: the same samples as the converter's one-shard split."""
+    one = tmp_path / "one"
+    src = str(converted / "src")
+    assert convert.main([src, str(one), "--format", "recordio", "--shard-size", "1000"]) == 0
+    nvidia = tmp_path / "nvidia"
+    nvidia.mkdir()
+    for split in ("train", "val"):
+        for suffix in (".rec", ".idx"):
+            shutil.copyfile(one / split / f"{split}-00000{suffix}", nvidia / f"{split}{suffix}")
+    want, got = scan_images(str(one), "recordio", 3), scan_images(str(nvidia), "recordio", 3)
+    for a, b in zip(want, got, strict=True):
+        assert a.labels.tolist() == b.labels.tolist()
+        assert [a.store.read(i) for i in range(len(a))] == [b.store.read(i) for i in range(len(b))]
+    assert got[0].store.shards == [str(nvidia / "train.rec")]
+    (nvidia / "val.rec").unlink()
+    with pytest.raises(ConfigError, match=r"or val.rec with its .idx in .*nvidia/"):
+        scan_images(str(nvidia), "recordio", 3)
+
+
 def test_a_record_holding_the_magic_number_is_split_and_joined(tmp_path):
     """MXNet's writer splits a payload where RecordIO's magic appears at a 4-byte boundary (the
     reader puts it back): an image with the magic in it reads back whole, here and in DALI."""

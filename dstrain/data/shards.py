@@ -130,14 +130,30 @@ class ScannedSplit:
     store: ShardStore
 
 
-def scan_shards(folder: Path, fmt: str, num_classes: int) -> ScannedSplit:
-    """Every sample of the ``fmt`` shards in ``folder``, checked against their indexes."""
+def split_shards(folder: Path, fmt: str) -> list[Path]:
+    """The shards of one split: ``ROOT/<split>/*.tar|.rec``, or NVIDIA's MXNet layout, one
+    ``ROOT/<split>.rec`` with its ``ROOT/<split>.idx`` (im2rec's names: train.rec, val.rec)."""
     suffix = SHARD_SUFFIX[fmt]
-    shards = sorted(p for p in folder.glob(f"*{suffix}") if p.is_file()) if folder.is_dir() else []
+    if folder.is_dir():
+        return sorted(p for p in folder.glob(f"*{suffix}") if p.is_file())
+    single = folder.with_name(folder.name + suffix)
+    return [single] if fmt == "recordio" and single.is_file() else []
+
+
+def scan_shards(folder: Path, fmt: str, num_classes: int) -> ScannedSplit:
+    """Every sample of the ``fmt`` shards of split ``folder`` (:func:`split_shards`), checked
+    against their indexes."""
+    suffix = SHARD_SUFFIX[fmt]
+    shards = split_shards(folder, fmt)
     if not shards:
+        nvidia = (
+            f", or {folder.name}{suffix} with its .idx in {folder.parent}/"
+            if fmt == "recordio"
+            else ""
+        )
         raise ConfigError(
             f"data.format={fmt}: no {suffix} shards in {folder}/ (expected {folder}/*{suffix}, "
-            f"each with its .idx); convert a folder with python -m dstrain.data.convert"
+            f"each with its .idx{nvidia}); convert a folder with python -m dstrain.data.convert"
         )
     names, labels, shard_of, offsets, sizes = [], [], [], [], []
     for k, shard in enumerate(shards):
