@@ -182,6 +182,34 @@ def test_nvidias_single_file_recordio_layout_reads_as_it_is(converted, tmp_path)
         scan_images(str(nvidia), "recordio", 3)
 
 
+def test_the_check_tool_reads_every_format(converted, flat, tmp_path, capsys):
+    """python -m dstrain.data.check on shards (the format found, a corrupt sample named by its
+    shard and member), NVIDIA's layout, and the flat val folder with its labels file."""
+    from dstrain.data.check import main as check
+
+    for fmt in FORMATS:
+        root = tmp_path / fmt
+        shutil.copytree(converted / fmt, root)
+        assert check([str(root), "--workers", "1"]) == 0
+        assert f"18 images checked under {root} ({fmt})" in capsys.readouterr().out
+    # a wds sample whose JPEG bytes are garbage, in place (the index still matches)
+    shard = sorted((tmp_path / "wds" / "train").glob("*.tar"))[0]
+    ext, offset, size, name = shards.index_path(shard).read_text().splitlines()[1].split(" ")[:4]
+    data = bytearray(shard.read_bytes())
+    data[int(offset) + 20 : int(offset) + int(size)] = b"\0" * (int(size) - 20)
+    shard.write_bytes(bytes(data))
+    assert check([str(tmp_path / "wds"), "--workers", "1"]) == 1
+    out = capsys.readouterr().out
+    assert f"corrupt image: {shard}:{name} (" in out and "1 do not decode" in out
+    root, names, classes = flat
+    loc = root / "LOC_val_solution.csv"
+    rows = [f"{n},{c} 1 2 3 4" for n, c in zip(names, classes, strict=True)]
+    loc.write_text("ImageId,PredictionString\n" + "\n".join(rows) + "\n")
+    assert check([str(root), "--workers", "1", "--val-labels", str(loc)]) == 0
+    assert check([str(root), "--workers", "1"]) == 2  # the flat folder without its labels
+    assert "--val-labels FILE" in capsys.readouterr().err
+
+
 def test_a_record_holding_the_magic_number_is_split_and_joined(tmp_path):
     """MXNet's writer splits a payload where RecordIO's magic appears at a 4-byte boundary (the
     reader puts it back): an image with the magic in it reads back whole, here and in DALI."""
