@@ -93,22 +93,31 @@ class StepMeter:
 
 
 class Monitor:
-    """TensorBoard scalars and console lines; writes nothing on ranks other than 0."""
+    """TensorBoard scalars and console lines, and the same scalars to the experiment trackers
+    (``sinks``: dstrain/loop/tracking.py); writes nothing on ranks other than 0."""
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool = True, sinks=()):
         self.enabled = enabled
         self.writer = None
+        self.sinks = list(sinks) if enabled else []
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
 
     def scalars(self, prefix: str, values: dict, step: int) -> None:
-        if self.writer is None:
-            return
-        for key, value in values.items():
-            if value is not None:
-                self.writer.add_scalar(f"{prefix}/{key}", value, step)
+        if self.writer is not None:
+            for key, value in values.items():
+                if value is not None:
+                    self.writer.add_scalar(f"{prefix}/{key}", value, step)
+        named = {
+            f"{prefix}/{k}": v
+            for k, v in values.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        for sink in self.sinks:
+            if named:
+                sink.scalars(named, step)
 
     def step(self, step: int, progress: Progress, values: dict) -> None:
         """``train/*`` scalars at global step ``step`` and one console line.
@@ -149,6 +158,22 @@ class Monitor:
         if self.writer is not None:
             self.writer.flush()
 
+    def finish(self, summary: dict) -> None:
+        """The run's summary.json to the trackers, which end their runs as finished."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close(summary)
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        self.finish_unfinished()
+
+    def finish_unfinished(self) -> None:
+        """A run that ended before its summary: the trackers' runs end as killed."""
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            try:
+                sink.close(None)
+            except Exception as err:  # a tracker's failure must not hide how the run ended
+                log.warning("tracking: %s could not close: %s", type(sink).__name__, err)

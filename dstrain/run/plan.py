@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dstrain.core import dist
 from dstrain.core.errors import ConfigError
-from dstrain.loop import mlperf
+from dstrain.loop import mlperf, tracking
 from dstrain.run import ds_config
 from dstrain.settings.config import TrainConfig, validate
 from dstrain.settings.ramp import BatchStage, batch_plan
@@ -49,6 +49,7 @@ def prepare(
     validate(cfg, world, node_sizes if node_sizes is not None else dist.node_sizes(world))
     if cfg.log.mlperf:
         mlperf.require_package()
+    tracking.require_packages(cfg.log)  # log.mlflow / log.wandb: their packages
     spec = ds_config.load(ds_path, cuda_available=cuda)
     stages = batch_plan(
         cfg.batch.global_size, cfg.batch.micro_per_rank, cfg.batch.ramp, world, cfg.epochs

@@ -19,7 +19,7 @@ from dstrain.core import dist
 from dstrain.core.errors import ConfigError, PeerLost, RunStopped, first_line
 from dstrain.core.files import atomic_write_text
 from dstrain.core.hooks import Hook, Hooks, TargetStop
-from dstrain.loop import checkpoint, fault, mlperf
+from dstrain.loop import checkpoint, fault, mlperf, tracking
 from dstrain.loop.monitor import Monitor
 from dstrain.loop.trainer import Trainer, TrainState
 from dstrain.run import compat, outcome, rundir, startup
@@ -102,7 +102,12 @@ def build_trainer(
         data=parts.data,
         stages=plan.stages,
         schedule=plan.schedule,
-        monitor=Monitor(run_dir, dist.is_main(), cfg.log.tensorboard),
+        monitor=Monitor(
+            run_dir,
+            dist.is_main(),
+            cfg.log.tensorboard,
+            tracking.sinks(cfg.log, run_dir, cfg.name, resolved(cfg)) if dist.is_main() else (),
+        ),
         checks=checks,
         checkpoint_root=root,
         input_dtype=parts.input_dtype,
@@ -123,6 +128,13 @@ def build_trainer(
         )
         start_mlperf_log(mlperf_log, trainer, plan, run_dir, device)
     return trainer
+
+
+def resolved(cfg: TrainConfig) -> dict:
+    """The config as the run resolved it (what config.yaml holds), for the trackers."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
 
 
 def weight_ema(cfg: TrainConfig, model: torch.nn.Module, device: torch.device) -> WeightEMA | None:
@@ -262,6 +274,7 @@ def fit_and_summarise(trainer: Trainer, plan: Plan, run_dir: Path) -> dict:
             summary["comm"] = trainer.grad_sync.summary()
         if dist.is_main():
             atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+            trainer.monitor.finish(summary)
             log.info(
                 "summary: final top-1 %.4f, best %.4f, %d epochs, %.1f s wall, %.0f img/s -> %s",
                 summary["final_top1"],

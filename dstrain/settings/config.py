@@ -277,6 +277,26 @@ class LogConfig:
     mlperf_status: Literal["onprem", "cloud", "preview", "research"] = setting(
         "research", "MLPerf log: submission_status, onprem | cloud | preview | research"
     )
+    mlflow: bool = setting(
+        False,
+        "MLflow: the TensorBoard scalars, the resolved config (params) and summary.json, rank 0; "
+        "needs the tracking extra (pip install 'dstrain[tracking]') (bool)",
+    )
+    mlflow_uri: str = setting(
+        "",
+        "MLflow tracking URI; empty = a local file store in RUN_DIR/mlruns, no server (text)",
+    )
+    mlflow_experiment: str = setting("", "MLflow experiment; empty = the recipe name (text)")
+    wandb: bool = setting(
+        False,
+        "Weights & Biases: the same as log.mlflow, offline unless wandb_mode=online; needs the "
+        "tracking extra (bool)",
+    )
+    wandb_mode: Literal["offline", "online"] = setting(
+        "offline",
+        "W&B mode: offline (files in RUN_DIR/wandb, `wandb sync` them later; no network) | online",
+    )
+    wandb_project: str = setting("dstrain", "W&B project (text)")
 
 
 @dataclass
