@@ -171,14 +171,16 @@ def test_a_closed_lars_log_fails_only_on_what_breaks_the_rules(tmp_path, eps, en
 
 
 # ---------------------------------------------------------------- the RCP checker on five runs
-def fake_run(run_dir: Path, batch: int, converged_at: int | None, top1: float = 0.7601) -> Path:
-    """A run's mlperf.log written by dstrain's own writer, as a run of ``batch`` that evaluated
-    every 4 epochs and reached the target at ``converged_at`` (None: never, top-1 0.70)."""
+def fake_run(
+    run_dir: Path, batch: int, converged_at: int | None, top1: float = 0.7601, seed: int = 0
+) -> Path:
+    """A run's mlperf.log written by dstrain's own writer, as a run of ``batch`` with ``seed`` that
+    evaluated every 4 epochs and reached the target at ``converged_at`` (None: never, top-1 0.70)."""
     run_dir.mkdir(parents=True)
     log = mlperf.MLPerfLog(True)
     log.open(run_dir, resumed_epoch=0)
     log.submission("closed", "dstrain", "8xTEST", "research")
-    log.hyperparameters({"global_batch_size": batch, "seed": 0})
+    log.hyperparameters({"global_batch_size": batch, "seed": seed})
     log.run_start()
     last = converged_at or 40
     for epoch in range(3, last, 4):  # 0-based: epochs 4, 8, ...
@@ -205,7 +207,7 @@ def test_the_rcp_check_passes_runs_as_slow_as_the_reference_and_fails_faster_one
     epochs pass; five at 20 converge faster than the reference allows and fail; the table shows
     each run's epochs and status. One run that never converged is tolerated, two are not."""
     tool = rcp_tool()
-    slow = [fake_run(tmp_path / "slow" / f"seed{i}", 3264, 36) for i in range(5)]
+    slow = [fake_run(tmp_path / "slow" / f"seed{i}", 3264, 36, seed=i) for i in range(5)]
     assert tool.main([str(tmp_path / "slow"), "--json", str(tmp_path / "v.json")]) == 0
     out = capsys.readouterr().out
     assert "PASSED: RCP found" in out and out.count("| 3264 | 36 | 0.7601 | success |") == 5
@@ -214,12 +216,12 @@ def test_the_rcp_check_passes_runs_as_slow_as_the_reference_and_fails_faster_one
     assert verdict["command"].startswith("./run.sh rcp-check ") and verdict["git_sha"]
 
     for i in range(5):
-        fake_run(tmp_path / "fast" / f"seed{i}", 3264, 20)
+        fake_run(tmp_path / "fast" / f"seed{i}", 3264, 20, seed=i)
     assert tool.main([str(tmp_path / "fast")]) == 1
     assert "FAILED" in capsys.readouterr().out
 
     for i, at in enumerate((36, 36, 36, None, None)):
-        fake_run(tmp_path / "lost" / f"seed{i}", 3264, at)
+        fake_run(tmp_path / "lost" / f"seed{i}", 3264, at, seed=i)
     assert tool.main([str(tmp_path / "lost")]) == 1
     assert "Insufficient convergence" in capsys.readouterr().out
     assert slow  # the directories named one by one work too
@@ -228,9 +230,14 @@ def test_the_rcp_check_passes_runs_as_slow_as_the_reference_and_fails_faster_one
 
 def test_the_rcp_check_refuses_too_few_runs_and_a_resumed_one(tmp_path, capsys):
     tool = rcp_tool()
-    runs = [fake_run(tmp_path / f"seed{i}", 3264, 36) for i in range(5)]
+    runs = [fake_run(tmp_path / f"seed{i}", 3264, 36, seed=i) for i in range(5)]
     assert tool.main([str(d) for d in runs[:4]]) == 2
     assert "4 run(s) given" in capsys.readouterr().err
+    # five copies of one seed are one run, whatever the checker would say of them
+    copies = [fake_run(tmp_path / "copies" / f"run{i}", 3264, 36, seed=7) for i in range(5)]
+    assert tool.main([str(tmp_path / "copies")]) == 2
+    err = capsys.readouterr().err
+    assert f"{copies[0]} and {copies[1]} both log seed 7" in err
     (runs[2] / "mlperf-2.log").write_text("")
     assert tool.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
