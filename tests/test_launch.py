@@ -382,3 +382,37 @@ def test_write_private_replaces_a_link_and_leaves_its_target(tmp_path):
     assert not link.is_symlink() and link.read_text() == "new\n"
     assert (link.stat().st_mode & 0o777) == 0o600 and target.read_text() == "keep\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "target"]  # no temporary left
+
+
+def test_drop_caches_flushes_each_node_or_says_where_it_could_not(monkeypatch, capsys):
+    """--drop-caches (MLPerf's cache rule): the ranks hear DSTRAIN_CACHE_CLEARED=1 only when the
+    flush worked on every node; otherwise one line names the node and why, and the run goes on."""
+    from dstrain.run import launch
+
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        ok = "refuses" not in " ".join(cmd)
+        return subprocess.CompletedProcess(
+            cmd, 0 if ok else 1, "", "" if ok else "permission denied"
+        )
+
+    monkeypatch.setattr(launch.subprocess, "run", fake_run)
+    assert launch.drop_caches([]) == []
+    assert calls[-1][:2] == ["bash", "-c"] and "vm.drop_caches=3" in calls[-1][2]
+    monkeypatch.setattr(launch, "DROP_CACHES", "sync && refuses")
+    assert launch.drop_caches(["n1", "n2"]) == ["n1 (permission denied)", "n2 (permission denied)"]
+    assert calls[-1][:4] == ["ssh", "-o", "BatchMode=yes", "n2"]
+    seen = {}
+    monkeypatch.setattr(launch, "supervise", lambda cmd, env: seen.update(env) or 0)
+    monkeypatch.setattr(launch.Path, "exists", lambda self: True)
+    monkeypatch.delenv("DSTRAIN_CACHE_CLEARED", raising=False)
+    for script, cleared in (("sync", True), ("sync && refuses", False)):
+        monkeypatch.setattr(launch, "DROP_CACHES", script)
+        seen.clear()
+        assert launch.main(["--drop-caches", "--config", "fashion_mnist"]) == 0
+        assert (seen.get("DSTRAIN_CACHE_CLEARED") == "1") is cleared
+    assert (
+        "could not flush the page cache on this node (permission denied)" in capsys.readouterr().err
+    )

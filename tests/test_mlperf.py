@@ -14,7 +14,7 @@ from dstrain.loop import mlperf
 from dstrain.loop.mlperf import events
 from dstrain.loop.trainer import evaluates_after
 from dstrain.run import plan
-from dstrain.settings.config import load_config
+from dstrain.settings.config import load_config, validate
 from tests.conftest import REPO, TINY, run_cli
 
 
@@ -59,6 +59,32 @@ def test_log_mlperf_without_the_package_says_how_to_get_it(monkeypatch):
     )
 
 
+def test_a_closed_run_evaluates_on_resnets_grid_or_is_refused():
+    """MLPerf's ResNet rule (every 4 epochs, offset 0-3): every MLPerf recipe's last epoch is on
+    its grid; a closed run whose last epoch falls off it, or another period, is refused naming
+    the offset that fixes it; an open run may (its last epochs are trained, not evaluated)."""
+    for batch in (3264, 8192, 32768, 49152, 65536, 67840):
+        cfg = load_config(f"imagenet_resnet50_mlperf_b{batch}")
+        assert cfg.log.mlperf_division == "closed" and cfg.eval_every_epochs == 4
+        assert (cfg.epochs - cfg.eval_offset_epochs) % 4 == 0 and cfg.eval_offset_epochs < 4
+    cfg = load_config("imagenet_resnet50_mlperf_b8192", ["eval_offset_epochs=0"])
+    with pytest.raises(
+        ConfigError,
+        match=r"epochs=45 ends off the evaluation grid .* set "
+        r"eval_offset_epochs=1, or epochs=48",
+    ):
+        validate(cfg, 64)
+    cfg = load_config("imagenet_resnet50_mlperf_b8192", ["eval_every_epochs=1"])
+    with pytest.raises(ConfigError, match="evaluate every 4 epochs with offset 0-3"):
+        validate(cfg, 64)
+    validate(
+        load_config(
+            "imagenet_resnet50_mlperf_b8192", ["eval_offset_epochs=0", "log.mlperf_division=open"]
+        ),
+        64,
+    )
+
+
 def test_an_exact_end_lr_replaces_the_factor():
     from dstrain.techniques.schedule import LRSchedule
 
@@ -83,6 +109,8 @@ def test_an_open_division_fashion_mnist_log_passes_the_checker(fake_fmnist, tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     verdict = mlperf.check_log(run_dir / "mlperf.log")
     assert verdict.passed, verdict.output[-3000:]
+    # nobody flushed the page cache before this run: the log says so
+    assert values(events(run_dir / "mlperf.log"))["cache_clear"] is False
 
 
 @pytest.mark.slow
@@ -117,7 +145,8 @@ MLPERF_SMALL = [
     "batch.global_size=64",
     "batch.micro_per_rank=32",
     "batch.eval_per_rank=32",
-    "epochs=2",
+    "epochs=4",  # the first epoch on MLPerf's evaluation grid (every 4 epochs, offset 0)
+    "eval_offset_epochs=0",
     "optim.warmup_epochs=1",
     "optim.decay_epochs=0",
     "model.channels_last=false",
@@ -262,3 +291,27 @@ def test_check_says_whether_the_log_would_meet_the_closed_rules(tmp_path):
         bad.stdout
     )
     assert not (tmp_path / "run").exists()  # --check writes nothing
+
+
+@pytest.mark.slow
+def test_seed_auto_draws_a_seed_per_run_and_a_resume_keeps_it(fake_fmnist, tmp_path):
+    """seed=auto: each run draws its own seed (what MLPerf's package checker asks of a result's
+    runs), records it in config.yaml and the MLPerf log; a resume continues with it."""
+    from omegaconf import OmegaConf
+
+    seeds = []
+    for name in ("a", "b"):
+        run_dir = tmp_path / name
+        args = ["--deepspeed_config", "ds_configs/fp32.json", *TINY_RUN, "epochs=1", "seed=auto"]
+        proc = run_cli(args + [f"data.root={fake_fmnist}", f"run_dir={run_dir}"])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seed = OmegaConf.load(run_dir / "config.yaml").seed
+        assert isinstance(seed, int) and f"seed=auto: drew {seed}" in proc.stdout
+        assert values(events(run_dir / "mlperf.log"))["seed"] == seed
+        seeds.append(seed)
+    assert seeds[0] != seeds[1]
+    again = run_cli(args + [f"data.root={fake_fmnist}", f"run_dir={tmp_path / 'b'}", "resume=auto"])
+    assert again.returncode == 0 and f"seed=auto: {seeds[1]}, as" in again.stdout
+    assert OmegaConf.load(tmp_path / "b" / "config.yaml").seed == seeds[1]
+    bad = run_cli([*TINY_RUN, "seed=-3", f"data.root={fake_fmnist}"])
+    assert bad.returncode == 2 and "seed=-3: must be an integer >= 0, or auto" in bad.stderr

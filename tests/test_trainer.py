@@ -552,11 +552,14 @@ def test_target_top1_ends_training_and_a_resume_trains_no_more(fake_fmnist, tmp_
 
 @pytest.mark.gpu
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
-def test_the_mlperf_log_holds_the_values_the_run_uses(fake_fmnist, tmp_path, world_of_one):
+def test_the_mlperf_log_holds_the_values_the_run_uses(
+    fake_fmnist, tmp_path, world_of_one, monkeypatch
+):
     """Keys in MLPerf's order (init, submission, hyperparameters, run, epochs with their
     evaluations, run_stop), values resolved from the run: the peak LR after the scaling rule, the
     end LR, the decay's steps, BN over the micro batch; call sites as repository paths."""
     pytest.importorskip("mlperf_logging", reason="log.mlperf needs mlperf-logging")
+    monkeypatch.setenv("DSTRAIN_CACHE_CLEARED", "1")  # as ./launch.sh --drop-caches sets it
     trainer, _ = make_trainer(
         fake_fmnist,
         tmp_path,
@@ -582,7 +585,8 @@ def test_the_mlperf_log_holds_the_values_the_run_uses(fake_fmnist, tmp_path, wor
     assert got["sgd_opt_learning_rate_decay_poly_power"] == 2.0
     assert got["sgd_opt_learning_rate_decay_steps"] == round(2.75 * 512 / 32)  # after warmup
     assert got["model_bn_span"] == 32 and got["train_samples"] == 512
-    assert [e["metadata"]["epoch_num"] for e in log if e["key"] == "eval_accuracy"] == [2, 3]
+    # on MLPerf's grid alone (every 2 epochs here): the last epoch, 3, is off it and not evaluated
+    assert [e["metadata"]["epoch_num"] for e in log if e["key"] == "eval_accuracy"] == [2]
     # the run's set-up (train.py) and the loop's marks (mlperf.py's MLPerfMarks, a loop hook)
     assert {e["metadata"]["file"] for e in log} <= {
         "dstrain/run/train.py",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -34,6 +35,9 @@ from dstrain.core.hooks import Hook
 PACKAGE_HINT = "pip install mlperf-logging==4.1.68 (or: pip install -e '.[mlperf]')"
 BENCHMARK = "resnet"  # the MLPerf benchmark whose rules these runs follow
 LOG_NAME = "mlperf.log"
+# set by ./launch.sh --drop-caches once the page cache is flushed on every node (MLPerf's cache_clear)
+CACHE_CLEARED_ENV = "DSTRAIN_CACHE_CLEARED"
+log = logging.getLogger(__name__)
 
 
 def require_package() -> None:
@@ -140,7 +144,15 @@ class MLPerfLog:
             (c.SUBMISSION_STATUS, status),
         ):
             self.ml.event(key=key, value=value)
-        self.ml.event(key=c.CACHE_CLEAR, value=True)
+        # true only where the cache was flushed before the run: launch.sh --drop-caches says so
+        # (or a job script that flushed it itself sets DSTRAIN_CACHE_CLEARED=1)
+        cleared = os.environ.get(CACHE_CLEARED_ENV) == "1"
+        self.ml.event(key=c.CACHE_CLEAR, value=cleared)
+        if not cleared and division == "closed":
+            log.warning(
+                "log.mlperf: cache_clear false (the page cache was not flushed before this run); "
+                "MLPerf's rules ask for it: launch with ./launch.sh --drop-caches"
+            )
 
     def hyperparameters(self, values: dict) -> None:
         """One point-in-time event per key (the keys of :func:`hyperparameters`)."""

@@ -29,7 +29,7 @@ from dstrain.loop.evaluate import evaluate
 from dstrain.loop.fault import StepChecks
 from dstrain.loop.monitor import Monitor, Progress, StepMeter
 from dstrain.loop.watchdog import Watchdog
-from dstrain.settings.config import TrainConfig, polish_batch
+from dstrain.settings.config import TrainConfig, evaluates_last_epoch, polish_batch
 from dstrain.settings.ramp import BatchStage, batch_at
 from dstrain.techniques import bn_refit
 from dstrain.techniques.comm import GradientSync
@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 def evaluates_after(epoch: int, every: int, offset: int = 0) -> bool:
     """Whether epoch ``epoch`` (0-based) ends with an evaluation: epochs offset+N, offset+2N, ...
-    (1-based; eval_offset_epochs, eval_every_epochs); the last epoch always does."""
+    (1-based; eval_offset_epochs, eval_every_epochs); the last epoch does too, unless the run
+    keeps to the grid (:func:`dstrain.settings.config.evaluates_last_epoch`)."""
     done = epoch + 1
     return done > offset and (done - offset) % every == 0
 
@@ -155,7 +156,7 @@ class Trainer:
             state.epoch_elapsed_s = 0.0
             self.hooks.train_end(self, epoch)
             last = epoch + 1 == epochs
-            if last or self.evaluates_after(epoch):
+            if (last and self.evaluates_last()) or self.evaluates_after(epoch):
                 self.hooks.eval_start(self, epoch)
                 metrics.update(self.evaluate())
                 state.best_top1 = max(state.best_top1, metrics["val_top1"])
@@ -179,6 +180,9 @@ class Trainer:
 
     def evaluates_after(self, epoch: int) -> bool:
         return evaluates_after(epoch, self.cfg.eval_every_epochs, self.cfg.eval_offset_epochs)
+
+    def evaluates_last(self) -> bool:
+        return evaluates_last_epoch(self.cfg)
 
     def enter_stage(self, epoch: int) -> BatchStage:
         """The batch-size stage of ``epoch``; tells the engine when the ramp changes its accumulation."""
@@ -418,8 +422,9 @@ class Trainer:
             return json.loads(done.read_text())
         self.phase("polish")
         state = self.state
-        # the last epoch is always evaluated
-        before = next(h for h in reversed(state.history) if "val_top1" in h)
+        # the trained model as it ends: the last epoch's evaluation, made now where the grid left
+        # it out (no hook hears it)
+        before = state.history[-1] if "val_top1" in state.history[-1] else self.evaluate()
         after = self.refit(self.engine.module, self.polish_forward)
         info = bn_refit.summarize(before, after, state.train_time_s)
         self.monitor.scalars(

@@ -259,6 +259,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--gpus-per-node", type=int, default=0, help="slots per node (default: from the scheduler)"
     )
     p.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="flush the page cache on every node before the run (MLPerf's rule: 'You must flush the "
+        "cache or restart the system prior to benchmarking'; root or passwordless sudo), and tell "
+        "the ranks (DSTRAIN_CACHE_CLEARED=1: the MLPerf log's cache_clear is true only then)",
+    )
+    p.add_argument(
         "--hostfile",
         default="",
         help="where to write the hostfile, and the env file beside it (default: a private folder "
@@ -267,6 +274,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args, rest = p.parse_known_args(argv)
     args.trainer_args = rest
     return args
+
+
+# flush dirty pages, then drop the page cache, dentries and inodes (as NVIDIA's MLPerf run.sub does)
+DROP_CACHES = "sync && { sysctl -q -w vm.drop_caches=3 || sudo -n sysctl -q -w vm.drop_caches=3; }"
+
+
+def drop_caches(hosts: list[str]) -> list[str]:
+    """Flush the page cache on ``hosts`` (empty: this node; others over ssh, as DeepSpeed's pdsh
+    reaches them); the hosts where it failed, each with the reason."""
+    failed = []
+    for host in hosts or [""]:
+        cmd = ["bash", "-c", DROP_CACHES] if not host else ["ssh", "-o", "BatchMode=yes", host]
+        if host:
+            cmd.append(DROP_CACHES)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            if proc.returncode:
+                failed.append(f"{host or 'this node'} ({why})")
+        except (OSError, subprocess.TimeoutExpired) as err:
+            failed.append(f"{host or 'this node'} ({err})")
+    return failed
 
 
 def private_folder(dry_run: bool) -> Path:
@@ -299,6 +328,18 @@ def launch(args: argparse.Namespace, private: Path | None) -> int:
     except LaunchError as err:
         print(f"launch.sh: error: {err}", file=sys.stderr)
         return 2
+    if args.drop_caches and not args.dry_run:
+        hosts = [line.split()[0] for line in (hostfile or "").splitlines() if line.strip()]
+        failed = drop_caches(hosts)
+        if failed:
+            print(
+                f"launch.sh: could not flush the page cache on {', '.join(failed)}: the run goes "
+                "on, and an MLPerf log says cache_clear false (root or passwordless sudo needed)",
+                file=sys.stderr,
+            )
+        else:
+            extra_env["DSTRAIN_CACHE_CLEARED"] = "1"
+            print(f"launch.sh: page cache flushed on {len(hosts) or 1} node(s)")
     env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra_env.items())
     if hostfile is not None:
         print(

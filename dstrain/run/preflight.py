@@ -84,7 +84,7 @@ def check(cfg: TrainConfig, ds_path: str, target: Target) -> list[str]:
                 f"{err}; world size {target.world} = the slots in {target.hostfile}"
             ) from None
         raise
-    start = startup.check(plan, torch.device(target.device))
+    start = startup.check(plan, torch.device(target.device), draw_seed=False)
     return startup.plan_lines(plan, start, target.ranks())
 
 

@@ -34,6 +34,26 @@ FAILED = "failed.json"
 MODEL_KEYS = ("name", "num_classes", "in_channels", "width", "blocks_per_stage")
 
 
+def resolve_seed(cfg: TrainConfig, run_dir: Path, draw: bool = True) -> None:
+    """``seed=auto``: the seed ``run_dir``'s config.yaml recorded (a resume continues its run),
+    else one drawn from the OS on rank 0 and shared (``draw``; ``--check`` draws none). In place."""
+    if cfg.seed != "auto":
+        return
+    recorded = None
+    if cfg.resume == "auto" and (run_dir / "config.yaml").is_file():
+        from omegaconf import OmegaConf
+
+        recorded = OmegaConf.load(run_dir / "config.yaml").get("seed")
+    if isinstance(recorded, int):
+        cfg.seed = recorded
+        log.info("seed=auto: %d, as %s/config.yaml recorded it", recorded, run_dir)
+    elif draw:
+        import secrets
+
+        cfg.seed = int(dist.broadcast_object(secrets.randbelow(2**31)))
+        log.info("seed=auto: drew %d (recorded in config.yaml)", cfg.seed)
+
+
 def choose(cfg: TrainConfig) -> Path:
     """The run directory (named on rank 0); never reuse one silently. Creates nothing."""
     path = cfg.run_dir or f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -76,10 +76,12 @@ def run_dir_use(run_dir: Path, tag: str | None) -> str:
     return f"{run_dir} (new)"
 
 
-def check(plan: Plan, device: torch.device) -> Start:
-    """Every start-up check of ``plan`` on ``device``, in the order listed above."""
+def check(plan: Plan, device: torch.device, draw_seed: bool = True) -> Start:
+    """Every start-up check of ``plan`` on ``device``, in the order listed above (``seed=auto``
+    is resolved first: ``draw_seed`` False for ``--check``, which starts nothing)."""
     cfg = plan.cfg
     run_dir = rundir.choose(cfg)
+    rundir.resolve_seed(cfg, run_dir, draw=draw_seed)
     tag = resume_tag(plan, run_dir)
     if not run_dir.exists():
         check_creatable(run_dir)
@@ -202,7 +204,8 @@ def plan_lines(plan: Plan, start: Start, job: str) -> list[str]:
         else f"dstrain {spec.comm.config.mode}, compression {spec.comm.config.compression}"
     )
     lines = [
-        f"recipe       {cfg.name}: {cfg.epochs} epochs, seed {cfg.seed}",
+        f"recipe       {cfg.name}: {cfg.epochs} epochs, seed "
+        + (f"{cfg.seed}" if cfg.seed != "auto" else "auto (drawn when the run starts)"),
         f"DeepSpeed    {spec.path}: precision {spec.precision}, optimizer {spec.optimizer.name} "
         f"(optim.base_lr {schedule.base_lr:g} per {cfg.optim.lr_reference_batch} images, "
         f"{cfg.optim.lr_scaling} scaling), gradients by {comm}",

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -374,7 +374,12 @@ class FaultConfig:
 class TrainConfig:
     name: str = setting("run", "recipe name, used in the default run directory (text)")
     epochs: int = setting(10, "training epochs (epochs)")
-    seed: int = setting(0, "seed for weights, data order and augmentation (integer)")
+    seed: Union[int, str] = setting(  # typing.Union: what OmegaConf reads (not int | str)
+        0,
+        "seed for weights, data order and augmentation; auto = drawn from the OS when the run "
+        "first starts, kept in config.yaml (a resume continues it; MLPerf's result runs each need "
+        "their own) (integer or auto)",
+    )
     deterministic: bool = setting(
         False,
         "GPU: deterministic cuDNN kernels, no autotuning: bit-identical reruns and resumes, "
@@ -389,12 +394,14 @@ class TrainConfig:
         "'' = fresh run (refuses a run_dir with checkpoints), 'auto' = newest complete checkpoint in run_dir",
     )
     eval_every_epochs: int = setting(
-        1, "evaluate on the validation set every N epochs and after the last (epochs)"
+        1,
+        "evaluate on the validation set every N epochs and after the last (with log.mlperf: "
+        "only on that grid, MLPerf's rule) (epochs)",
     )
     eval_offset_epochs: int = setting(
         0,
         "evaluate after epochs offset+N, offset+2N, ... (N = eval_every_epochs) and the last; "
-        "MLPerf's evaluation offset (epochs)",
+        "MLPerf's evaluation offset (0-3 for ResNet: the grid of epochs = offset mod 4) (epochs)",
     )
     target_top1: float = setting(
         0.0,
@@ -504,6 +511,10 @@ Rules = Iterator[tuple[bool, str]]  # (rule holds, message when it does not)
 
 def _run_rules(cfg: TrainConfig, world_size: int) -> Rules:
     yield cfg.epochs >= 1, f"epochs={cfg.epochs}: must be >= 1"
+    yield (
+        cfg.seed == "auto" or (isinstance(cfg.seed, int) and cfg.seed >= 0),
+        f"seed={cfg.seed!r}: must be an integer >= 0, or auto (drawn when the run starts)",
+    )
     yield cfg.eval_every_epochs >= 1, f"eval_every_epochs={cfg.eval_every_epochs}: must be >= 1"
     yield (
         0 <= cfg.eval_offset_epochs < cfg.epochs,
@@ -514,6 +525,7 @@ def _run_rules(cfg: TrainConfig, world_size: int) -> Rules:
         f"target_top1={cfg.target_top1}: must be a fraction in [0, 1) (0 = off; MLPerf: 0.759)",
     )
     yield cfg.log.mlperf_org != "", "log.mlperf_org: must not be empty (MLPerf's submission_org)"
+    yield from _mlperf_grid_rules(cfg)
     yield cfg.log.every_steps >= 1, f"log.every_steps={cfg.log.every_steps}: must be >= 1"
     ckpt, fault = cfg.checkpoint, cfg.fault
     yield ckpt.every_epochs >= 0, f"checkpoint.every_epochs={ckpt.every_epochs}: must be >= 0"
@@ -529,6 +541,55 @@ def _run_rules(cfg: TrainConfig, world_size: int) -> Rules:
     for key in ("stall_timeout_s", "signal_grace_s"):
         value = getattr(fault, key)
         yield value >= 0, f"fault.{key}={value}: must be >= 0 (seconds; 0 = off)"
+
+
+# MLPerf's ResNet rule (training_rules.adoc, v4.0: "Every 4 epochs with offset 0 or 1 or 2 or 3")
+MLPERF_EVAL_EVERY, MLPERF_EVAL_OFFSETS = 4, range(4)
+
+
+def evaluates_last_epoch(cfg: TrainConfig) -> bool:
+    """Whether the last epoch is evaluated wherever it falls: yes, except in a run logged for
+    MLPerf, whose rules evaluate on the grid alone (a hit off the grid is not a hit)."""
+    return not cfg.log.mlperf
+
+
+def on_eval_grid(cfg: TrainConfig, epoch: int) -> bool:
+    """Whether 1-based ``epoch`` is on the evaluation grid: offset+N, offset+2N, ..."""
+    offset, every = cfg.eval_offset_epochs, cfg.eval_every_epochs
+    return epoch > offset and (epoch - offset) % every == 0
+
+
+def _mlperf_grid_rules(cfg: TrainConfig) -> Rules:
+    """A closed-division MLPerf log evaluates on ResNet's grid only, the last epoch included."""
+    if not (cfg.log.mlperf and cfg.log.mlperf_division == "closed"):
+        return
+    every, offset, epochs = cfg.eval_every_epochs, cfg.eval_offset_epochs, cfg.epochs
+    # the offset that puts the last epoch on the grid (none below 4 epochs: the first evaluation
+    # comes after offset + 4)
+    fix = (
+        f"eval_offset_epochs={epochs % 4}"
+        if epochs >= MLPERF_EVAL_EVERY
+        else f"epochs={MLPERF_EVAL_EVERY} eval_offset_epochs=0"
+    )
+    yield (
+        every == MLPERF_EVAL_EVERY and offset in MLPERF_EVAL_OFFSETS,
+        f"log.mlperf_division=closed: MLPerf's ResNet rules evaluate every 4 epochs with offset "
+        f"0-3, not eval_every_epochs={every} and eval_offset_epochs={offset}; set "
+        f"eval_every_epochs=4 {fix} (the last epoch on the grid)",
+    )
+    if every == MLPERF_EVAL_EVERY and offset in MLPERF_EVAL_OFFSETS:
+        next_on_grid = max(epochs + (offset - epochs) % 4, offset + 4)
+        yield (
+            on_eval_grid(cfg, epochs),
+            f"log.mlperf_division=closed: epochs={epochs} ends off the evaluation grid (every 4 "
+            f"epochs after eval_offset_epochs={offset}), so its last epochs would never be "
+            f"evaluated; "
+            + (
+                f"set {fix}, or epochs={next_on_grid} (the next epoch on the grid)"
+                if epochs >= MLPERF_EVAL_EVERY
+                else f"set epochs={next_on_grid} (the first epoch on the grid)"
+            ),
+        )
 
 
 def _data_rules(cfg: TrainConfig, world_size: int) -> Rules:
