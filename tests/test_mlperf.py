@@ -186,7 +186,7 @@ EXACT_END: list[str] = []  # the recipe's own: optim.end_lr 0.0001
 )
 def test_a_closed_lars_log_fails_only_on_what_breaks_the_rules(tmp_path, eps, end, failed):
     """The b3264 recipe with its own JSON, logged as closed (its default), fails on the 0.759
-    accuracy rule alone (two epochs of random data); epsilon 1e-9 (the shared lars_*.json's), or an
+    accuracy rule alone (four epochs of random data); epsilon 1e-9 (the shared lars_*.json's), or an
     end LR of 10.5 x 1e-5 (not 0.0001 exactly), adds the rule each breaks."""
     run_dir = tmp_path / "run"
     proc = run_cli(
