@@ -10,6 +10,7 @@
 #   ./run.sh gpu [PART ...] [--budget PART=S] [--status] | --receive     one GPU job, offline (on the node)
 #   ./run.sh gpu-import FILE                                             a job's gpu_state.tar.gz, here
 #   ./run.sh rcp-check RUN_DIR... | FOLDER [--json F]                    MLPerf's RCP checker on 5 runs
+#   ./run.sh mlperf-package RUNS --system F --out D | --template         a submission package, judged
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv),
 #   DSTRAIN_TEST_WORKERS (pytest-xdist workers for `test`, default 2).
@@ -122,6 +123,10 @@ case "$cmd" in
         # MLPerf's RCP checker on 5 runs' mlperf.log (tools/rcp_check.py, docs/mlperf.md)
         setup_venv
         exec "$VENV/bin/python" tools/rcp_check.py "$@" ;;
+    mlperf-package)
+        # a submission package from 5 runs, judged by MLPerf's package checker (tools/mlperf_package.py)
+        setup_venv
+        exec "$VENV/bin/python" tools/mlperf_package.py "$@" ;;
     gpu-import)
         # here: a job's gpu_state.tar.gz -> runs/gpu (state) and bench/results (registered)
         PY="$VENV/bin/python"; [[ -x "$PY" ]] || PY=$PYTHON

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -315,3 +316,82 @@ def test_seed_auto_draws_a_seed_per_run_and_a_resume_keeps_it(fake_fmnist, tmp_p
     assert OmegaConf.load(tmp_path / "b" / "config.yaml").seed == seeds[1]
     bad = run_cli([*TINY_RUN, "seed=-3", f"data.root={fake_fmnist}"])
     assert bad.returncode == 2 and "seed=-3: must be an integer >= 0, or auto" in bad.stderr
+
+
+def package_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "mlperf_package", REPO / "tools/mlperf_package.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_package_refuses_a_system_description_naming_each_missing_field(tmp_path):
+    tool = package_tool()
+    system = tool.template()
+    assert len(system) == 33 and system["status"] in tool.SYSTEM_STATUS
+    for key in ("cooling", "accelerator_on-chip_memories"):
+        del system[key]
+    path = tmp_path / "system.json"
+    path.write_text(json.dumps(system))
+    with pytest.raises(
+        ConfigError, match="missing 2 of the fields .*: accelerator_on-chip_memories, cooling"
+    ):
+        tool.read_system(path, "closed")
+    path.write_text(json.dumps({**tool.template(), "status": "onprem"}))
+    with pytest.raises(ConfigError, match="status 'onprem' is not one of"):
+        tool.read_system(path, "closed")
+    path.write_text(json.dumps(tool.template()))
+    with pytest.raises(
+        ConfigError, match="division 'closed', but the runs log submission_division 'open'"
+    ):
+        tool.read_system(path, "open")
+
+
+@pytest.mark.slow
+def test_five_cpu_runs_make_a_package_mlperfs_checker_accepts(fake_fmnist, tmp_path, capsys):
+    """Five short Fashion-MNIST runs (open division, one seed each) from a committed tree -> the
+    package: systems/, results/<system>/resnet/result_{0..4}.txt, the implementation; MLPerf's
+    package checker finds no errors and the summarizer writes its CSV. A repeated seed or a sixth
+    run is refused before anything is written."""
+    import subprocess
+
+    pytest.importorskip("scipy", reason="MLPerf's checkers need scipy (requirements.txt)")
+    tool = package_tool()
+    runs = tmp_path / "runs"
+    for seed in range(5):
+        args = ["--deepspeed_config", "ds_configs/fp32.json", *TINY_RUN, "epochs=1", f"seed={seed}"]
+        proc = run_cli(args + [f"data.root={fake_fmnist}", f"run_dir={runs / f's{seed}'}"])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    for meta in runs.glob(
+        "*/meta.json"
+    ):  # as if trained from a committed tree (this one may not be)
+        record = json.loads(meta.read_text())
+        meta.write_text(json.dumps({**record, "git_sha": sha.stdout.strip()}))
+    system = tmp_path / "cpu2.json"
+    system.write_text(
+        json.dumps({**tool.template(), "division": "open", "system_name": "2 CPU cores"})
+    )
+    out = tmp_path / "submission"
+    code = tool.main([str(runs), "--system", str(system), "--org", "TestOrg", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    assert "package checker (ruleset 4.0.0): no errors" in captured.out
+    org = out / "TestOrg"
+    results = sorted(p.name for p in (org / "results" / "cpu2" / "resnet").glob("result_*.txt"))
+    assert results == [f"result_{i}.txt" for i in range(5)]
+    assert (org / "systems" / "cpu2.json").is_file()
+    impl = org / "benchmarks" / "resnet" / "implementations" / "dstrain"
+    assert (impl / "dstrain" / "main.py").is_file() and "seed 4" in (impl / "README.md").read_text()
+    assert (out / "summary.csv").is_file()
+    # a repeated seed, or six runs: refused, nothing written
+    shutil.copytree(runs / "s0", runs / "s5")
+    assert tool.main([str(runs), "--system", str(system), "--out", str(tmp_path / "x")]) == 2
+    assert "6 run(s) given" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    shutil.rmtree(runs / "s4")
+    assert tool.main([str(runs), "--system", str(system), "--out", str(tmp_path / "x")]) == 2
+    assert "both log seed 0" in capsys.readouterr().err and not (tmp_path / "x").exists()
