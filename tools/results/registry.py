@@ -389,6 +389,14 @@ RESULTS = [
            R + "accuracy_study.py --epochs 90 --rows baseline --seeds 0 1 2 "
            "--name accuracy_study_90ep_baseline", "docs/results/accuracy_study_90ep_baseline.json",
            _study, rerun=False, readme="batch 128, 90 epochs, 3 seeds (the goal's reference)"),
+    Result("final_90ep_b128",
+           "issue 52, item 2: the tuned batch-128 row (b128_lr0.4_tail) at 90 epochs on the test "
+           "set, the goal's reference, 5 seeds at 541f812 (in progress: the report names the "
+           "pending seeds)",
+           R + "accuracy_study.py --epochs 90 --rows b128_lr0.4_tail --seeds 0 1 2 3 4 "
+           "--finished-only --reuse docs/results/final_90ep_b128.json --runs "
+           "runs/accuracy_study/final-90ep-b128 --out docs/results --name final_90ep_b128",
+           "docs/results/final_90ep_b128.json", _study, rerun=False),
     Result("study_90ep",
            "the goal's measurement: batch 128 vs the chosen batch-4,096 row, 90 epochs, 3 seeds, test "
            "set (CPU; batch 128's runs read from accuracy_study_90ep_baseline.json)",
