@@ -132,6 +132,7 @@ CASES = [
         ["optim.ema.decay=1"],
         "optim.ema.decay=1.0: must be in [0, 1)",
     ),
+    ("config", "a negative seed", ["seed=-3"], "seed=-3: must be an integer >= 0, or auto"),
     (  # was: passed --check, refused once the run built the optimizer (issue 53)
         "config",
         "nesterov without momentum",
