@@ -85,6 +85,7 @@ def test_the_average_is_fp32_whatever_the_model_holds():
 EMA_RUN = [*TINY, "optim.ema.decay=0.9", "optim.ema.warmup=true", "checkpoint.every_epochs=1"]
 
 
+@pytest.mark.gpu  # on cuda:0 where there is one (TINY: deterministic cuDNN, so bit for bit)
 @pytest.mark.slow
 def test_a_run_evaluates_checkpoints_resumes_and_polishes_its_ema(fake_fmnist, tmp_path):
     """The EMA top-1 beside the trained model's in the history, TensorBoard and summary.json; ema.pt

@@ -58,6 +58,8 @@ GPU_PASS: dict[str, float] = {
     "tests/test_e2e.py::test_kill_and_resume_reaches_the_same_weights"
     "[lars-ramp-channels-last-bn-span]": 23.7,
     "tests/test_e2e.py::test_image_folder_run[torchvision-1]": 4.8,
+    # the EMA on cuda:0 (FP32 copy, foreach lerp, its evaluation, ema.pt bit for bit, its refit)
+    "tests/test_ema.py::test_a_run_evaluates_checkpoints_resumes_and_polishes_its_ema": 40.0,
     "tests/test_e2e.py::test_corrupt_image_stops_the_run_with_one_line": 11.5,
     "tests/test_faults.py::test_sigint_checkpoints_mid_epoch_and_resume_is_exact": 13.7,
     "tests/test_faults.py::test_a_nonfinite_loss_stops_with_the_step_and_the_last_good_checkpoint"
