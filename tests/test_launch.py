@@ -43,6 +43,12 @@ def test_slurm_and_uge_node_lists(tmp_path):
     pe = tmp_path / "pe"
     pe.write_text("g0001 4 gpu.q@g0001 UNDEFINED\ng0002 4 gpu.q@g0002 UNDEFINED\n")
     assert scheduler_nodes({"PE_HOSTFILE": str(pe)}) == ("uge", [("g0001", 4), ("g0002", 4)])
+    # a host with slots in two queues: one row per queue, one host with their sum
+    pe.write_text(
+        "g0001 2 gpu.q@g0001 UNDEFINED\ng0002 4 gpu.q@g0002 UNDEFINED\n"
+        "g0001 2 long.q@g0001 UNDEFINED\n"
+    )
+    assert scheduler_nodes({"PE_HOSTFILE": str(pe)}) == ("uge", [("g0001", 4), ("g0002", 4)])
     hosts = tmp_path / "hosts"
     hosts.write_text("g0001\ng0001\ng0002\ng0002\n")
     assert scheduler_nodes({"SGE_JOB_HOSTLIST": str(hosts)}) == (

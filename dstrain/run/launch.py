@@ -95,7 +95,12 @@ def scheduler_nodes(env: dict) -> tuple[str, list[tuple[str, int]]] | None:
         return "slurm", [(h, per) for h in OrderedDict.fromkeys(hosts)]
     if env.get("PE_HOSTFILE"):
         rows = [line.split() for line in _read_lines(env["PE_HOSTFILE"], "PE_HOSTFILE")]
-        return "uge", [(r[0], int(r[1]) if len(r) > 1 and r[1].isdigit() else 0) for r in rows]
+        # a host granted slots in two queues has a row per queue: one host, their slots summed
+        # (DeepSpeed refuses a hostfile that lists a host twice)
+        slots: dict[str, int] = OrderedDict()
+        for r in rows:
+            slots[r[0]] = slots.get(r[0], 0) + (int(r[1]) if len(r) > 1 and r[1].isdigit() else 0)
+        return "uge", list(slots.items())
     if env.get("SGE_JOB_HOSTLIST"):
         lines = _read_lines(env["SGE_JOB_HOSTLIST"], "SGE_JOB_HOSTLIST")
         return "uge", _slots_by_repeats([line.split()[0] for line in lines])
