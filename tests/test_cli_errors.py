@@ -31,6 +31,7 @@ JSON_FILES = {
     "clip_auto": '{"gradient_clipping": "auto"}',
     "momentum_string": '{"gradient_clipping": 0.0, "optimizer": {"type": "LARS", "params": {"momentum": "0.9"}}}',
     "autocast_typo": '{"gradient_clipping": 0.0, "torch_autocast": {"enabeld": true}}',
+    "zero1": '{"gradient_clipping": 0.0, "zero_optimization": {"stage": 1}}',
     "zero_typo": '{"gradient_clipping": 0.0, "zero_optimization": {"stage": 0, "reduce_bucket_sise": 5}}',
     "fp16_typo": '{"gradient_clipping": 0.0, "fp16": {"enabled": false, "loss_scale_windw": 100}}',
 }
@@ -133,6 +134,12 @@ CASES = [
         "optim.ema.decay=1.0: must be in [0, 1)",
     ),
     ("config", "a negative seed", ["seed=-3"], "seed=-3: must be an integer >= 0, or auto"),
+    (  # was: DeepSpeed's view(-1) failed on NHWC gradients in the first backward
+        "config",
+        "ZeRO with channels_last",
+        [JSON, "{zero1}", "model.channels_last=true"],
+        "zero1.json: zero_optimization.stage 1 flattens gradients with .view(-1)",
+    ),
     (  # was: passed --check, refused once the run built the optimizer (issue 53)
         "config",
         "nesterov without momentum",

@@ -188,11 +188,28 @@ def _prune(root: Path, keep_last: int) -> None:
         shutil.rmtree(root / tag, ignore_errors=True)
 
 
+# the classes a ZeRO stage 1/2 optimizer-state file (zero_pp_rank_*_optim_states.pt) pickles besides
+# tensors: DeepSpeed's own enum, loss-scaler and fragment-address records (DeepSpeed 0.19)
+ZERO_STATE_GLOBALS = (
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+
+
 def refuse_foreign_code(ckpt: Path) -> None:
     """Refuse a checkpoint directory whose files would run code when unpickled (DeepSpeed's loader
-    unpickles without weights_only): each file's pickle opcodes are read, nothing is run."""
+    unpickles without weights_only): each file's pickle opcodes are read, nothing is run. Allowed
+    beyond tensors: numpy's arrays in our RNG files, DeepSpeed's three ZeRO records in its
+    optimizer-state files."""
     for path in sorted(ckpt.glob("*.pt")):
-        refuse_code(path, NUMPY_ARRAYS if path.name.startswith("rng_rank") else ())
+        if path.name.startswith("rng_rank"):
+            allowed = NUMPY_ARRAYS
+        elif path.name.endswith("_optim_states.pt"):
+            allowed = ZERO_STATE_GLOBALS
+        else:
+            allowed = ()
+        refuse_code(path, allowed)
 
 
 def load(engine, root: Path, tag: str) -> dict:

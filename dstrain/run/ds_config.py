@@ -229,6 +229,10 @@ class DeepSpeedSpec:
             gradient_accumulation_steps=accumulation,
         )
         out.setdefault("steps_per_print", 10**9)  # the trainer prints its own progress
+        if out.get("zero_optimization", {}).get("stage", 0):
+            # dstrain's SGD is element-wise, so ZeRO's flat partitions change nothing for it (the
+            # layer-wise LARS/LAMB are refused with ZeRO in parse); DeepSpeed asks to be told
+            out.setdefault("zero_allow_untested_optimizer", True)
         # DeepSpeed's throughput timer waits for the device at every micro batch's forward and step
         # (get_accelerator().synchronize(), twice a step): the host then cannot queue the next step
         # while the GPU runs. The trainer measures images/s itself; a JSON may turn the timer back on.

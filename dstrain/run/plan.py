@@ -60,6 +60,13 @@ def prepare(
             'and model.channels_last=true stores conv weights NHWC. Use "type": "Lamb" '
             "(dstrain's LAMB takes any layout) or set model.channels_last=false"
         )
+    if spec.engine.get("zero_optimization", {}).get("stage", 0) and cfg.model.channels_last:
+        raise ConfigError(
+            f"{spec.path}: zero_optimization.stage "
+            f"{spec.engine['zero_optimization']['stage']} flattens gradients with .view(-1), which "
+            "NHWC (model.channels_last=true) conv gradients cannot give; set "
+            "model.channels_last=false, or ZeRO stage 0"
+        )
     if spec.comm is not None and spec.comm.config.mode == "torus2d":
         comm.grid_for(world, spec.comm.config.grid)  # a grid that does not fit the world fails here
     return Plan(cfg, spec, stages, world, LRSchedule.from_config(cfg.optim, cfg.epochs))
