@@ -37,6 +37,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as tdist
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from dstrain.techniques.bn_span import SpanBatchNorm2d
@@ -74,7 +75,12 @@ class _GroupNorm(torch.autograd.Function):
     def forward(ctx, x, weight, bias, eps, k, group, size):
         n, c, h, w = x.shape
         acc = torch.promote_types(x.dtype, torch.float32)
-        mean, m2 = _stats(x, k, acc)
+        if k == 1:  # one chunk a rank (no span): one fused pass each way (var_mean, BN's kernels)
+            xa = x if x.dtype == acc else x.to(acc)
+            var, mean = torch.var_mean(xa, dim=(0, 2, 3), correction=0)
+            mean, m2 = mean.view(1, c), (var * (n * h * w)).view(1, c)
+        else:
+            mean, m2 = _stats(x, k, acc)
         count = float(n // k * h * w)
         mine = torch.cat([mean.flatten(), m2.flatten(), mean.new_tensor([count])])
         every = [torch.empty_like(mine) for _ in range(size)]
@@ -87,10 +93,16 @@ class _GroupNorm(torch.autograd.Function):
         g_mean = (counts * means).sum(0) / total  # Chan et al.: exact, no cancellation
         g_m2 = m2s.sum(0) + (counts * (means - g_mean).square()).sum(0)
         invstd = torch.rsqrt(g_m2 / total + eps)
-        y = (x.to(acc) - _per_image(g_mean, n)) * _per_image(invstd, n)
-        if weight is not None:
-            y = y * weight.to(acc).view(1, c, 1, 1) + bias.to(acc).view(1, c, 1, 1)
-        ctx.save_for_backward(x, weight, g_mean, invstd)
+        if k == 1:  # normalise with the group's statistics: the native kernel in inference form
+            w_acc = weight.to(acc) if weight is not None else None
+            b_acc = bias.to(acc) if bias is not None else None
+            y = F.batch_norm(xa, g_mean[0], g_m2[0] / total[0], w_acc, b_acc, False, 0.0, eps)
+        else:
+            y = (x.to(acc) - _per_image(g_mean, n)) * _per_image(invstd, n)
+            if weight is not None:
+                y = y * weight.to(acc).view(1, c, 1, 1) + bias.to(acc).view(1, c, 1, 1)
+        ctx.save_for_backward(x, weight, g_mean, invstd, g_m2 / total)
+        ctx.eps = eps
         ctx.k, ctx.group, ctx.total = k, group, float(total)
         unbiased = g_m2 / (total - 1).clamp(min=1)
         ctx.mark_non_differentiable(g_mean, unbiased)
@@ -99,10 +111,12 @@ class _GroupNorm(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, _dmean, _dvar):
-        x, weight, g_mean, invstd = ctx.saved_tensors
+        x, weight, g_mean, invstd, biased = ctx.saved_tensors
         k, group = ctx.k, ctx.group
         n, c = x.shape[:2]
         acc = g_mean.dtype
+        if k == 1:
+            return _backward_one_chunk(ctx, dy, x, weight, g_mean[0], invstd[0], biased[0])
         inv = _per_image(invstd, n)
         xhat = (x.to(acc) - _per_image(g_mean, n)) * inv
         g = dy.to(acc)
@@ -120,6 +134,32 @@ class _GroupNorm(torch.autograd.Function):
         if weight is not None:
             d_weight, d_bias = d_weight.to(weight.dtype), d_bias.to(weight.dtype)
         return dx, d_weight, d_bias, None, None, None, None
+
+
+def _backward_one_chunk(ctx, dy, x, weight, mean, invstd, var):
+    """The backward of one chunk a rank through BN's own backward kernel in inference form (it
+    gives g w invstd and this rank's two sums in one pass), corrected by the group's sums:
+    dx = w invstd (g - S1/N - xhat S2/N), written as g w invstd - (A x + B) per channel."""
+    c, acc = x.shape[1], mean.dtype
+    xa, g = x.to(acc), dy.to(acc)
+    w = weight.to(acc) if weight is not None else torch.ones(c, dtype=acc, device=x.device)
+    dx, s2, s1 = torch.ops.aten.native_batch_norm_backward(
+        g, xa, w, mean, var, None, None, False, ctx.eps, [True, True, True]
+    )
+    d_weight, d_bias = s2.clone(), s1.clone()  # this rank's shares
+    if ctx.needs_input_grad[0]:
+        sums = torch.stack([s1, s2])
+        tdist.all_reduce(sums, group=ctx.group)  # the group's sums
+        scale = w * invstd / ctx.total
+        a = scale * invstd * sums[1]
+        b = scale * (sums[0] - mean * invstd * sums[1])
+        dx = torch.addcmul(dx - b.view(1, c, 1, 1), xa, a.view(1, c, 1, 1), value=-1)
+        dx = dx.to(x.dtype)
+    else:
+        dx = None
+    if weight is None:
+        return dx, None, None, None, None, None, None
+    return dx, d_weight.to(weight.dtype), d_bias.to(weight.dtype), None, None, None, None
 
 
 class GroupBatchNorm2d(SpanBatchNorm2d):
