@@ -273,16 +273,14 @@ def launch_args(tmp_path: Path) -> argparse.Namespace:
     )
 
 
-def test_launch_refuses_a_node_list_that_makes_a_bad_hostfile(tmp_path):
-    pe = tmp_path / "pe"  # UGE lists a host once per queue it has slots in
-    pe.write_text("g0001 4 gpu.q@g0001 UNDEFINED\ng0001 4 cpu.q@g0001 UNDEFINED\n")
-    with pytest.raises(LaunchError) as err:
-        build(launch_args(tmp_path), {"PE_HOSTFILE": str(pe)}, "deepspeed")
-    assert str(err.value) == (
-        f"the uge node list made a bad hostfile: {tmp_path / 'hostfile'}:2: g0001 is listed again "
-        "(first on line 1); DeepSpeed refuses a host listed twice: keep one 'HOST slots=N' line "
-        "per host"
-    )
+def test_a_uge_host_with_slots_in_two_queues_is_one_hostfile_line(tmp_path):
+    """UGE lists a host once per queue it has slots in; DeepSpeed refuses a hostfile that lists a
+    host twice, so launch.sh writes it once with the slots summed (it refused the job before)."""
+    pe = tmp_path / "pe"
+    pe.write_text("g0001 4 gpu.q@g0001 UNDEFINED\ng0001 4 cpu.q@g0001 UNDEFINED\ng0002 8 x\n")
+    _, text, _ = build(launch_args(tmp_path), {"PE_HOSTFILE": str(pe)}, "deepspeed")
+    assert text == "g0001 slots=8\ng0002 slots=8\n"
+    assert [h.name for h in hostfile.parse(text, "hostfile")] == ["g0001", "g0002"]
 
 
 def test_launch_refuses_a_host_deepspeed_would_take_for_a_comment(tmp_path):

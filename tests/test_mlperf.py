@@ -377,6 +377,8 @@ def test_five_cpu_runs_make_a_package_mlperfs_checker_accepts(fake_fmnist, tmp_p
     assert (impl / "dstrain" / "main.py").is_file()
     assert f"(seed {seeds[4]})" in (impl / "README.md").read_text()
     assert (out / "summary.csv").is_file()
+    verdict = json.loads((out / "package.json").read_text())
+    assert verdict["package_checker_passed"] and [r["seed"] for r in verdict["runs"]] == seeds
     # a repeated seed, or six runs: refused, nothing written
     shutil.copytree(runs / "s0", runs / "s5")  # a copy: a sixth run, and s0's seed twice
     assert tool.main([str(runs), "--system", str(system), "--out", str(tmp_path / "x")]) == 2

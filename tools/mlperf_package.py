@@ -15,7 +15,8 @@ Writes, as MLPerf's submission rules lay it out (ruleset 4.0.0, the last with Re
 
 then runs ``python -m mlperf_logging.package_checker OUT/ORG training 4.0.0`` (it exits 0 whatever
 it finds: its last line is read) and ``python -m mlperf_logging.result_summarizer OUT/ORG training
-4.0.0 --csv OUT/summary.csv`` (the olympic mean of the five run times, in minutes). Refused before
+4.0.0 --csv OUT/summary.csv`` (the olympic mean of the five run times, in minutes), and records
+what it did in ``OUT/package.json`` (the command, commit, date, the checker's verdict). Refused before
 anything is written, in one line each: not exactly 5 runs (MLPerf's ResNet result), a run without
 ``mlperf.log`` or resumed (``mlperf-2.log``), two runs with the same seed, runs of different global
 batches, divisions or commits, a system description missing any of the 33 fields MLPerf's
@@ -36,6 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dstrain.core.errors import ConfigError  # noqa: E402
+from dstrain.core.files import atomic_write_text  # noqa: E402
+from dstrain.core.provenance import record as provenance_record  # noqa: E402
 from dstrain.loop import mlperf  # noqa: E402
 from tools.rcp_check import run_dirs  # noqa: E402
 
@@ -273,6 +276,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     org = args.out / args.org
     passed, errors, summary = judge(org, args.out)
+    command = "./run.sh mlperf-package " + " ".join(argv if argv is not None else sys.argv[1:])
+    verdict = {
+        **provenance_record(command),
+        "package": str(org),
+        "ruleset": mlperf.RULESET,
+        "package_checker_passed": passed,
+        "package_checker_errors": errors,
+        "runs": [
+            {"run_dir": str(r["run_dir"]), "seed": r["seed"], "git_sha": r["sha"]} for r in runs
+        ],
+    }
+    atomic_write_text(args.out / "package.json", json.dumps(verdict, indent=2) + "\n")
     print(f"{org}: {len(runs)} results of {system['system_name']} ({runs[0]['division']} division)")
     if passed:
         print(f"MLPerf's package checker (ruleset {mlperf.RULESET}): no errors")
