@@ -389,6 +389,15 @@ RESULTS = [
            R + "accuracy_study.py --epochs 90 --rows baseline --seeds 0 1 2 "
            "--name accuracy_study_90ep_baseline", "docs/results/accuracy_study_90ep_baseline.json",
            _study, rerun=False, readme="batch 128, 90 epochs, 3 seeds (the goal's reference)"),
+    Result("ema_holdout",
+           "issue 54, item 3: an EMA of the weights on the chosen batch-4,096 row and the tuned "
+           "batch-128 row, 30 epochs, 6,000 held-out images, 3 seeds; each run's trained model, "
+           "its refit, the EMA and the EMA refit",
+           R + "accuracy_study.py --epochs 30 --holdout 6000 --rows chosen_ema b128_lr0.4_tail_ema "
+           "--seeds 0 1 2 --finished-only --reuse docs/results/tuning/ema_30ep_holdout6000.json "
+           "--runs runs/accuracy_study/ema-30ep --out docs/results/tuning --name "
+           "ema_30ep_holdout6000",
+           "docs/results/tuning/ema_30ep_holdout6000.json", _study, rerun=False),
     Result("final_90ep_b128",
            "issue 52, item 2: the tuned batch-128 row (b128_lr0.4_tail) at 90 epochs on the test "
            "set, the goal's reference, 5 seeds at 541f812 (in progress: the report names the "
