@@ -221,15 +221,19 @@ def fake_run(
     return run_dir
 
 
-def rcp_tool():
+def tool(name: str):
+    """tools/<name>.py, loaded as a module (tools/ is not a package)."""
     import importlib.util
 
-    pytest.importorskip("scipy", reason="MLPerf's RCP checker needs scipy (requirements.txt)")
-
-    spec = importlib.util.spec_from_file_location("rcp_check", REPO / "tools" / "rcp_check.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def rcp_tool():
+    pytest.importorskip("scipy", reason="MLPerf's RCP checker needs scipy (requirements.txt)")
+    return tool("rcp_check")
 
 
 def test_the_rcp_check_passes_runs_as_slow_as_the_reference_and_fails_faster_ones(tmp_path, capsys):
@@ -295,14 +299,7 @@ def test_check_says_whether_the_log_would_meet_the_closed_rules(tmp_path):
 
 
 def package_tool():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "mlperf_package", REPO / "tools/mlperf_package.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tool("mlperf_package")
 
 
 def test_the_package_refuses_a_system_description_naming_each_missing_field(tmp_path):
