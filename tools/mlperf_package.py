@@ -144,15 +144,15 @@ def read_system(path: Path, division: str) -> dict:
 def run_facts(run_dir: Path) -> dict:
     """What a run's log and meta.json say that the package needs to agree across runs."""
     found = mlperf.convergence(run_dir)  # refuses a missing or resumed log
-    values = {e["key"]: e["value"] for e in mlperf.events(run_dir / mlperf.LOG_NAME)}
     meta = (
         json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").is_file() else {}
     )
     return {
         "run_dir": run_dir,
+        "found": found,
         "seed": found.seed,
         "global_batch": found.global_batch,
-        "division": values.get("submission_division"),
+        "division": found.division,
         "sha": meta.get("git_sha"),
         "command": meta.get("command"),
     }
@@ -164,14 +164,7 @@ def check_runs(runs: list[dict]) -> None:
             f"{len(runs)} run(s) given: an MLPerf ResNet result is exactly "
             f"{mlperf.RUNS_PER_RESNET_RESULT} runs with different seeds; give 5 run directories"
         )
-    seen: dict = {}
-    for run in runs:
-        if run["seed"] in seen:
-            raise ConfigError(
-                f"{seen[run['seed']]} and {run['run_dir']} both log seed {run['seed']}: MLPerf's "
-                "package checker refuses repeated seeds; train each run with its own seed"
-            )
-        seen[run["seed"]] = run["run_dir"]
+    mlperf.refuse_repeated_seeds([run["found"] for run in runs])
     for key, what in (
         ("global_batch", "global batches"),
         ("division", "divisions"),

@@ -364,6 +364,7 @@ class RunConvergence:
     top1: float | None  # its value
     status: str | None  # run_stop's status (success = the target was reached)
     seed: int | None = None  # the seed the log names
+    division: str | None = None  # its submission_division
 
 
 def convergence(run_dir: Path) -> RunConvergence:
@@ -379,18 +380,36 @@ def convergence(run_dir: Path) -> RunConvergence:
             f"{run_dir}: resumed (mlperf-2.log beside {LOG_NAME}); MLPerf results come from one "
             "uninterrupted run: train it again from the start"
         )
-    batch = epochs = top1 = status = seed = None
+    batch = epochs = top1 = status = seed = division = None
     for event in events(log):
         key, meta = event["key"], event.get("metadata") or {}
         if key == "global_batch_size":
             batch = event["value"]
         elif key == "seed":
             seed = event["value"]
+        elif key == "submission_division":
+            division = event["value"]
         elif key == "eval_accuracy":
             epochs, top1 = meta.get("epoch_num"), event["value"]
         elif key == "run_stop":
             status = meta.get("status")
-    return RunConvergence(run_dir, batch, epochs, top1, status, seed)
+    return RunConvergence(run_dir, batch, epochs, top1, status, seed, division)
+
+
+def refuse_repeated_seeds(runs: list[RunConvergence]) -> None:
+    """Five copies of one run are one run: MLPerf's package checker refuses a result whose logs
+    repeat a seed, and so do the RCP check and the package builder, naming the two runs."""
+    from dstrain.core.errors import ConfigError
+
+    first: dict = {}
+    for run in runs:
+        if run.seed in first:
+            raise ConfigError(
+                f"{first[run.seed]} and {run.run_dir} both log seed {run.seed}: a result's runs "
+                "must differ in their seeds (MLPerf's package checker refuses repeats); train "
+                "each with its own seed=K (or seed=auto)"
+            )
+        first[run.seed] = run.run_dir
 
 
 @dataclass(frozen=True)
@@ -414,15 +433,7 @@ def check_rcp(run_dirs: list[Path], timeout: float = 300) -> RCPVerdict:
             "runs with different seeds; give 5 run directories (or a folder holding them)"
         )
     runs = [convergence(d) for d in run_dirs]
-    first: dict = {}
-    for run in runs:  # five copies of one run are one run (MLPerf's package checker says so too)
-        if run.seed in first:
-            raise ConfigError(
-                f"{first[run.seed]} and {run.run_dir} both log seed {run.seed}: a result's runs "
-                "must differ in their seeds (MLPerf's package checker refuses repeats); train "
-                "each with its own seed=K (or seed=auto)"
-            )
-        first[run.seed] = run.run_dir
+    refuse_repeated_seeds(runs)
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "results"
         folder.mkdir()

@@ -110,13 +110,15 @@ class Monitor:
             for key, value in values.items():
                 if value is not None:
                     self.writer.add_scalar(f"{prefix}/{key}", value, step)
+        if not self.sinks:
+            return
         named = {
             f"{prefix}/{k}": v
             for k, v in values.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
-        for sink in self.sinks:
-            if named:
+        if named:
+            for sink in self.sinks:
                 sink.scalars(named, step)
 
     def step(self, step: int, progress: Progress, values: dict) -> None:

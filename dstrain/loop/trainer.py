@@ -29,7 +29,12 @@ from dstrain.loop.evaluate import evaluate
 from dstrain.loop.fault import StepChecks
 from dstrain.loop.monitor import Monitor, Progress, StepMeter
 from dstrain.loop.watchdog import Watchdog
-from dstrain.settings.config import TrainConfig, evaluates_last_epoch, polish_batch
+from dstrain.settings.config import (
+    TrainConfig,
+    evaluates_last_epoch,
+    on_eval_grid,
+    polish_batch,
+)
 from dstrain.settings.ramp import BatchStage, batch_at
 from dstrain.techniques import bn_refit
 from dstrain.techniques.comm import GradientSync
@@ -43,11 +48,10 @@ log = logging.getLogger(__name__)
 
 
 def evaluates_after(epoch: int, every: int, offset: int = 0) -> bool:
-    """Whether epoch ``epoch`` (0-based) ends with an evaluation: epochs offset+N, offset+2N, ...
-    (1-based; eval_offset_epochs, eval_every_epochs); the last epoch does too, unless the run
-    keeps to the grid (:func:`dstrain.settings.config.evaluates_last_epoch`)."""
-    done = epoch + 1
-    return done > offset and (done - offset) % every == 0
+    """Whether epoch ``epoch`` (0-based) ends with an evaluation: on the grid of epochs offset+N,
+    offset+2N, ... (:func:`dstrain.settings.config.on_eval_grid`); the last epoch does too, unless
+    the run keeps to the grid (:func:`dstrain.settings.config.evaluates_last_epoch`)."""
+    return on_eval_grid(epoch + 1, every, offset)
 
 
 @dataclass
@@ -425,7 +429,7 @@ class Trainer:
         # the trained model as it ends: the last epoch's evaluation, made now where the grid left
         # it out (no hook hears it)
         before = state.history[-1] if "val_top1" in state.history[-1] else self.evaluate()
-        after = self.refit(self.engine.module, self.polish_forward)
+        after = self.refit()
         info = bn_refit.summarize(before, after, state.train_time_s)
         self.monitor.scalars(
             "polish",
@@ -455,31 +459,25 @@ class Trainer:
         self.hooks.polish_end(self, run_dir, info)
         return info
 
-    def refit(self, module: torch.nn.Module, forward: Callable) -> dict:
-        """Final Polishing's BN refit of ``module`` (the engine's, or an FP32 copy such as the
-        EMA's, whose ``forward`` is itself) on the polish set, then its evaluation."""
-        own = module is self.engine.module
-        return bn_refit.polish_model(
-            module,
-            forward if own else self.marked_forward(forward),
-            self.data.polish,
-            self.evaluate if own else lambda: self.evaluate(module),
-            self.cfg.polish,
-            batch_per_rank=polish_batch(self.cfg, self.stages[-1].micro),
-            dtype=self.input_dtype if own else torch.float32,
-            memory_format=self.memory_format,
-        )
+    def refit(self, module: torch.nn.Module | None = None) -> dict:
+        """Final Polishing's BN refit of the engine's model, or of ``module`` (an FP32 copy such as
+        the EMA's) in FP32, on the polish set, then its evaluation."""
+        forward = self.engine if module is None else module
 
-    def marked_forward(self, forward: Callable) -> Callable:
         def marked(x: torch.Tensor) -> torch.Tensor:
             self.phase("polish")  # each refit batch is progress
             return forward(x)
 
-        return marked
-
-    def polish_forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.phase("polish")  # each refit batch is progress
-        return self.engine(x)
+        return bn_refit.polish_model(
+            self.engine.module if module is None else module,
+            marked,
+            self.data.polish,
+            lambda: self.evaluate(module),
+            self.cfg.polish,
+            batch_per_rank=polish_batch(self.cfg, self.stages[-1].micro),
+            dtype=self.input_dtype if module is None else torch.float32,
+            memory_format=self.memory_format,
+        )
 
     # ------------------------------------------------------------ progress marks (the stall watchdog)
     def phase(self, name: str) -> None:

@@ -290,9 +290,11 @@ def drop_caches(hosts: list[str]) -> list[str]:
     reaches them); the hosts where it failed, each with the reason."""
     failed = []
     for host in hosts or [""]:
-        cmd = ["bash", "-c", DROP_CACHES] if not host else ["ssh", "-o", "BatchMode=yes", host]
-        if host:
-            cmd.append(DROP_CACHES)
+        cmd = (
+            ["ssh", "-o", "BatchMode=yes", host, DROP_CACHES]
+            if host
+            else ["bash", "-c", DROP_CACHES]
+        )
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]

@@ -181,6 +181,7 @@ def polish_run_dir(args: argparse.Namespace) -> dict:
     parts = build_components(cfg, "fp32", last, device, join_bn_groups=False)
     model = parts.model
     ema = args.weights == "ema"
+    out_name = POLISHED_EMA_DIR if ema else POLISHED_DIR
     load_weights(model, ckpt_root / tag / (EMA_FILE if ema else "mp_rank_00_model_states.pt"))
     model.to(device).to(memory_format=parts.memory_format)
     amp_dtype = (
@@ -217,15 +218,14 @@ def polish_run_dir(args: argparse.Namespace) -> dict:
         **summarize(before, after, trainer_state.get("train_time_s", 0.0)),
     }
     if dist.is_main():
-        name = POLISHED_EMA_DIR if ema else POLISHED_DIR
-        save_polished(run_dir, model, info, overwrite=args.force, name=name)
+        save_polished(run_dir, model, info, overwrite=args.force, name=out_name)
     dist.barrier()
     log.info(
         "polish: top-1 %.4f -> %.4f (%+.4f) -> %s",
         before["val_top1"],
         after["val_top1"],
         info["top1_gain"],
-        run_dir / (POLISHED_EMA_DIR if ema else POLISHED_DIR),
+        run_dir / out_name,
     )
     return info
 

@@ -134,7 +134,7 @@ def resolved(cfg: TrainConfig) -> dict:
     """The config as the run resolved it (what config.yaml holds), for the trackers."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def weight_ema(cfg: TrainConfig, model: torch.nn.Module, device: torch.device) -> WeightEMA | None:

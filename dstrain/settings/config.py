@@ -553,9 +553,9 @@ def evaluates_last_epoch(cfg: TrainConfig) -> bool:
     return not cfg.log.mlperf
 
 
-def on_eval_grid(cfg: TrainConfig, epoch: int) -> bool:
-    """Whether 1-based ``epoch`` is on the evaluation grid: offset+N, offset+2N, ..."""
-    offset, every = cfg.eval_offset_epochs, cfg.eval_every_epochs
+def on_eval_grid(epoch: int, every: int, offset: int = 0) -> bool:
+    """Whether 1-based ``epoch`` is on the evaluation grid: offset+N, offset+2N, ...
+    (eval_every_epochs N, eval_offset_epochs)."""
     return epoch > offset and (epoch - offset) % every == 0
 
 
@@ -580,7 +580,7 @@ def _mlperf_grid_rules(cfg: TrainConfig) -> Rules:
     if every == MLPERF_EVAL_EVERY and offset in MLPERF_EVAL_OFFSETS:
         next_on_grid = max(epochs + (offset - epochs) % 4, offset + 4)
         yield (
-            on_eval_grid(cfg, epochs),
+            on_eval_grid(epochs, every, offset),
             f"log.mlperf_division=closed: epochs={epochs} ends off the evaluation grid (every 4 "
             f"epochs after eval_offset_epochs={offset}), so its last epochs would never be "
             f"evaluated; "

@@ -103,7 +103,8 @@ class _GroupNorm(torch.autograd.Function):
                 y = y * weight.to(acc).view(1, c, 1, 1) + bias.to(acc).view(1, c, 1, 1)
         ctx.save_for_backward(x, weight, g_mean, invstd, g_m2 / total)
         ctx.eps = eps
-        ctx.k, ctx.group, ctx.total = k, group, float(total)
+        # the group's count stays a tensor: float() would wait for the device every layer
+        ctx.k, ctx.group, ctx.total = k, group, total.reshape(())
         unbiased = g_m2 / (total - 1).clamp(min=1)
         ctx.mark_non_differentiable(g_mean, unbiased)
         return y.to(x.dtype), g_mean, unbiased
@@ -211,10 +212,10 @@ class GroupBatchNorm2d(SpanBatchNorm2d):
             self.span = span
 
 
-def apply_bn_group(model: nn.Module, group_size: int, process_group=None) -> int:
-    """Make every ``BatchNorm2d`` of ``model`` a group layer of ``group_size`` ranks over
-    ``process_group`` (None until :func:`join_groups`: normalise locally, as the group would), in
-    place, keeping its span; returns how many layers. ``group_size`` 1 leaves the model as it is."""
+def apply_bn_group(model: nn.Module, group_size: int) -> int:
+    """Make every ``BatchNorm2d`` of ``model`` a group layer of ``group_size`` ranks (without a
+    process group until :func:`join_groups`: it normalises locally, as the group would), in place,
+    keeping its span; returns how many layers. ``group_size`` 1 leaves the model as it is."""
     if group_size <= 1:
         return 0
     count = 0
@@ -222,7 +223,7 @@ def apply_bn_group(model: nn.Module, group_size: int, process_group=None) -> int
         if isinstance(m, nn.BatchNorm2d):
             span = getattr(m, "span", 0)
             m.__class__ = GroupBatchNorm2d  # the same object: parameters, buffers, optimizer
-            m.span, m.group_size, m.process_group, m.local = span, group_size, process_group, False
+            m.span, m.group_size, m.process_group, m.local = span, group_size, None, False
             count += 1
     return count
 
@@ -257,11 +258,6 @@ def rank_groups(group_size: int) -> object:
         if first <= rank < first + group_size:
             mine = group
     return mine
-
-
-def group_of(module: nn.Module) -> int:
-    """The BN group of a layer: 1 for an ordinary or span layer."""
-    return getattr(module, "group_size", 1)
 
 
 @contextlib.contextmanager

@@ -67,8 +67,11 @@ class WeightEMA:
         self.cfg = cfg
         self.module = fp32_copy(model, device)
         self.updates = 0  # updates done
+        # the average's own tensors, listed once (loading a checkpoint copies into them in place)
+        self.mine = self.tensors(self.module)
 
-    def tensors(self, module: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    @staticmethod
+    def tensors(module: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(averaged, copied): the parameters and floating-point buffers; the other buffers."""
         state = list(module.parameters()) + list(module.buffers())
         return [t for t in state if t.is_floating_point()], [
@@ -79,7 +82,7 @@ class WeightEMA:
     def update(self, model: nn.Module) -> float:
         """Fold ``model``'s current weights into the average; returns the decay used."""
         decay = decay_at(self.updates, self.cfg)
-        mine, my_ints = self.tensors(self.module)
+        mine, my_ints = self.mine
         theirs, their_ints = self.tensors(model)
         device = mine[0].device
         new = [t.detach().to(device=device, dtype=torch.float32) for t in theirs]
@@ -114,7 +117,6 @@ class EMAHook(Hook):
 
     def __init__(self, ema: WeightEMA) -> None:
         self.ema = ema
-        self.best_top1 = 0.0
         self.polished: dict | None = None
 
     def fit_start(self, trainer: Any) -> bool:
@@ -125,17 +127,13 @@ class EMAHook(Hook):
         if saved is not None and saved.is_file():
             self.ema.load(saved)
             log.info("EMA: resumed from %s after %d updates", saved, self.ema.updates)
-        elif saved is not None:
-            self.ema.updates = 0
+        elif saved is not None:  # the average starts as a copy of the weights at its first update
             log.warning(
                 "EMA: %s has no %s (optim.ema was off when it was written): the average starts "
                 "from the resumed weights",
                 last,
                 EMA_FILE,
             )
-        self.best_top1 = max(
-            (h["val_top1_ema"] for h in trainer.state.history if "val_top1_ema" in h), default=0.0
-        )
         return False
 
     def step_end(self, trainer: Any, step: int) -> None:
@@ -145,7 +143,6 @@ class EMAHook(Hook):
     def eval_end(self, trainer: Any, epoch: int, metrics: dict) -> bool:
         got = trainer.evaluate(self.on_device(trainer))
         metrics.update({f"{k}_ema": v for k, v in got.items() if k.startswith("val_")})
-        self.best_top1 = max(self.best_top1, metrics["val_top1_ema"])
         log.info(
             "EMA (decay %g, %d updates): top-1 %.4f (trained model %.4f)",
             self.ema.cfg.decay,
@@ -169,7 +166,7 @@ class EMAHook(Hook):
         before = next(h for h in reversed(trainer.state.history) if "val_top1_ema" in h)
         before = {k[: -len("_ema")]: v for k, v in before.items() if k.endswith("_ema")}
         module = self.on_device(trainer)
-        after = trainer.refit(module, module)
+        after = trainer.refit(module)
         if module is not self.ema.module:  # refit on the device, kept on the CPU
             self.ema.module.load_state_dict(module.state_dict())
         self.polished = bn_refit.summarize(before, after, trainer.state.train_time_s)
@@ -207,7 +204,7 @@ class EMAHook(Hook):
                 "every_steps": self.ema.cfg.every_steps,
                 "updates": self.ema.updates,
                 "final_top1": evaluated[-1]["val_top1_ema"] if evaluated else None,
-                "best_top1": self.best_top1,
+                "best_top1": max((h["val_top1_ema"] for h in evaluated), default=0.0),
             }
         }
         if self.polished is not None:
