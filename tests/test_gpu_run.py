@@ -565,3 +565,70 @@ def test_an_item_the_budget_stops_runs_once_more_then_is_given_up(tmp_path, monk
     assert first.removesuffix(".log") in record["items"]  # given up: recorded with its exit
     assert record["items"][first.removesuffix(".log")]["exit"] == -15
     assert len(calls) > 2  # the part went on to its next item in the second job
+
+
+@pytest.mark.parametrize("seconds, given_up", [(50.0, False), (None, True)])
+def test_a_test_is_given_up_only_when_the_parts_whole_budget_stopped_it_twice(
+    tmp_path, monkeypatch, seconds, given_up
+):
+    """A GPU test cut twice by the tests part's whole budget is given up; one cut because the job's
+    end left the part less (the H100 pass at 7332174: 50 s and 104 s) runs again in the next job."""
+    long = "tests/test_ema.py::test_a_long_one"
+
+    def cut(self, cmd, budget, log, env=None, **kw):
+        with Path(env["DSTRAIN_PYTEST_PROGRESS"]).open("a") as f:
+            f.write(json.dumps({"event": "start", "nodeid": long, "t": 0.0}) + "\n")
+        return {"exit": -15, "stopped_at_budget": True, "seconds": 1.0, "command": " ".join(cmd)}
+
+    monkeypatch.setattr(gpu_run.Run, "bounded", cut)
+    monkeypatch.setattr(gpu_run.Run, "_left_to_run", lambda self, targets, skip: long not in skip)
+    for _ in range(2):
+        run = _run(tmp_path, monkeypatch)
+        part = run.tests(gpu_run.Budget(seconds or run.args.budgets["tests"]))
+        run.record["parts"]["tests"] = part
+        run.save()
+    assert (long in part["gpu"]["given_up"]) is given_up
+    assert part["not_run"] == "stopped at the budget; the next job continues"
+
+
+def test_tests_that_failed_at_another_commit_run_again_on_new_code(tmp_path, monkeypatch):
+    """A pass continues test by test, but a test that failed (or was given up) at the last job's
+    commit runs again when the node brings new code; one that passed does not."""
+    ran = []
+
+    def bounded(self, cmd, budget, log, **kw):
+        ran.append(cmd)
+        return {"exit": 0, "stopped_at_budget": False, "seconds": 1.0, "command": " ".join(cmd)}
+
+    monkeypatch.setattr(gpu_run.Run, "bounded", bounded)
+    monkeypatch.setattr(gpu_run.Run, "_left_to_run", lambda self, targets, skip: True)
+    run = _run(tmp_path, monkeypatch)  # its code: git "new"
+    progress = run.state / "tests" / "gpu.jsonl"
+    progress.parent.mkdir(parents=True)
+    lines = []
+    for test, outcome in (("tests/a.py::failed", "failed"), ("tests/a.py::passed", "passed")):
+        lines += [
+            {"event": "start", "nodeid": test, "t": 0.0},
+            {
+                "event": "report",
+                "nodeid": test,
+                "when": "call",
+                "outcome": outcome,
+                "duration": 1.0,
+                "message": "",
+                "properties": {},
+            },
+            {"event": "finish", "nodeid": test, "t": 1.0},
+        ]
+    progress.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    given_up = "tests/a.py::long"
+    run.record["parts"]["tests"] = {
+        "gpu": {"cut": {given_up: 2}, "given_up": [given_up], "runs": 1, "last": {"git_sha": "old"}}
+    }
+    part = run.tests(run.budget(300))
+    deselected = {ran[0][i + 1] for i, a in enumerate(ran[0]) if a == "--deselect"}
+    assert deselected == {"tests/a.py::passed"}
+    assert part["gpu"]["given_up"] == [] and part["gpu"]["last"]["git_sha"] == "new"
+    ran.clear()
+    run.tests(run.budget(300))  # the same code again: nothing that finished reruns
+    assert "tests/a.py::passed" in ran[0]

@@ -473,15 +473,18 @@ def test_compiled_training_composes_with_channels_last_precision_optimizers_and_
 @pytest.mark.gpu
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_the_trainers_first_step_after_a_ramp_switch_averages_exactly_the_new_batch(
-    fake_fmnist, tmp_path, world_of_one
+    fake_fmnist, tmp_path, world_of_one, monkeypatch
 ):
     """The trainer's own loop (tests/test_ramp.py drives DeepSpeed by hand): at the first optimizer
     step after the switch from 32 to 64 images (2 micro batches of 32), the gradient the optimizer
     receives is the mean gradient of exactly those 64 images, computed here independently on a
-    fresh copy of the weights, and not the last micro batch's alone."""
+    fresh copy of the weights (on the trainer's device), and not the last micro batch's alone."""
     import torch.nn.functional as F
 
     from dstrain.techniques.models import model_from_config
+
+    # on a GPU, FP32 convolutions (cuDNN's TF32 default would differ by ~1e-3 between the two)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
 
     trainer, _ = make_trainer(
         fake_fmnist,
@@ -492,14 +495,16 @@ def test_the_trainers_first_step_after_a_ramp_switch_averages_exactly_the_new_ba
         "optim.label_smoothing=0",
     )
     trainer.train_epoch(0, trainer.enter_stage(0))
-    fresh = model_from_config(trainer.cfg.model)
+    device = trainer.device
+    fresh = model_from_config(trainer.cfg.model).to(device)
     fresh.load_state_dict(trainer.engine.module.state_dict())
     stage = trainer.enter_stage(1)
     assert (stage.global_size, stage.accumulation) == (64, 2)
     loader = trainer.data.train
     loader.start_epoch(1, accumulation=2)
     batches = iter(loader)
-    micro = [next(batches), next(batches)]  # what the first step of epoch 2 will read
+    # what the first step of epoch 2 will read
+    micro = [tuple(t.to(device) for t in next(batches)) for _ in range(2)]
     params = list(trainer.engine.module.parameters())
     seen, step = [], trainer.engine.optimizer.step
 
@@ -515,7 +520,7 @@ def test_the_trainers_first_step_after_a_ramp_switch_averages_exactly_the_new_ba
         (F.cross_entropy(fresh(x), y) / 2).backward()
     for p, got in zip(fresh.parameters(), seen[0]):
         torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-6)
-    last_only = model_from_config(trainer.cfg.model)
+    last_only = model_from_config(trainer.cfg.model).to(device)
     last_only.load_state_dict(fresh.state_dict())
     last_only.train()
     F.cross_entropy(last_only(micro[1][0]), micro[1][1]).backward()
@@ -578,7 +583,8 @@ def test_the_mlperf_log_holds_the_values_the_run_uses(
     assert keys.index("init_stop") < keys.index("run_start") < keys.index("epoch_start")
     got = values(log)
     assert got["submission_benchmark"] == "resnet" and got["submission_division"] == "open"
-    assert got["submission_platform"] == "1xCPU" and got["cache_clear"] is True
+    device = "CPU" if trainer.device.type == "cpu" else torch.cuda.get_device_name(trainer.device)
+    assert got["submission_platform"] == f"1x{device}" and got["cache_clear"] is True
     assert got["opt_name"] == "sgd" and got["global_batch_size"] == 32
     assert got["sgd_opt_base_learning_rate"] == pytest.approx(0.0125)
     assert got["sgd_opt_end_learning_rate"] == 0.0001

@@ -635,6 +635,20 @@ class Run:
             progress.unlink(missing_ok=True)
             item.update(cut={}, given_up=[], runs=0, fresh_done=True)
         finished, _ = progress_outcomes([progress])
+        last_sha = item.get("last", {}).get("git_sha")
+        if last_sha and last_sha != self.env["git_sha"]:
+            # new code: the tests that failed, or were given up, at the last commit run again
+            again = [t for t, o in finished.items() if o["outcome"] in ("failed", "error")]
+            again += [t for t in item["given_up"] if t not in again]
+            if again:
+                print(
+                    f"[gpu] tests: new code since {last_sha[:7]}: {len(again)} tests "
+                    "that failed or were given up run again",
+                    flush=True,
+                )
+                _drop_tests(progress, again)
+                item.update(cut={}, given_up=[])
+                finished, _ = progress_outcomes([progress])
         if dali_here and not item.get("ran_with_dali") and item["runs"]:
             # DALI arrived after these ran: its skipped tests run once more
             rerun = [
@@ -644,12 +658,7 @@ class Run:
             ]
             if rerun:
                 print(f"[gpu] tests: DALI is here now: {len(rerun)} DALI tests again", flush=True)
-                keep = [
-                    line
-                    for line in progress.read_text().splitlines()
-                    if not any(f'"nodeid": {json.dumps(t)}' in line for t in rerun)
-                ]
-                progress.write_text("".join(line + "\n" for line in keep))
+                _drop_tests(progress, rerun)
                 finished, _ = progress_outcomes([progress])
             item["ran_with_dali"] = True
         skip = sorted(set(finished) | set(item["given_up"]))
@@ -677,7 +686,16 @@ class Run:
             item["last"] = {**row, "git_sha": self.env["git_sha"]}
             _, running = progress_outcomes([progress])
             if row["stopped_at_budget"]:
-                for test in running:  # the tests the job's limit stopped: once more, then given up
+                # a test the part's whole budget stopped runs once more, then is given up; one the
+                # job's end stopped early (the part had less than its budget) just runs again: the
+                # H100 pass at 7332174 gave up two long tests cut at 50 s and 104 s
+                whole = budget.seconds >= self.args.budgets["tests"] - 1
+                for test in running:
+                    if not whole:
+                        print(
+                            f"[gpu] tests: {test} stopped by the job's end: runs again", flush=True
+                        )
+                        continue
                     item["cut"][test] = item["cut"].get(test, 0) + 1
                     if item["cut"][test] >= 2:
                         item["given_up"].append(test)
@@ -732,6 +750,16 @@ class Run:
         }
         write_json(out, summary)
         print(f"[gpu] tests: {headline(summary)} -> {out.name}", flush=True)
+
+
+def _drop_tests(progress: Path, tests: list[str]) -> None:
+    """Remove ``tests``' lines from a progress file, so that the next pytest run runs them again."""
+    keep = [
+        line
+        for line in progress.read_text().splitlines()
+        if not any(f'"nodeid": {json.dumps(t)}' in line for t in tests)
+    ]
+    progress.write_text("".join(line + "\n" for line in keep))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
