@@ -4,6 +4,7 @@ scalars, config.yaml and summary.json."""
 
 import glob
 import json
+import subprocess
 import sys
 
 import pytest
@@ -120,3 +121,17 @@ def test_the_summary_numbers_a_tracker_gets():
     summary = {"final_top1": 0.9, "history": [{"x": 1}], "polish": {"after": {"val_top1": 0.91}}}
     summary |= {"name": "run", "flag": True, "nan": float("nan")}
     assert tracking.numbers(summary) == {"final_top1": 0.9, "polish.after.val_top1": 0.91}
+
+
+def test_deepspeeds_import_leaves_mlflow_unloaded_and_mlflow_still_imports():
+    """DeepSpeed's autotuner imports MLflow when it is installed (1-2 s in every rank); after
+    ``import dstrain`` it does not, and MLflow itself imports as usual for log.mlflow."""
+    pytest.importorskip("mlflow")
+    code = (
+        "import sys, dstrain, deepspeed, deepspeed.autotuning.autotuner as tuner\n"
+        "assert 'mlflow' not in sys.modules and not tuner.has_mlflow\n"
+        "import mlflow\n"
+        "assert mlflow.set_tracking_uri\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
