@@ -42,6 +42,7 @@ def main() -> int:
     from dstrain.techniques.optim import build_optimizer
 
     dist.setup_env_for_single_process()
+    dist.skip_shm_op()
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=1000)

@@ -56,6 +56,8 @@ ZERO_STEP_PROBE = textwrap.dedent("""
     import os, sys, torch, deepspeed
     from dstrain.techniques.optim import steps_suppressed
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+    from dstrain.core.dist import skip_shm_op
+    skip_shm_op()  # as dstrain does on CPU ranks: no JIT build of an op it never uses
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))  # no BN: bf16 cast works on CPU
@@ -224,6 +226,8 @@ def test_apply_schedule_scales_weight_decay_from_its_initial_value():
 SINGLE_RANK_PROBE = textwrap.dedent("""
     import os, sys, torch, deepspeed
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    from dstrain.core.dist import skip_shm_op
+    skip_shm_op()  # as dstrain does on CPU ranks: no JIT build of an op it never uses
     deepspeed.init_distributed(dist_backend="gloo")
     from dstrain.run import ds_config
     from dstrain.techniques.models import build_model

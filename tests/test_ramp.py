@@ -49,6 +49,8 @@ def test_invalid_ramps_are_clear_errors(ramp, message):
 BOUNDARY_PROBE = textwrap.dedent("""
     import os, sys, torch, deepspeed
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+    from dstrain.core.dist import skip_shm_op
+    skip_shm_op()  # as dstrain does on CPU ranks: no JIT build of an op it never uses
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1, bias=False)

@@ -36,6 +36,7 @@ def world_of_one():
 
     saved = dict(os.environ)
     dist.setup_env_for_single_process()  # a world of one, as `python -m dstrain` makes it
+    dist.skip_shm_op()  # as dist.init_process_group does on CPU ranks
     deepspeed.init_distributed(dist_backend="gloo")
     yield
     torch.distributed.destroy_process_group()

@@ -182,9 +182,12 @@ def quiet_deepspeed() -> None:
     deepspeed_logger.setLevel(logging.WARNING)
 
 
-def _skip_shm_op() -> None:
-    """DeepSpeed's CPU backend builds its shared-memory op in ``TorchBackend.__init__`` through the
-    module function ``build_shm_op``; returning None there is its own "op not available" path."""
+def skip_shm_op() -> None:
+    """Keep DeepSpeed's CPU backend from building its shared-memory op, which only its
+    ``inference_all_reduce`` uses and dstrain never calls: ``TorchBackend.__init__`` builds it
+    through the module function ``build_shm_op`` (a JIT C++ build of about 80 s on a machine's
+    first run, then shared-memory set-up in every process); returning None there is DeepSpeed's
+    own "op not available" path. Call before ``deepspeed.init_distributed`` on CPU ranks."""
     import importlib
 
     backend = importlib.import_module(
@@ -237,7 +240,7 @@ def init_process_group(timeout_s: float) -> None:
     import deepspeed
 
     if not use_gpu():
-        _skip_shm_op()
+        skip_shm_op()
     share_cpu_cores()
     deepspeed.init_distributed(
         dist_backend="nccl" if use_gpu() else "gloo",
