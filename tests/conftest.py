@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+INJECT = REPO / "tests" / "inject"
 
 # pytest-xdist (./run.sh test runs 2 workers): the workers share the cores as dstrain's ranks do
 # (dist.share_cpu_cores), each with cores // workers torch threads, and so do the processes a test
@@ -153,16 +154,20 @@ def launcher_ranks(launcher: list[str] | None) -> int:
     return 1
 
 
-INJECT = Path(__file__).resolve().parent / "inject"
-
-
 def injected(env: dict) -> dict:
-    """``env`` with tests/inject on PYTHONPATH when it sets a DSTRAIN_FAULT_* variable: the fault
-    injection (tests/inject/sitecustomize.py) lives in the tests, not in dstrain's code."""
-    if not any(k.startswith("DSTRAIN_FAULT_") and v for k, v in env.items()):
+    """``env`` with tests/inject on PYTHONPATH (once): its sitecustomize injects a fault where
+    ``env`` sets a DSTRAIN_FAULT_* variable (fault injection lives in the tests, not in dstrain's
+    code) and keeps DeepSpeed's launcher processes from loading MLflow."""
+    path = [p for p in (env.get("PYTHONPATH") or "").split(os.pathsep) if p]
+    if str(INJECT) in path:
         return env
-    path = [str(INJECT), *filter(None, [env.get("PYTHONPATH")])]
-    return {**env, "PYTHONPATH": os.pathsep.join(path)}
+    return {**env, "PYTHONPATH": os.pathsep.join([str(INJECT), *path])}
+
+
+# Every process a test starts finds tests/inject/sitecustomize.py: DeepSpeed's launcher processes
+# (its runner and per-node launch) import DeepSpeed before any dstrain code, and DeepSpeed's
+# autotuner then loads MLflow (1.5-2 s a process, two a launch); dstrain's ranks guard themselves.
+os.environ.update(injected(dict(os.environ)))
 
 
 def run_cli(

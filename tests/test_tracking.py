@@ -135,3 +135,8 @@ def test_deepspeeds_import_leaves_mlflow_unloaded_and_mlflow_still_imports():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # a process the tests start that imports DeepSpeed before dstrain (DeepSpeed's launcher does):
+    # tests/inject/sitecustomize.py guards it
+    code = "import sys, deepspeed\nassert 'mlflow' not in sys.modules\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,8 +1,14 @@
-"""Fault injection for the tests, kept out of dstrain's code.
+"""What every process a test starts runs first: DeepSpeed's import guard, and fault injection.
 
-tests/conftest.py's :func:`~tests.conftest.injected` puts this folder on PYTHONPATH when a test
-sets one of the variables below; Python imports ``sitecustomize`` at start-up (every rank a
-launcher starts, too), and this one patches dstrain's modules as they are imported:
+tests/conftest.py puts this folder on PYTHONPATH for every process the tests start; Python imports
+``sitecustomize`` at start-up (every rank a launcher starts, and the launcher's own processes).
+
+It installs dstrain/core/import_guard.py (loaded by its path: no dstrain import, no change to
+``sys.path``), so that DeepSpeed's launcher processes, which import DeepSpeed before any dstrain
+code, do not load MLflow through DeepSpeed's autotuner either (dstrain's ranks install it
+themselves).
+
+Where a test sets one of the variables below, it patches dstrain's modules as they are imported:
 
 ``DSTRAIN_FAULT_KILL_AT_STEP=N``
     SIGKILL the process right after optimizer step N (before the step's checks).
@@ -144,5 +150,18 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _install_import_guard() -> None:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "dstrain" / "core" / "import_guard.py"
+    spec = importlib.util.spec_from_file_location("_dstrain_import_guard", path)
+    if spec is None or spec.loader is None:  # another checkout's layout: nothing to guard
+        return
+    guard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guard)
+    guard.install()
+
+
+_install_import_guard()
 if any(os.environ.get(v) for v in VARIABLES):
     sys.meta_path.insert(0, _PatchOnImport())
