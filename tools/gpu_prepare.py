@@ -484,6 +484,10 @@ def main(argv: list[str] | None = None) -> int:
         "assumed until a GPU pass measures it)",
     )
     p.add_argument("--cache", help="where downloads are kept (default .gpu/cache)")
+    p.add_argument(
+        "--state",
+        help="the imported GPU state the plan follows (default runs/gpu: what gpu-import wrote)",
+    )
     p.add_argument("--plan", action="store_true", help="print the job list only")
     p.add_argument(
         "--verify",
@@ -501,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.plan:
             prepare(args, gpu_dir)
-        jobs = plan(gpu_dir, transfer_mib_s=args.transfer_mib_s)
+        state = Path(args.state).resolve() if args.state else None
+        jobs = plan(gpu_dir, transfer_mib_s=args.transfer_mib_s, state=state)
     except PrepareError as err:
         print(f"[gpu-prepare] error: {err}", file=sys.stderr)
         return 2
