@@ -87,7 +87,7 @@ def worker(rank: int, args, port: int, out: dict) -> None:
     tdist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=args.ranks)
     channels = 1 if args.model == "resnet_small" else 3
     torch.manual_seed(0)
-    plain = build_model(args.model, 10, in_channels=channels, width=args.width)
+    plain = build_model(args.model, args.classes, in_channels=channels, width=args.width)
     apply_bn_span(plain, args.span)
     grouped, alone = copy.deepcopy(plain), copy.deepcopy(plain)
     apply_bn_group(grouped, args.group)
@@ -142,11 +142,20 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads per CPU rank")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--channels-last", choices=("on", "off"), default="off")
+    p.add_argument("--classes", type=int, default=10, help="the classifier's classes")
+    p.add_argument(
+        "--bytes-only",
+        action="store_true",
+        help="write the bytes per step and rank (no ranks started, nothing timed): "
+        "bench/results/bn_group_bytes_<model>_<ranks>ranks_group<K>.json",
+    )
     p.add_argument("--out")
     args = p.parse_args()
     args.group = args.group or args.ranks
     if args.ranks % args.group:
         p.error(f"--group {args.group} must divide --ranks {args.ranks}")
+    if args.bytes_only:
+        return write_bytes(args)
     with mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(worker, args=(args, free_port(), out), nprocs=args.ranks, join=True)
@@ -179,6 +188,33 @@ def main() -> int:
         f"{(b['bn_forward_bytes'] + b['bn_backward_bytes']) / 1024:.1f} KiB per step and rank in "
         f"{b['bn_collectives']} collectives, the gradient all-reduce "
         f"{b['gradient_allreduce_bytes'] / 2**20:.2f} MiB -> {path}"
+    )
+    return 0
+
+
+def write_bytes(args: argparse.Namespace) -> int:
+    """The arithmetic alone: what one rank sends per step for BN groups of --group among --ranks,
+    against the gradient all-reduce, for --model (a document quotes these; nothing is timed)."""
+    channels = 1 if args.model == "resnet_small" else 3
+    model = build_model(args.model, args.classes, in_channels=channels, width=args.width)
+    chunks = args.batch // args.span if args.span else 1
+    b = bytes_per_step(model, args.group, args.ranks, chunks)
+    result = {
+        **provenance("bn_group.py"),
+        "config": vars(args),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "per_step_and_rank": b,
+        "bn_mib": (b["bn_forward_bytes"] + b["bn_backward_bytes"]) / 2**20,
+        "gradient_allreduce_mib": b["gradient_allreduce_bytes"] / 2**20,
+    }
+    name = f"bn_group_bytes_{args.model}_{args.ranks}ranks_group{args.group}.json"
+    path = Path(args.out or REPO / "bench" / "results" / name)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        f"{args.model} ({args.classes} classes), BN groups of {args.group} among {args.ranks} ranks: "
+        f"BN sends {result['bn_mib']:.2f} MiB per step and rank in {b['bn_collectives']} "
+        f"collectives ({b['bn_layers']} layers, {b['bn_channels']} channels), the gradient "
+        f"all-reduce {result['gradient_allreduce_mib']:.1f} MiB -> {path}"
     )
     return 0
 

@@ -534,6 +534,28 @@ def test_bn_group_bench_times_both_models_and_counts_the_bytes(tmp_path):
     assert b["bn_backward_bytes"] == 4 * 2 * channels
 
 
+def test_bn_group_bench_bytes_only_counts_a_group_of_2_among_8_ranks(tmp_path):
+    """--bytes-only (the numbers docs/large-batch.md quotes): no rank started; groups of 2 among 8
+    ranks send BN's statistics once forward and half of 2C twice backward; the gradients go round
+    an 8-rank ring (2 x 7/8 of their bytes), the classifier as --classes sets it."""
+    out = tmp_path / "bytes.json"
+    args = ["--bytes-only", "--width", "4", "--ranks", "8", "--group", "2", "--classes", "7"]
+    proc = bench("bn_group.py", *args, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    b, channels = result["per_step_and_rank"], 4 + 2 * (4 + 8 + 16) + 8 + 16
+    assert b["bn_forward_bytes"] == 4 * (2 * channels + 9) and b["bn_collectives"] == 18
+    assert b["bn_backward_bytes"] == 4 * 2 * channels
+    assert b["gradient_allreduce_bytes"] == result["parameters"] * 4 * 2 * 7 / 8
+    from dstrain.techniques.models import build_model
+
+    model = build_model("resnet_small", 7, in_channels=1, width=4)
+    assert result["parameters"] == sum(p.numel() for p in model.parameters())
+    assert result["bn_mib"] == pytest.approx(
+        (b["bn_forward_bytes"] + b["bn_backward_bytes"]) / 2**20
+    )
+
+
 def test_throughput_bench_refuses_the_native_fp16_engine_without_a_gpu(tmp_path):
     proc = bench(  # GPUs hidden where there are some: the refusal is tested on every node
         "throughput.py",

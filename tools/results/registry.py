@@ -303,6 +303,12 @@ RESULTS = [
            "{group_over_plain:.2f}x the per-rank-BN step ({group_of_one_over_plain:.2f}x with a "
            "group of one rank)",
            code=("dstrain/techniques/bn_group.py", "bench/bn_group.py")),
+    Result("bn_group_bytes", "BN groups of 2 among 8 ranks: bytes per step and rank, ResNet-50",
+           R + "bn_group.py --bytes-only --model resnet50 --classes 1000 --ranks 8 --group 2",
+           "bench/results/bn_group_bytes_resnet50_8ranks_group2.json",
+           "BN {bn_mib:.2f} MiB in {per_step_and_rank.bn_collectives} collectives against the "
+           "gradient all-reduce's {gradient_allreduce_mib:.1f} MiB",
+           code=("bench/bn_group.py",)),
     Result("optimizer_step", "LARS/LAMB step on ResNet-50's parameters", R + "optimizer_step.py",
            "bench/results/optimizer_step_cpu.json",
            "LARS {ratio_vs_sgd_foreach.dstrain_lars:.2f}x, LAMB {ratio_vs_sgd_foreach.dstrain_lamb:.2f}x"
