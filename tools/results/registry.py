@@ -369,6 +369,13 @@ RESULTS = [
            "--junit /tmp/dstrain-suite.xml --ran './run.sh test -q'",
            "bench/results/suite_cpu_2_cores.json", suite_headline,
            code=(*SUITE, "requirements.txt"), rerun=False, readme="the test suite (CI step 1)"),
+    Result("suite_cpu_cold", "the test suite cold, as a newcomer runs it (fresh clone, empty HOME)",
+           "git clone; HOME=EMPTY ./run.sh setup; HOME=EMPTY ./run.sh test -q --junitxml=/tmp/cold.xml; "
+           "python tools/suite.py --junit /tmp/cold.xml --out bench/results/suite_cpu_2_cores_cold.json",
+           "bench/results/suite_cpu_2_cores_cold.json",
+           lambda d: f"{suite_headline(d)}, after a {d['cold']['setup_s']} s install",
+           code=(*SUITE, "requirements.txt"), rerun=False,
+           readme="the test suite cold: fresh clone, empty HOME"),
     Result("suite_cpu_oldest", "the `oldest` tests on the oldest torch declared (CI's second step)",
            "./run.sh test-oldest -q --junitxml=/tmp/dstrain-oldest.xml; .venv-oldest/bin/python "
            "tools/suite.py --junit /tmp/dstrain-oldest.xml --ran './run.sh test-oldest -q' "
