@@ -123,6 +123,7 @@ def test_the_summary_numbers_a_tracker_gets():
     assert tracking.numbers(summary) == {"final_top1": 0.9, "polish.after.val_top1": 0.91}
 
 
+@pytest.mark.slow  # two fresh processes importing DeepSpeed: over ~5 s on 2 cores
 def test_deepspeeds_import_leaves_mlflow_unloaded_and_mlflow_still_imports():
     """DeepSpeed's autotuner imports MLflow when it is installed (1-2 s in every rank); after
     ``import dstrain`` it does not, and MLflow itself imports as usual for log.mlflow."""
