@@ -1228,3 +1228,31 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
     (tmp_path / "test.json").write_text(json.dumps({"grid": "target", "holdout": 0, "runs": []}))
     with pytest.raises(SystemExit):
         tuned.main(["--reports", str(low), str(tmp_path / "test.json"), "--target", "0.9"])
+
+
+def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
+    """bench/issue52_runs.sh (the issue's remaining runs, resumable across sessions): every command
+    it would run names rows and options bench/accuracy_study.py accepts, all at 541f812; batch
+    8,192's test-set seeds join only once its LR is chosen (B8192_LR)."""
+    study = load("accuracy_study")
+    script = REPO / "bench" / "issue52_runs.sh"
+    assert "COMMIT=541f812" in script.read_text()
+
+    def commands(**env):
+        out = subprocess.run(
+            [str(script), "--print"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, **env},
+        ).stdout
+        return [shlex.split(line.split(": ", 1)[1]) for line in out.splitlines()]
+
+    plain, chosen = commands(), commands(B8192_LR="20")
+    assert len(chosen) == len(plain) + 2 and "optim.base_lr=20" in chosen[-2]
+    for argv in chosen:
+        assert argv[:2] == ["python", "bench/accuracy_study.py"]
+        args = argv[2:]
+        rows = args[args.index("--rows") + 1 : args.index("--seeds")]
+        known = study.grid_rows("study", 90)
+        assert rows and set(rows) <= set(known), rows
