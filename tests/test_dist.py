@@ -117,3 +117,29 @@ def test_cpu_ranks_on_one_node_share_its_cores(monkeypatch, env, gpu, threads):
         assert torch.get_num_threads() == (expected or before)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.slow  # a fresh process joining a group: over ~5 s on 2 cores
+def test_a_cpu_rank_joins_its_group_without_building_deepspeeds_shared_memory_op(tmp_path):
+    """DeepSpeed's CPU backend would JIT-build deepspeed_shm_comm (about 80 s on a cold machine)
+    for inference_all_reduce, which dstrain never calls: dist.init_process_group skips it, and
+    nothing lands in an empty extensions folder."""
+    import subprocess
+    import sys
+
+    code = (
+        "from dstrain.core import dist\n"
+        "dist.setup_env_for_single_process()\n"
+        "dist.init_process_group(60)\n"
+        "import deepspeed.comm.comm as c\n"
+        "assert c.cdb.shm_comm_op is None\n"
+        "dist.shutdown()\n"
+    )
+    extensions = tmp_path / "extensions"
+    extensions.mkdir()
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(extensions)}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(extensions.iterdir()) == []
