@@ -52,6 +52,9 @@ NODE_LACKS = {
     "xdist",  # pytest-xdist (the tests part's -n 8) and its execnet travel with the small wheels
     "pytest_xdist",
     "execnet",
+    "mlflow",  # the tracking extra: not in the node's image (device/KINDS.md's package list)
+    "mlflow_skinny",
+    "wandb",
 }
 OUT_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 DEADLINE_S, HARD_LIMIT_S = 150, 200
