@@ -29,10 +29,10 @@ lane_a=(
   "$STUDY --holdout 6000 --rows fujitsu_span32_bn_lr0.1 chosen_no_ls chosen_no_tail --seeds 0 1 2 --runs runs/accuracy_study/ablation-90ep --name ablation_90ep_holdout6000_a"
 )
 lane_b=(
-  # item 2: batch 8,192's peak LR at 90 epochs on the held-out images (LR 10 and 20 seed 0 done)
-  "$STUDY --holdout 6000 --rows chosen_b8192 --seeds 0 --extra optim.base_lr=40 --runs runs/accuracy_study/tune-b8192-90ep-lr40 --name chosen_b8192_lr40_90ep_holdout6000_s0"
+  # item 2: batch 8,192's peak LR at 90 epochs on the held-out images (LR 10, 20, 40 seed 0
+  # done: 20 best, 40 worst); seeds 1-2 of the two best
   "$STUDY --holdout 6000 --rows chosen_b8192 --seeds 1 2 --extra optim.base_lr=20 --runs runs/accuracy_study/tune-b8192-90ep-lr20 --name chosen_b8192_lr20_90ep_holdout6000_s1_2"
-  "$STUDY --holdout 6000 --rows chosen_b8192 --seeds 1 2 --extra optim.base_lr=40 --runs runs/accuracy_study/tune-b8192-90ep-lr40 --name chosen_b8192_lr40_90ep_holdout6000_s1_2"
+  "$STUDY --holdout 6000 --rows chosen_b8192 --seeds 1 2 --extra optim.base_lr=10 --runs runs/accuracy_study/tune-b8192-90ep-lr10 --name chosen_b8192_lr10_90ep_holdout6000_s1_2"
 )
 if [[ -n "${B8192_LR:-}" ]]; then
   lane_b+=(
