@@ -477,8 +477,8 @@ RESULTS = [
            "90 epochs, seed 0 (its LR tuning at the goal's length, after LR 10 and 20)",
            R + "accuracy_study.py --epochs 90 --holdout 6000 --rows chosen_b8192 --seeds 0 --runs "
            "runs/accuracy_study/tune-b8192-90ep-lr40 --out docs/results/tuning "
-           "--name chosen_b8192_lr40_90ep_holdout6000 --extra optim.base_lr=40",
-           "docs/results/tuning/chosen_b8192_lr40_90ep_holdout6000.json", _study, rerun=False),
+           "--name chosen_b8192_lr40_90ep_holdout6000_s0 --extra optim.base_lr=40",
+           "docs/results/tuning/chosen_b8192_lr40_90ep_holdout6000_s0.json", _study, rerun=False),
     Result("brakes_holdout",
            "issue 39, item 1: one brake at a time on the Fujitsu row, 6,000 held-out images, 30 "
            "epochs, chosen by the worst of 3 seeds (in progress: the report names the pending runs)",
