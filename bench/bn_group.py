@@ -75,6 +75,26 @@ def step_time(model, x, y, steps: int, flat_grads) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def image_channels(model: str) -> int:
+    """Fashion-MNIST's one channel for the study's resnet_small, RGB for the ImageNet models."""
+    return 1 if model == "resnet_small" else 3
+
+
+def plain_model(args: argparse.Namespace) -> torch.nn.Module:
+    """The measured model as the options name it, with per-rank BN (its span, if any)."""
+    model = build_model(
+        args.model, args.classes, in_channels=image_channels(args.model), width=args.width
+    )
+    apply_bn_span(model, args.span)
+    return model
+
+
+def rank_bytes(model: torch.nn.Module, args: argparse.Namespace) -> dict:
+    """:func:`bytes_per_step` for the options' group, ranks and span chunks."""
+    chunks = args.batch // args.span if args.span else 1
+    return bytes_per_step(model, args.group, args.ranks, chunks)
+
+
 def worker(rank: int, args, port: int, out: dict) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(args.ranks)
@@ -85,10 +105,9 @@ def worker(rank: int, args, port: int, out: dict) -> None:
     if cuda:
         torch.cuda.set_device(device)
     tdist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=args.ranks)
-    channels = 1 if args.model == "resnet_small" else 3
+    channels = image_channels(args.model)
     torch.manual_seed(0)
-    plain = build_model(args.model, args.classes, in_channels=channels, width=args.width)
-    apply_bn_span(plain, args.span)
+    plain = plain_model(args)
     grouped, alone = copy.deepcopy(plain), copy.deepcopy(plain)
     apply_bn_group(grouped, args.group)
     join_groups(grouped)  # a group of 1 (one rank): the plain model again, not timed
@@ -110,7 +129,7 @@ def worker(rank: int, args, port: int, out: dict) -> None:
     g = torch.Generator().manual_seed(rank)
     size = args.image_size
     x = torch.randn(args.batch, channels, size, size, generator=g).to(device, memory_format=fmt)
-    y = torch.randint(0, 10, (args.batch,), generator=g).to(device)
+    y = torch.randint(0, args.classes, (args.batch,), generator=g).to(device)
     models = {"plain": plain, "group": grouped, "group_of_one": alone}
     if args.group == 1:
         del models["group"]
@@ -121,9 +140,8 @@ def worker(rank: int, args, port: int, out: dict) -> None:
         for name, model in models.items():
             times[name].append(step_time(model, x, y, args.steps, flat_grads))
     if rank == 0:
-        chunks = args.batch // args.span if args.span else 1
         out["times"] = times
-        out["bytes"] = bytes_per_step(plain, args.group, args.ranks, chunks)
+        out["bytes"] = rank_bytes(plain, args)
         out["has_bn"] = has_batchnorm(plain)
     tdist.destroy_process_group()
 
@@ -195,10 +213,8 @@ def main() -> int:
 def write_bytes(args: argparse.Namespace) -> int:
     """The arithmetic alone: what one rank sends per step for BN groups of --group among --ranks,
     against the gradient all-reduce, for --model (a document quotes these; nothing is timed)."""
-    channels = 1 if args.model == "resnet_small" else 3
-    model = build_model(args.model, args.classes, in_channels=channels, width=args.width)
-    chunks = args.batch // args.span if args.span else 1
-    b = bytes_per_step(model, args.group, args.ranks, chunks)
+    model = plain_model(args)
+    b = rank_bytes(model, args)
     result = {
         **provenance("bn_group.py"),
         "config": vars(args),

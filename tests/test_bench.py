@@ -516,7 +516,9 @@ def test_loader_bench_measures_dali_against_the_plain_pipeline_ceiling(tmp_path)
 @pytest.mark.slow
 def test_bn_group_bench_times_both_models_and_counts_the_bytes(tmp_path):
     out = tmp_path / "bn_group.json"
-    args = ["--batch", "4", "--width", "4", "--steps", "1", "--rounds", "2", "--out", str(out)]
+    # 7 classes: the labels the ranks draw follow --classes
+    args = ["--batch", "4", "--width", "4", "--steps", "1", "--rounds", "2", "--classes", "7"]
+    args += ["--out", str(out)]
     proc = bench("bn_group.py", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
