@@ -1258,3 +1258,34 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         rows = args[args.index("--rows") + 1 : args.index("--seeds")]
         known = study.grid_rows("study", 90)
         assert rows and set(rows) <= set(known), rows
+
+
+def test_startup_bench_takes_each_difference_within_a_repeat_and_reads_mlflow(
+    tmp_path, monkeypatch
+):
+    """bench/startup.py: the statements alternate in an order rotated each repeat; each derived
+    difference is taken between the two processes of one repeat; the probe says whether MLflow
+    ended up imported (real interpreters here: cheap statements)."""
+    startup = load("startup")
+    wall, loaded = startup.time_statement("import json", dict(os.environ))
+    assert wall > 0 and loaded is False
+    assert startup.time_statement("import sys; sys.modules['mlflow'] = sys", dict(os.environ))[1]
+    ran = []
+    fake = {"pass": 0.5, "import torch": 3.0}
+
+    def timed(code, env):
+        ran.append(code)
+        fake[code] += 1.0  # each later process slower: the differences stay per repeat
+        return fake[code], False
+
+    monkeypatch.setattr(startup, "time_statement", timed)
+    out = tmp_path / "startup.json"
+    assert startup.main(["--only", "python", "torch", "--repeats", "3", "--out", str(out)]) == 0
+    assert ran == ["pass", "import torch", "import torch", "pass", "pass", "import torch"]
+    result = json.loads(out.read_text())
+    assert result["statements"]["torch"]["wall_s"] == [4.0, 5.0, 6.0]
+    assert result["derived"]["torch_s"]["per_repeat"] == [2.5, 2.5, 2.5]
+    assert set(result["derived"]) == {"torch_s"}  # the others need statements not timed
+    assert result["git_sha"] and result["repeats"] == 3
+    with pytest.raises(SystemExit):
+        startup.main(["--repeats", "0", "--out", str(out)])

@@ -309,6 +309,13 @@ RESULTS = [
            "BN {bn_mib:.2f} MiB in {per_step_and_rank.bn_collectives} collectives against the "
            "gradient all-reduce's {gradient_allreduce_mib:.1f} MiB",
            code=("bench/bn_group.py",)),
+    Result("startup", "What a process imports before it trains; the import guard's saving",
+           R + "startup.py --repeats 7", "bench/results/startup_cpu.json",
+           "torch {derived.torch_s.median:.2f} s, torch._dynamo {derived.dynamo_s.median:.2f} s, "
+           "DeepSpeed {derived.deepspeed_s.median:.2f} s; the guard saves "
+           "{derived.guard_saves_s.median:.2f} s a process",
+           code=("bench/startup.py", "dstrain/__init__.py", "dstrain/core/import_guard.py",
+                 "pyproject.toml")),
     Result("optimizer_step", "LARS/LAMB step on ResNet-50's parameters", R + "optimizer_step.py",
            "bench/results/optimizer_step_cpu.json",
            "LARS {ratio_vs_sgd_foreach.dstrain_lars:.2f}x, LAMB {ratio_vs_sgd_foreach.dstrain_lamb:.2f}x"

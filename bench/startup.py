@@ -1,0 +1,151 @@
+"""What a process pays before it trains: the imports of a rank, and what dstrain's import guard saves.
+
+    .venv/bin/python bench/startup.py --repeats 7            # -> bench/results/startup_cpu.json
+
+Every rank of every run, and each of DeepSpeed's launcher processes, starts a Python that imports
+torch, DeepSpeed and (through torch's Optimizer constructor) torch._dynamo; the test suite starts
+hundreds of them. Each statement below runs in a fresh interpreter (``python -c``), timed from the
+parent as its wall time; the statements alternate within a repeat, in an order rotated each repeat,
+so a machine busy with other work slows all of them alike. Per statement: every time and the median;
+derived per repeat (so each difference is taken between processes run side by side), with the
+median, min and max:
+
+- ``torch_s``: ``import torch`` over a bare interpreter;
+- ``dynamo_s``: ``torch._dynamo`` over torch alone;
+- ``deepspeed_s``: DeepSpeed (guarded, as a rank imports it) over torch and dstrain;
+- ``guard_saves_s``: ``import deepspeed`` bare over ``import dstrain, deepspeed``: what
+  ``dstrain/core/import_guard.py`` saves a process by keeping DeepSpeed's autotuner from importing
+  MLflow (zero, within noise, where MLflow is not installed; each statement's run says whether MLflow
+  ended up loaded, and the file records whether it is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.common import provenance  # noqa: E402
+
+# name -> what the fresh interpreter runs; each prints whether MLflow got imported
+STATEMENTS = {
+    "python": "pass",
+    "torch": "import torch",
+    "torch_dynamo": "import torch, torch._dynamo",
+    "dstrain": "import torch, dstrain",
+    "deepspeed_guarded": "import dstrain, deepspeed",
+    "deepspeed": "import deepspeed",
+}
+# derived -> (statement, minus statement)
+DERIVED = {
+    "torch_s": ("torch", "python"),
+    "dynamo_s": ("torch_dynamo", "torch"),
+    "deepspeed_s": ("deepspeed_guarded", "dstrain"),
+    "guard_saves_s": ("deepspeed", "deepspeed_guarded"),
+}
+PROBE = "; import sys; print('mlflow' in sys.modules)"
+
+
+def time_statement(code: str, env: dict) -> tuple[float, bool]:
+    """Wall seconds of ``python -c code`` from the repository root, and whether MLflow was loaded."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", code + PROBE], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"bench/startup.py: `python -c {code!r}` failed:\n{proc.stderr[-2000:]}")
+    return wall, proc.stdout.strip().splitlines()[-1] == "True"
+
+
+def rotated(names: list[str], repeat: int) -> list[str]:
+    k = repeat % len(names)
+    return names[k:] + names[:k]
+
+
+def derive(times: dict[str, list[float]]) -> dict[str, dict]:
+    """Each derived difference per repeat (its two statements ran in the same repeat), with its
+    median, min and max; only those whose two statements were both timed."""
+    out = {}
+    for name, (a, b) in DERIVED.items():
+        if a in times and b in times:
+            per_repeat = [x - y for x, y in zip(times[a], times[b])]
+            out[name] = {
+                "per_repeat": per_repeat,
+                "median": statistics.median(per_repeat),
+                "min": min(per_repeat),
+                "max": max(per_repeat),
+                "of": [a, b],
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=7, help="times each statement runs (default 7)")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(STATEMENTS),
+        help="time these statements alone (default: all)",
+    )
+    p.add_argument("--out", type=Path, default=REPO / "bench/results/startup_cpu.json")
+    p.add_argument(
+        "--note", default="", help="what the machine was doing besides (kept in the file)"
+    )
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    names = args.only or list(STATEMENTS)
+    # one thread a process, as the suite's workers and the CPU ranks run; no inherited guard
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    times: dict[str, list[float]] = {n: [] for n in names}
+    mlflow_loaded: dict[str, bool] = {}
+    for r in range(args.repeats):
+        for name in rotated(names, r):
+            wall, loaded = time_statement(STATEMENTS[name], env)
+            times[name].append(wall)
+            mlflow_loaded[name] = loaded
+        print(
+            f"repeat {r + 1}/{args.repeats}: "
+            + ", ".join(f"{n} {times[n][-1]:.2f} s" for n in names),
+            flush=True,
+        )
+    result = {
+        **provenance("startup.py", argv),
+        "repeats": args.repeats,
+        "omp_num_threads": 1,
+        "mlflow_installed": importlib.util.find_spec("mlflow") is not None,
+        "statements": {
+            n: {
+                "code": STATEMENTS[n],
+                "wall_s": times[n],
+                "median_s": statistics.median(times[n]),
+                "mlflow_loaded": mlflow_loaded[n],
+            }
+            for n in names
+        },
+        "derived": derive(times),
+        "note": args.note,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, args.out)
+    for name, d in result["derived"].items():
+        print(f"{name}: median {d['median']:.2f} s ({d['min']:.2f} to {d['max']:.2f})")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
