@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -141,58 +142,70 @@ def read_system(path: Path, division: str) -> dict:
     return system
 
 
-def run_facts(run_dir: Path) -> dict:
-    """What a run's log and meta.json say that the package needs to agree across runs."""
+class RunFacts(NamedTuple):
+    """What a run's log and meta.json say that the package needs to agree across runs: the
+    convergence record (seed, global batch, division are read from it), the commit and command."""
+
+    run_dir: Path
+    found: mlperf.RunConvergence
+    sha: str | None
+    command: str | list[str] | None
+
+    @property
+    def seed(self) -> int:
+        return self.found.seed
+
+    @property
+    def global_batch(self) -> int:
+        return self.found.global_batch
+
+    @property
+    def division(self) -> str:
+        return self.found.division
+
+
+def run_facts(run_dir: Path) -> RunFacts:
     found = mlperf.convergence(run_dir)  # refuses a missing or resumed log
-    meta = (
-        json.loads((run_dir / "meta.json").read_text()) if (run_dir / "meta.json").is_file() else {}
-    )
-    return {
-        "run_dir": run_dir,
-        "found": found,
-        "seed": found.seed,
-        "global_batch": found.global_batch,
-        "division": found.division,
-        "sha": meta.get("git_sha"),
-        "command": meta.get("command"),
-    }
+    meta_path = run_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    return RunFacts(run_dir, found, meta.get("git_sha"), meta.get("command"))
 
 
-def check_runs(runs: list[dict]) -> None:
+def check_runs(runs: list[RunFacts]) -> None:
     if len(runs) != mlperf.RUNS_PER_RESNET_RESULT:
         raise ConfigError(
             f"{len(runs)} run(s) given: an MLPerf ResNet result is exactly "
             f"{mlperf.RUNS_PER_RESNET_RESULT} runs with different seeds; give 5 run directories"
         )
-    mlperf.refuse_repeated_seeds([run["found"] for run in runs])
+    mlperf.refuse_repeated_seeds([run.found for run in runs])
     for key, what in (
         ("global_batch", "global batches"),
         ("division", "divisions"),
         ("sha", "commits"),
     ):
-        values = {str(run[key]) for run in runs}
+        values = {str(getattr(run, key)) for run in runs}
         if len(values) > 1:
             raise ConfigError(
                 f"the runs differ in their {what} ({', '.join(sorted(values))}): a result's five "
                 "runs are one configuration of one code"
             )
-    if runs[0]["sha"] in (None, "unknown") or str(runs[0]["sha"]).endswith("-dirty"):
+    if runs[0].sha in (None, "unknown") or str(runs[0].sha).endswith("-dirty"):
         raise ConfigError(
-            f"{runs[0]['run_dir']}: ran at {runs[0]['sha']!r}, not a commit: the package's "
+            f"{runs[0].run_dir}: ran at {runs[0].sha!r}, not a commit: the package's "
             "implementation must be the code the runs ran; train from a committed tree"
         )
 
 
-def write_package(runs: list[dict], system: dict, system_id: str, org: Path) -> None:
+def write_package(runs: list[RunFacts], system: dict, system_id: str, org: Path) -> None:
     (org / "systems").mkdir(parents=True)
     (org / "systems" / f"{system_id}.json").write_text(json.dumps(system, indent=2) + "\n")
     results = org / "results" / system_id / mlperf.BENCHMARK
     results.mkdir(parents=True)
     for i, run in enumerate(runs):
-        shutil.copyfile(run["run_dir"] / mlperf.LOG_NAME, results / f"result_{i}.txt")
+        shutil.copyfile(run.run_dir / mlperf.LOG_NAME, results / f"result_{i}.txt")
     impl = org / "benchmarks" / mlperf.BENCHMARK / "implementations" / IMPLEMENTATION
     impl.mkdir(parents=True)
-    sha = runs[0]["sha"]
+    sha = runs[0].sha
     archive = subprocess.run(
         ["git", "archive", "--format=tar", sha], cwd=REPO, capture_output=True, check=False
     )
@@ -206,8 +219,8 @@ def write_package(runs: list[dict], system: dict, system_id: str, org: Path) -> 
         "",
     ]
     for i, run in enumerate(runs):
-        command = " ".join(run["command"]) if isinstance(run["command"], list) else run["command"]
-        lines += [f"- result_{i}.txt (seed {run['seed']}): `{command}`"]
+        command = " ".join(run.command) if isinstance(run.command, list) else run.command
+        lines += [f"- result_{i}.txt (seed {run.seed}): `{command}`"]
     lines += [
         "",
         "Data preprocessing, traversal order, model, initialization, optimizer, hyperparameters,",
@@ -257,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--out {args.out}: exists; choose a new folder")
         runs = [run_facts(d) for d in run_dirs(args.runs)]
         check_runs(runs)
-        system = read_system(args.system, runs[0]["division"])
+        system = read_system(args.system, runs[0].division)
         system_id = args.system_id or args.system.stem
         partial = args.out.with_name(args.out.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
@@ -276,12 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         "ruleset": mlperf.RULESET,
         "package_checker_passed": passed,
         "package_checker_errors": errors,
-        "runs": [
-            {"run_dir": str(r["run_dir"]), "seed": r["seed"], "git_sha": r["sha"]} for r in runs
-        ],
+        "runs": [{"run_dir": str(r.run_dir), "seed": r.seed, "git_sha": r.sha} for r in runs],
     }
     atomic_write_text(args.out / "package.json", json.dumps(verdict, indent=2) + "\n")
-    print(f"{org}: {len(runs)} results of {system['system_name']} ({runs[0]['division']} division)")
+    print(f"{org}: {len(runs)} results of {system['system_name']} ({runs[0].division} division)")
     if passed:
         print(f"MLPerf's package checker (ruleset {mlperf.RULESET}): no errors")
     else:
