@@ -733,7 +733,7 @@ def main() -> int:
     import torch
 
     from dstrain.core import dist
-    from dstrain.loop.monitor import setup_logging
+    from dstrain.core.logs import setup_logging
     from dstrain.settings.config import FaultConfig
 
     setup_logging()  # the progress line is written, as in a run

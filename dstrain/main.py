@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from dstrain.core.errors import ConfigError, Preempted, RunStopped
-    from dstrain.loop.monitor import setup_logging
+    from dstrain.core.logs import setup_logging
     from dstrain.settings.config import help_lines, load_config
 
     if args.help_config:

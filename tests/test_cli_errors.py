@@ -8,6 +8,7 @@ files ``case_files`` writes. Every case also lands in the evidence table (``./ru
 import hashlib
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.conftest import CPU_ONLY, TINY, deepspeed_launcher, run_cli
+from tests.conftest import CPU_ONLY, REPO, TINY, deepspeed_launcher, run_cli
 
 BAD_JSON = '{\n  "gradient_clipping": 0.0,\n  "optimizer": {"type": "SGD" "params": {}}\n}\n'
 JSON_FILES = {
@@ -689,3 +690,25 @@ def test_help_config_lists_keys_with_units(entry):
     assert "optimizer.params.lr" not in keys  # the LR's one home is optim.base_lr
     assert "optim.base_lr (float, default 0.1)" in proc.stdout
     assert "dstrain_communication.bucket_mb (float, default 25.0)" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["epochs=abc"], "bad value for 'epochs'"),
+        (["--config", "no_such_recipe"], "no such file or recipe"),
+        (["optim.base_lrr=0.1"], "optim.base_lrr"),
+    ],
+)
+def test_a_config_error_is_reported_without_importing_torch(args, expected):
+    """A typo in the recipe or an override is refused before torch (about 3 s a process:
+    bench/results/startup_cpu.json) or DeepSpeed is imported: the logging set-up is torch-free."""
+    code = (
+        "import sys; from dstrain.main import main; rc = main(sys.argv[1:]); "
+        "print(rc, sorted({'torch', 'deepspeed'} & set(sys.modules)))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.strip().splitlines()[-1] == "2 []", proc.stdout + proc.stderr
+    check_one_clear_line(proc, expected)

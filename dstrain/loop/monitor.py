@@ -1,10 +1,9 @@
-"""Monitoring: logging set-up, the per-epoch step meter, TensorBoard scalars and the console line (rank 0)."""
+"""Monitoring: the per-epoch step meter, TensorBoard scalars and the console line (rank 0); the log
+lines' set-up is dstrain/core/logs.py (no torch: a config error is reported without importing it)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,20 +14,6 @@ from dstrain.core import dist
 from dstrain.loop.evaluate import accumulate_metrics
 
 log = logging.getLogger(__name__)
-
-
-def setup_logging() -> None:
-    """Rank 0 logs dstrain's INFO to stdout; other ranks, and other libraries, only warnings;
-    lines of ranks other than 0 are prefixed with their rank."""
-    rank = int(os.environ.get("RANK", "0"))
-    prefix = "dstrain" if rank == 0 else f"dstrain[rank {rank}]"
-    logging.basicConfig(
-        level=logging.WARNING,  # other libraries' INFO (compiler lines of an op build, ...) stays off
-        format=f"%(asctime)s {prefix} %(levelname).1s %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stdout,
-    )
-    logging.getLogger("dstrain").setLevel(logging.INFO if rank == 0 else logging.WARNING)
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from torch import nn
 
 from dstrain.core import dist
 from dstrain.core.errors import ConfigError, RunStopped
+from dstrain.core.logs import setup_logging
 from dstrain.core.safe_load import load_data
 from dstrain.loop import checkpoint
 from dstrain.loop.evaluate import evaluate
-from dstrain.loop.monitor import setup_logging
 from dstrain.run import ds_config, rundir
 from dstrain.run.components import build_components
 from dstrain.run.launch import adopt_mpi_env
