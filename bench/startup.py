@@ -13,6 +13,8 @@ median, min and max:
 - ``torch_s``: ``import torch`` over a bare interpreter;
 - ``dynamo_s``: ``torch._dynamo`` over torch alone;
 - ``deepspeed_s``: DeepSpeed (guarded, as a rank imports it) over torch and dstrain;
+- ``config_error``'s time itself: a typo in an override refused by ``python -m dstrain``'s main
+  (the log set-up imports no torch, so neither does a refused config);
 - ``guard_saves_s``: ``import deepspeed`` bare over ``import dstrain, deepspeed``: what
   ``dstrain/core/import_guard.py`` saves a process by keeping DeepSpeed's autotuner from importing
   MLflow (zero, within noise, where MLflow is not installed; each statement's run says whether MLflow
@@ -44,6 +46,9 @@ STATEMENTS = {
     "dstrain": "import torch, dstrain",
     "deepspeed_guarded": "import dstrain, deepspeed",
     "deepspeed": "import deepspeed",
+    # a typo in an override, refused by the real main(): its one line goes to /dev/null
+    "config_error": "import os, sys; sys.stderr = open(os.devnull, 'w'); "
+    "from dstrain.main import main; assert main(['epochs=abc']) == 2",
 }
 # derived -> (statement, minus statement)
 DERIVED = {
