@@ -1251,13 +1251,21 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         return [shlex.split(line.split(": ", 1)[1]) for line in out.splitlines()]
 
     plain, chosen = commands(), commands(B8192_LR="20")
-    assert len(chosen) == len(plain) + 2 and "optim.base_lr=20" in chosen[-2]
+    added = [a for a in chosen if a not in plain]
+    assert len(chosen) == len(plain) + 2 and "optim.base_lr=20" in added[0], added
+    assert "final_90ep_b8192" in added[0] and "chosen_b8192_lamb" in added[1]
     for argv in chosen:
         assert argv[:2] == ["python", "bench/accuracy_study.py"]
-        args = argv[2:]
-        rows = args[args.index("--rows") + 1 : args.index("--seeds")]
-        known = study.grid_rows("study", 90)
-        assert rows and set(rows) <= set(known), rows
+        args = study.parse_args(argv[2:])  # the study's own parser: rows its grid knows
+        assert args.rows and args.epochs == 90
+    # item 3: every batch of the target grid has a ladder of LRs (8,192's is its own tuning)
+    target = [study.parse_args(a[2:]) for a in plain if "--grid" in a]
+    ladders = {}
+    for args in target:
+        (row,) = args.rows
+        ladders.setdefault(row, set()).add(args.extra[-1])
+    assert set(ladders) == {f"target_b{b}" for b in study.TARGET_BATCHES if b != 8192}
+    assert all(len(lrs) >= 2 for lrs in ladders.values()), ladders
 
 
 def test_startup_bench_takes_each_difference_within_a_repeat_and_reads_mlflow(
