@@ -1,19 +1,23 @@
 """Epochs to target with each batch's LR tuned, as MLPerf's reference convergence points are (issue 52).
 
     .venv/bin/python bench/epochs_tuned.py \\
-        --reports docs/results/tuning/epochs_to_target_90ep_holdout6000_lr5.json \\
-                  docs/results/tuning/epochs_to_target_90ep_holdout6000_lr10.json ... \\
-        --target 0.924 --extra-targets 0.9 --name epochs_to_target_tuned_90ep_holdout6000
+        --reports /work/logs/reports/target_b*_90ep_holdout6000.json \\
+                  docs/results/tuning/chosen_b8192_lr20_90ep_holdout6000.json:chosen_b8192 ... \\
+        --seeds 0 --target 0.9254 --extra-targets 0.9 --name epochs_to_target_tuned_90ep_holdout6000
 
-Each report is one ``bench/accuracy_study.py --grid target --holdout N --extra optim.base_lr=L`` run
-of the chosen row at every batch (one LR per report); the LR a run trained with is read from its
-recorded command. Per target level and batch, the LR whose runs reach the level in the fewest
-epochs (their mean over seeds; a seed that never reaches it counts as never) is that batch's, as
-MLPerf tunes each batch's hyperparameters for its epochs to converge; its epochs, over batch 128's
-at its own best LR, is the batch's ratio. The goal (issue 52): batch 8,192's ratio at or below
-MLPerf's from its smallest to its largest batch (2.45x, ruleset 4.0.0). Writes <name>.json (every
-LR's epochs per batch and level, the choice, the ratios, MLPerf's points) and <name>.md under
---out (default docs/results/tuning).
+The runs: the chosen recipe at each batch, several peak LRs each, on the same held-out images:
+``bench/accuracy_study.py --grid target --holdout N --rows target_bB --extra optim.base_lr=L``
+reports (any batches and LRs each), and single rows of other grids' reports (``FILE:ROW``: batch
+8,192's LR tuning, the chosen row's batch-4,096 runs). A run's batch and LR are read from its
+recorded trainer command (else its recipe); every other setting must be the same in all the runs
+(one recipe, only its batch and LR tuned), else the run and the setting are named. Per target level
+and batch, the LR whose runs reach the level in the fewest epochs (their mean over the seeds kept,
+``--seeds``; a seed that never reaches it counts as never) is that batch's, as MLPerf tunes each
+batch's hyperparameters for its epochs to converge; its epochs, over batch 128's at its own best
+LR, is the batch's ratio. The goal (issue 52): batch 8,192's ratio at or below MLPerf's from its
+smallest to its largest batch (2.45x, ruleset 4.0.0). Writes <name>.json (every LR's epochs per
+batch and level, the choice, the ratios, MLPerf's points) and <name>.md under --out (default
+docs/results/tuning).
 """
 
 from __future__ import annotations
@@ -30,23 +34,89 @@ sys.path.insert(0, str(REPO))
 
 from bench.accuracy_study import (  # noqa: E402
     FASHION_MNIST_TRAIN,
-    _batch,
     epochs_to,
     mlperf_rcps,
     rcp_table,
 )
 from bench.common import provenance  # noqa: E402
 
+# what may differ between the runs compared: the batch and its peak LR (what is tuned), the micro
+# batch that carries it, the seed, and where a run writes; everything else is one recipe
+REFERENCE_BATCH = 128  # the ratios' reference: the smallest batch of the target grid
+VARYING = {"batch.global_size", "optim.base_lr", "batch.micro_per_rank", "seed", "run_dir"}
+OPTIONS = {"--config": "config", "-c": "config", "--deepspeed_config": "deepspeed_config"}
+
+
+def settings(record: dict) -> dict[str, str]:
+    """A run's trainer command as settings: its recipe, its DeepSpeed JSON's file name (the study
+    copies the JSON into each runs folder) and every key=value override, the last one winning."""
+    words = shlex.split(record["command"])
+    out = {}
+    for i, word in enumerate(words):
+        option = OPTIONS.get(word.replace("--deepspeed-config", "--deepspeed_config"))
+        if option and i + 1 < len(words):
+            out[option] = words[i + 1]
+        elif "=" in word and not word.startswith("-"):
+            key, value = word.split("=", 1)
+            out[key] = value
+    if "deepspeed_config" in out:
+        out["deepspeed_config"] = Path(out["deepspeed_config"]).name
+    return out
+
+
+def recipe_value(record: dict, key: str) -> str:
+    """``key`` as the run set it, else as its recipe (``--config``) does."""
+    given = settings(record)
+    if key in given:
+        return given[key]
+    from omegaconf import OmegaConf
+
+    name = given.get("config")
+    path = Path(name) if name and Path(name).suffix else REPO / "dstrain/recipes" / f"{name}.yaml"
+    value = OmegaConf.select(OmegaConf.load(path), key) if name and path.is_file() else None
+    if value is None:
+        raise ValueError(
+            f"{record['row']} seed {record['seed']}: its command sets no {key} and names no "
+            "recipe that does"
+        )
+    return str(value)
+
 
 def lr_of(record: dict) -> float:
-    """The peak LR a run trained with: the last optim.base_lr= of its command (the row's own, or
-    --extra's after it)."""
-    given = [w for w in shlex.split(record["command"]) if w.startswith("optim.base_lr=")]
-    if not given:
-        raise ValueError(
-            f"{record['row']} seed {record['seed']}: its command sets no optim.base_lr"
-        )
-    return float(given[-1].split("=", 1)[1])
+    """The peak LR a run trained with: its command's last optim.base_lr= (the row's own, or
+    --extra's after it), else its recipe's."""
+    return float(recipe_value(record, "optim.base_lr"))
+
+
+def batch_of(record: dict) -> int:
+    return int(recipe_value(record, "batch.global_size"))
+
+
+def one_definition(records: list[dict]) -> None:
+    """The runs compared are one recipe at several batches and LRs: every setting outside
+    VARYING, and the DeepSpeed settings the run read, the same in all; else ValueError naming
+    the first that differs."""
+    if not records:
+        return
+    first = records[0]
+
+    def fixed(record: dict) -> dict:
+        return {k: v for k, v in settings(record).items() if k not in VARYING}
+
+    def name(record: dict) -> str:
+        return f"{record['row']} seed {record['seed']}"
+
+    for record in records[1:]:
+        a, b = fixed(first), fixed(record)
+        for key in sorted(a.keys() | b.keys()):
+            if a.get(key) != b.get(key):
+                raise ValueError(
+                    f"{name(record)} differs from {name(first)} in {key} ({b.get(key)} against "
+                    f"{a.get(key)}): epochs to target compare one recipe, only its batch and LR "
+                    "tuned; pick the row with --reports FILE:ROW"
+                )
+        if record.get("deepspeed_settings") != first.get("deepspeed_settings"):
+            raise ValueError(f"{name(record)} differs from {name(first)} in its DeepSpeed settings")
 
 
 def mean_epochs(runs: list[dict], level: float) -> float | None:
@@ -55,12 +125,19 @@ def mean_epochs(runs: list[dict], level: float) -> float | None:
     return None if not epochs or None in epochs else statistics.mean(epochs)
 
 
-def choose(records: list[dict], levels: list[float], train_images: int) -> list[dict]:
+def choose(
+    records: list[dict],
+    levels: list[float],
+    train_images: int,
+    reference: list[dict] | None = None,
+) -> list[dict]:
     """Per level and batch: every LR's mean epochs, the LR with the fewest, and the ratio of its
-    epochs to batch 128's (or the smallest batch's) at that batch's own best LR."""
+    epochs to the base: the fewer of batch 128's at its own best LR and the ``reference`` runs'
+    mean (another recipe tuned for batch 128, such as the tuned SGD baseline), so no batch gains
+    a ratio from a slow reference. Each row names its base (``base``, ``base_epochs``)."""
     by: dict[int, dict[float, list[dict]]] = {}
     for r in records:
-        by.setdefault(_batch(r), {}).setdefault(lr_of(r), []).append(r)
+        by.setdefault(batch_of(r), {}).setdefault(lr_of(r), []).append(r)
     out = []
     for level in levels:
         rows = []
@@ -79,9 +156,16 @@ def choose(records: list[dict], levels: list[float], train_images: int) -> list[
                     "seeds": len(by[batch][best]) if best is not None else 0,
                 }
             )
-        base = rows[0]["epochs"] if rows else None
+        bases = []
+        if rows and rows[0]["epochs"] is not None:
+            bases.append((rows[0]["epochs"], f"batch {rows[0]['batch']:,} at LR {rows[0]['lr']:g}"))
+        if reference and mean_epochs(reference, level) is not None:
+            names = ", ".join(sorted({r["row"] for r in reference}))
+            bases.append((mean_epochs(reference, level), f"{names} ({len(reference)} seeds)"))
+        base_epochs, base = min(bases) if bases else (None, None)
         for row in rows:
-            row["ratio"] = row["epochs"] / base if row["epochs"] and base else None
+            row["ratio"] = row["epochs"] / base_epochs if row["epochs"] and base_epochs else None
+            row["base"], row["base_epochs"] = base, base_epochs
         out += rows
     return out
 
@@ -95,26 +179,29 @@ def goal(rows: list[dict], level: float, rcps: list[dict] | None) -> str:
     if not rcps:
         return f"{head}: no MLPerf points to compare (mlperf-logging is not installed)."
     mlperf = rcps[-1]["ratio"]
-    if mine[0]["epochs"] is None:
+    if mine[0]["batch"] != REFERENCE_BATCH:
+        return f"{head}: no batch-{REFERENCE_BATCH} runs to take the ratio from."
+    if mine[0]["base_epochs"] is None:
         return f"{head} ({mlperf:.2f}x): batch {mine[0]['batch']:,} never reached it."
     if mine[-1]["ratio"] is None:
         return f"{head} ({mlperf:.2f}x): batch {mine[-1]['batch']:,} never reached it -> missed."
     verdict = "met" if mine[-1]["ratio"] <= mlperf else "missed"
-    return f"{head} ({mlperf:.2f}x): {mine[-1]['ratio']:.2f}x -> {verdict}."
+    base = f"{mine[-1]['base_epochs']:.1f} epochs of {mine[-1]['base']}"
+    return f"{head} ({mlperf:.2f}x): {mine[-1]['ratio']:.2f}x of {base} -> {verdict}."
 
 
-def table(rows: list[dict], levels: list[float]) -> list[str]:
+def table(rows: list[dict], levels: list[float], images: str = "held-out") -> list[str]:
     lines = []
     for level in levels:
         mine = [r for r in rows if r["level"] == level]
         lrs = sorted({t["lr"] for r in mine for t in r["lrs"]})
         lines += [
-            f"To {100 * level:.2f}% top-1 (held-out), each batch at the LR that gets there first:",
+            f"To {100 * level:.2f}% top-1 ({images}), each batch at the LR that gets there "
+            f"first; the ratios' base: {mine[0]['base_epochs'] or 0:.1f} epochs of "
+            f"{mine[0]['base'] or 'none'}:",
             "",
             "| global batch | share of the training set per step | LR chosen | epochs (mean of its "
-            "seeds) | vs the smallest batch | "
-            + " | ".join(f"epochs at LR {lr:g}" for lr in lrs)
-            + " |",
+            "seeds) | vs the base | " + " | ".join(f"epochs at LR {lr:g}" for lr in lrs) + " |",
             "|---" * (5 + len(lrs)) + "|",
         ]
         for r in mine:
@@ -141,36 +228,90 @@ def table(rows: list[dict], levels: list[float]) -> list[str]:
     return lines
 
 
+def split_spec(spec: str) -> tuple[str, str]:
+    """FILE or FILE:ROW (a file whose own name has a colon is taken whole)."""
+    if Path(spec).is_file() or ":" not in spec:
+        return spec, ""
+    report, row = spec.rsplit(":", 1)
+    return report, row
+
+
+def read_runs(p: argparse.ArgumentParser, option: str, report: str, row: str):
+    """A report's data and its runs (of ``row`` alone where named)."""
+    try:
+        data = json.loads(Path(report).read_text())
+    except (OSError, ValueError) as e:
+        p.error(f"{option} {report}: not readable as a report ({type(e).__name__}: {e})")
+    runs = [r for r in data.get("runs", []) if not row or r["row"] == row]
+    if row and not runs:
+        p.error(f"{option} {report}:{row}: no run of row {row!r} in {report}")
+    return data, runs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--reports", nargs="+", required=True, help="target-grid reports, one per LR")
+    p.add_argument(
+        "--reports",
+        nargs="+",
+        required=True,
+        help="reports of bench/accuracy_study.py (a target grid's, or FILE:ROW for one row of "
+        "another grid's), any LRs each",
+    )
     p.add_argument("--target", type=float, required=True, help="top-1 to reach (fraction)")
     p.add_argument("--extra-targets", type=float, nargs="*", default=[])
+    p.add_argument(
+        "--reference",
+        nargs="+",
+        default=[],
+        metavar="FILE:ROW",
+        help="batch-128 runs of another recipe tuned for that batch (e.g. the tuned SGD baseline "
+        "on the same images): the ratios' base where they reach a level first",
+    )
+    p.add_argument(
+        "--seeds", type=int, nargs="+", help="only these seeds' runs (default: every seed)"
+    )
     p.add_argument("--out", default=str(REPO / "docs/results/tuning"))
     p.add_argument("--name", default="epochs_to_target_tuned")
     args = p.parse_args(argv)
     records, holdouts = [], set()
-    for report in args.reports:
-        try:
-            data = json.loads(Path(report).read_text())
-        except (OSError, ValueError) as e:
-            p.error(f"--reports {report}: not readable as a report ({type(e).__name__}: {e})")
-        if data.get("grid") != "target":
-            p.error(f"--reports {report}: not a target-grid report (grid {data.get('grid')!r})")
+    for spec in args.reports:
+        report, row = split_spec(spec)
+        data, runs = read_runs(p, "--reports", report, row)
+        if not row and data.get("grid") != "target":
+            p.error(
+                f"--reports {report}: a {data.get('grid')!r} grid's report; name the row to "
+                f"take from it: {report}:ROW"
+            )
         holdouts.add(data.get("holdout", 0))
-        records += data["runs"]
+        records += [r for r in runs if args.seeds is None or r["seed"] in args.seeds]
+    reference = []
+    for spec in args.reference:
+        report, row = split_spec(spec)
+        if not row:
+            p.error(f"--reference {spec}: name the row: {spec}:ROW")
+        data, runs = read_runs(p, "--reference", report, row)
+        holdouts.add(data.get("holdout", 0))
+        reference += [r for r in runs if args.seeds is None or r["seed"] in args.seeds]
+    try:
+        if any(batch_of(r) != REFERENCE_BATCH for r in reference):
+            p.error(f"--reference: runs at batch {REFERENCE_BATCH} only")
+    except ValueError as e:
+        p.error(str(e))
     if len(holdouts) > 1:
         p.error(f"--reports: evaluated on different images (holdout {sorted(holdouts)})")
     holdout = holdouts.pop()
     levels = [args.target, *args.extra_targets]
+    images = f"{holdout} held-out images" if holdout else "the test set"
     try:
-        rows = choose(records, levels, FASHION_MNIST_TRAIN - holdout)
+        one_definition(records)
+        rows = choose(records, levels, FASHION_MNIST_TRAIN - holdout, reference)
     except ValueError as e:
         p.error(str(e))
     rcps = mlperf_rcps()
     meta = {
         **provenance("epochs_tuned.py", argv),
         "reports": args.reports,
+        "reference": args.reference,
         "holdout": holdout,
         "levels": levels,
         "rows": rows,
@@ -187,13 +328,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(records)} runs from {len(args.reports)} report(s); top-1 on "
         + (f"{holdout} held-out training images." if holdout else "the test set."),
         "",
-        *table(rows, levels),
+        *table(rows, levels, images),
         *[line for g in meta["goals"] for line in (g, "")],
         *rcp_table(rcps),
         "",
     ]
     (out / f"{args.name}.md").write_text("\n".join(md))
-    print("\n".join(table(rows, levels) + meta["goals"]))
+    print("\n".join(table(rows, levels, images) + meta["goals"]))
     return 0
 
 

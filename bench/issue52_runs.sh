@@ -47,8 +47,11 @@ fi
 # each batch (--grid target) on a ladder of 3 LRs a factor 2 apart, from the linear rule's LR
 # (10 x B/4,096) up past the square-root rule's (10 x sqrt(B/4,096)): batch 8,192's ladder is its
 # tuning above (10, 20, 40), batch 4,096's LR 10 is the ablation's chosen row. Then
-# bench/epochs_tuned.py picks each batch's LR by its epochs to each level.
+# bench/epochs_tuned.py picks each batch's LR by its epochs to each level (--reference: the tuned
+# baseline's held-out run).
 TARGET="python bench/accuracy_study.py --epochs 90 --grid target --holdout 6000 --seeds 0 --target 0.9 --runs runs/accuracy_study/target-90ep-holdout6000"
+# the ratios' base is the faster of batch 128 in this recipe and the tuned SGD baseline (same images)
+lane_b+=("$STUDY --holdout 6000 --rows b128_lr0.4_tail --seeds 0 --runs runs/accuracy_study/target-90ep-holdout6000 --name b128_lr0.4_tail_90ep_holdout6000")
 for pair in 128:0.5 128:1 128:2 512:1.25 512:2.5 512:5 1024:2.5 1024:5 1024:10 2048:2.5 2048:5 2048:10 4096:5 4096:20; do
   b=${pair%%:*} lr=${pair##*:}
   lane_b+=("$TARGET --rows target_b$b --extra optim.base_lr=$lr --name target_b${b}_lr${lr}_90ep_holdout6000")

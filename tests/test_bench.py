@@ -1181,27 +1181,34 @@ def test_a_report_across_commits_that_changed_dstrain_says_so_and_is_asked_for_b
 
 def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
     """Issue 52, item 3: per batch, the LR whose runs reach the level first (mean over seeds; a
-    seed that never reaches it rules its LR out); ratios against batch 128 at its own best LR."""
+    seed that never reaches it rules its LR out); ratios against batch 128 at its own best LR, or
+    against a faster batch-128 reference; batch and LR read from each run's command (else its
+    recipe); runs of another recipe refused, naming the setting."""
     tuned = load("epochs_tuned")
+    recipe = "--config fashion_mnist_fujitsu --deepspeed_config runs/x/lars_fujitsu_fp32.json"
 
-    def run(batch: int, lr: float, seed: int, curve: list[float]) -> dict:
-        cmd = f"python -m dstrain epochs=4 optim.base_lr=10 batch.global_size={batch} optim.base_lr={lr:g}"
-        return {"row": f"target_b{batch}", "seed": seed, "command": cmd, "top1_per_epoch": curve}
+    def run(batch, lr, seed, curve, row=None, more=""):
+        cmd = (
+            f"python -m dstrain {recipe} epochs=4 seed={seed} run_dir=runs/r{seed} "
+            f"batch.global_size={batch} optim.base_lr={lr:g} {more}"
+        )
+        row = row or f"target_b{batch}"
+        return {"row": row, "seed": seed, "command": cmd, "top1_per_epoch": curve}
 
-    def report(lr: float, runs: list[dict]) -> Path:
-        path = tmp_path / f"lr{lr:g}.json"
-        path.write_text(json.dumps({"grid": "target", "holdout": 6000, "runs": runs}))
-        return path
+    def report(name: str, runs: list[dict], grid: str = "target", holdout: int = 6000) -> str:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"grid": grid, "holdout": holdout, "runs": runs}))
+        return str(path)
 
     low = report(
-        5,
+        "lr5",
         [
             run(128, 5, 0, [0.5, 0.9, 0.95, 0.95]),  # 2 epochs
             run(8192, 5, 0, [0.1, 0.2, 0.5, 0.91]),  # 4
         ],
     )
     high = report(
-        10,
+        "lr10",
         [
             run(128, 10, 0, [0.5, 0.6, 0.91, 0.95]),  # 3
             run(8192, 10, 0, [0.2, 0.5, 0.92, 0.93]),  # 3
@@ -1209,27 +1216,57 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
         ],
     )
     out = tmp_path / "out"
-    argv = ["--reports", str(low), str(high), "--target", "0.9", "--out", str(out), "--name", "t"]
-    assert tuned.main(argv) == 0
-    rows = json.loads((out / "t.json").read_text())["rows"]
+
+    def main(*args: str) -> list[dict]:
+        assert tuned.main([*args, "--target", "0.9", "--out", str(out), "--name", "t"]) == 0
+        return json.loads((out / "t.json").read_text())["rows"]
+
+    rows = main("--reports", low, high)
     assert [(r["batch"], r["lr"], r["epochs"], r["ratio"]) for r in rows] == [
         (128, 5.0, 2, 1.0),
         (8192, 5.0, 4, 2.0),
     ]
     assert rows[1]["lrs"] == [{"lr": 5.0, "epochs": 4}, {"lr": 10.0, "epochs": None}]
+    assert rows[1]["base"] == "batch 128 at LR 5"
     md = (out / "t.md").read_text()
     assert "| 8,192 | 15.17% | 5 | 4.0 (1) | 2.00x | 4.0 | never |" in md  # of 54,000
     rcps = [{"batch": 1632, "ratio": 1.0}, {"batch": 67840, "ratio": 2.45}]
-    assert tuned.goal(rows, 0.9, rcps).endswith("(2.45x): 2.00x -> met.")
-    # a report of another grid, or of other images, is refused
-    (tmp_path / "study.json").write_text(json.dumps({"grid": "study", "runs": []}))
-    with pytest.raises(SystemExit):
-        tuned.main(
-            ["--reports", str(tmp_path / "study.json"), "--target", "0.9", "--out", str(out)]
-        )
-    (tmp_path / "test.json").write_text(json.dumps({"grid": "target", "holdout": 0, "runs": []}))
-    with pytest.raises(SystemExit):
-        tuned.main(["--reports", str(low), str(tmp_path / "test.json"), "--target", "0.9"])
+    assert tuned.goal(rows, 0.9, rcps).endswith(
+        "(2.45x): 2.00x of 2.0 epochs of batch 128 at LR 5 -> met."
+    )
+    # --seeds 1 leaves LR 10's failing seed alone at 8,192: no batch 128, no ratio
+    rows = main("--reports", high, "--seeds", "1")
+    assert tuned.goal(rows, 0.9, rcps).endswith("no batch-128 runs to take the ratio from.")
+    # a faster batch-128 recipe (the tuned SGD baseline) becomes the base
+    sgd = {"row": "b128_sgd", "seed": 0, "top1_per_epoch": [0.95, 0.96, 0.97, 0.97]}
+    sgd["command"] = "python -m dstrain --config fashion_mnist batch.global_size=128"
+    baseline = report("sgd", [sgd], grid="study")
+    rows = main("--reports", low, high, "--reference", f"{baseline}:b128_sgd")
+    assert [r["ratio"] for r in rows] == [2.0, 4.0] and rows[0]["base"] == "b128_sgd (1 seeds)"
+    # a study report's row, read by name: its batch and LR from the command, else the recipe's
+    study_runs = [run(8192, 20, 0, [0.5, 0.9, 0.9, 0.9], row="chosen_b8192")]
+    study_runs.append(
+        run(4096, 10, 0, [0.9] * 4, row="chosen_no_ls", more="optim.label_smoothing=0")
+    )
+    study = report("study", study_runs, grid="study")
+    rows = main("--reports", low, f"{study}:chosen_b8192")
+    assert [(r["batch"], r["lr"], r["epochs"]) for r in rows] == [(128, 5.0, 2), (8192, 20.0, 2)]
+    recipe_lr = dict(
+        study_runs[0], command=study_runs[0]["command"].replace("optim.base_lr=20", "")
+    )
+    assert tuned.lr_of(recipe_lr) == 10.0  # fashion_mnist_fujitsu.yaml's peak LR
+    # refused: a study report taken whole, a row of another recipe, other images, a bad row
+    for bad in (
+        ["--reports", study],
+        ["--reports", low, f"{study}:chosen_no_ls"],
+        ["--reports", low, report("test", [], holdout=0)],
+        ["--reports", low, f"{study}:no_such_row"],
+        ["--reports", low, "--reference", baseline],
+    ):
+        with pytest.raises(SystemExit):
+            tuned.main([*bad, "--target", "0.9", "--out", str(out)])
+    with pytest.raises(ValueError, match="optim.label_smoothing"):
+        tuned.one_definition([*json.loads(Path(low).read_text())["runs"], study_runs[1]])
 
 
 def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
