@@ -23,6 +23,7 @@ docs/results/tuning).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shlex
 import statistics
@@ -34,80 +35,67 @@ sys.path.insert(0, str(REPO))
 
 from bench.accuracy_study import (  # noqa: E402
     FASHION_MNIST_TRAIN,
+    _flat,
+    definition,
     epochs_to,
     mlperf_rcps,
     rcp_table,
+    trainer_args,
 )
 from bench.common import provenance  # noqa: E402
 
-# what may differ between the runs compared: the batch and its peak LR (what is tuned), the micro
-# batch that carries it, the seed, and where a run writes; everything else is one recipe
 REFERENCE_BATCH = 128  # the ratios' reference: the smallest batch of the target grid
-VARYING = {"batch.global_size", "optim.base_lr", "batch.micro_per_rank", "seed", "run_dir"}
-OPTIONS = {"--config": "config", "-c": "config", "--deepspeed_config": "deepspeed_config"}
+# what may differ between the runs compared: the batch and its peak LR (what is tuned), the micro
+# batch that carries it and the seed; everything else (the resolved config and the DeepSpeed
+# settings the run read) is one recipe
+VARYING = {"batch.global_size", "optim.base_lr", "batch.micro_per_rank", "seed"}
 
 
-def settings(record: dict) -> dict[str, str]:
-    """A run's trainer command as settings: its recipe, its DeepSpeed JSON's file name (the study
-    copies the JSON into each runs folder) and every key=value override, the last one winning."""
-    words = shlex.split(record["command"])
-    out = {}
-    for i, word in enumerate(words):
-        option = OPTIONS.get(word.replace("--deepspeed-config", "--deepspeed_config"))
-        if option and i + 1 < len(words):
-            out[option] = words[i + 1]
-        elif "=" in word and not word.startswith("-"):
-            key, value = word.split("=", 1)
-            out[key] = value
-    if "deepspeed_config" in out:
-        out["deepspeed_config"] = Path(out["deepspeed_config"]).name
-    return out
+def resolved(record: dict) -> dict:
+    """The run's settings as the trainer resolved them (the study's :func:`definition`: the recipe,
+    the overrides, the DeepSpeed settings the run recorded), flat: ``{"optim.base_lr": 10.0, ...}``."""
+    try:
+        return _resolved(record["command"], json.dumps(record.get("deepspeed_settings")))
+    except ValueError as e:
+        raise ValueError(f"{record['row']} seed {record['seed']}: {e}") from None
 
 
-def recipe_value(record: dict, key: str) -> str:
-    """``key`` as the run set it, else as its recipe (``--config``) does."""
-    given = settings(record)
-    if key in given:
-        return given[key]
-    from omegaconf import OmegaConf
+@functools.cache
+def _resolved(command: str, ds_settings: str) -> dict:
+    from dstrain.settings.config import ConfigError
 
-    name = given.get("config")
-    path = Path(name) if name and Path(name).suffix else REPO / "dstrain/recipes" / f"{name}.yaml"
-    value = OmegaConf.select(OmegaConf.load(path), key) if name and path.is_file() else None
-    if value is None:
-        raise ValueError(
-            f"{record['row']} seed {record['seed']}: its command sets no {key} and names no "
-            "recipe that does"
-        )
-    return str(value)
+    try:
+        tree = definition(trainer_args(shlex.split(command)), json.loads(ds_settings))
+    except (ConfigError, OSError) as e:
+        raise ValueError(f"its settings do not load: {e}") from None
+    return _flat(tree)
 
 
 def lr_of(record: dict) -> float:
-    """The peak LR a run trained with: its command's last optim.base_lr= (the row's own, or
-    --extra's after it), else its recipe's."""
-    return float(recipe_value(record, "optim.base_lr"))
+    """The peak LR a run trained with (its command's last optim.base_lr=, else its recipe's)."""
+    return float(resolved(record)["optim.base_lr"])
 
 
 def batch_of(record: dict) -> int:
-    return int(recipe_value(record, "batch.global_size"))
+    return int(resolved(record)["batch.global_size"])
 
 
 def one_definition(records: list[dict]) -> None:
-    """The runs compared are one recipe at several batches and LRs: every setting outside
-    VARYING, and the DeepSpeed settings the run read, the same in all; else ValueError naming
-    the first that differs."""
+    """The runs compared are one recipe at several batches and LRs: every resolved setting outside
+    VARYING the same in all; else ValueError naming the first that differs."""
     if not records:
         return
     first = records[0]
 
     def fixed(record: dict) -> dict:
-        return {k: v for k, v in settings(record).items() if k not in VARYING}
+        return {k: v for k, v in resolved(record).items() if k not in VARYING}
 
     def name(record: dict) -> str:
         return f"{record['row']} seed {record['seed']}"
 
+    a = fixed(first)
     for record in records[1:]:
-        a, b = fixed(first), fixed(record)
+        b = fixed(record)
         for key in sorted(a.keys() | b.keys()):
             if a.get(key) != b.get(key):
                 raise ValueError(
@@ -115,8 +103,6 @@ def one_definition(records: list[dict]) -> None:
                     f"{a.get(key)}): epochs to target compare one recipe, only its batch and LR "
                     "tuned; pick the row with --reports FILE:ROW"
                 )
-        if record.get("deepspeed_settings") != first.get("deepspeed_settings"):
-            raise ValueError(f"{name(record)} differs from {name(first)} in its DeepSpeed settings")
 
 
 def mean_epochs(runs: list[dict], level: float) -> float | None:

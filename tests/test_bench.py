@@ -1185,7 +1185,7 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
     against a faster batch-128 reference; batch and LR read from each run's command (else its
     recipe); runs of another recipe refused, naming the setting."""
     tuned = load("epochs_tuned")
-    recipe = "--config fashion_mnist_fujitsu --deepspeed_config runs/x/lars_fujitsu_fp32.json"
+    recipe = "--config fashion_mnist_fujitsu --deepspeed_config ds_configs/lars_fujitsu_fp32.json"
 
     def run(batch, lr, seed, curve, row=None, more=""):
         cmd = (
