@@ -59,9 +59,10 @@ SLOT_S = 15 * 60
 PLAN_S = 13 * 60
 START_S = 30  # a fresh node's start (the 9a9aaeb pass: ~28 s with its first transfer)
 GAP_S = 10  # between a job's reply and the next call: the warm node idles, and that is counted
-# Bringing a job's payload: not measured yet (the device tool's held_s grows by more than a job's
-# wall_s; the difference, over the payload, is the rate). 8 MiB/s is a guess on the slow side;
-# the next GPU pass measures it (docs/gpu.md) and --transfer-mib-s takes the measured value.
+# Bringing a job's payload (the device tool's held_s grows by more than a job's wall_s; the
+# difference, over the payload, is the rate): the 7332174 pass's 61-MiB ferries cost 5-6 s of
+# device time, node time included (10 MiB/s or more); 8 MiB/s keeps some slack (docs/gpu.md).
+# --transfer-mib-s plans with another rate.
 TRANSFER_MIB_S = 8.0
 RECEIVE_S = 5  # a ferry job on the node: keep the part (a copy and its SHA-256)
 DALI_INSTALL_S = 60  # the last ferry: join the parts, check, pip-install 9 wheels (13 s here)
@@ -423,7 +424,7 @@ DEADLINE_CAP_S = 560  # a job's own end within the node's 10 minutes (tools/gpu_
 MIN_LAST_DEADLINE_S = 120  # below it the last job measures too little: fewer or smaller parts
 
 
-def print_plan(jobs: list[dict]) -> None:
+def print_plan(jobs: list[dict], transfer_mib_s: float = TRANSFER_MIB_S) -> None:
     total = jobs[-1]["device_s"] if jobs else 0
     print(
         f"\nThe slot plan: {len(jobs)} jobs, ~{total / 60:.1f} of the slot's {SLOT_S // 60} minutes "
@@ -444,7 +445,8 @@ def print_plan(jobs: list[dict]) -> None:
     if jobs and not jobs[-1].get("enough_time", True):
         print("  WARNING: the last job has under 2 minutes: the ferries take too long")
     print(
-        f"  Seconds: transfer at {TRANSFER_MIB_S:g} MiB/s (assumed until measured: docs/gpu.md), "
+        f"  Seconds: transfer at {transfer_mib_s:g} MiB/s (docs/gpu.md: the 7332174 pass saw 10 or "
+        "more), "
         f"the node's time, {GAP_S} s before the next call; the first adds the {START_S}-s start.\n"
         "  After each measuring job: ./run.sh gpu-import <its gpu_state.tar.gz>; after the last, "
         "give the node back.\n"
@@ -510,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     except PrepareError as err:
         print(f"[gpu-prepare] error: {err}", file=sys.stderr)
         return 2
-    print_plan(jobs)
+    print_plan(jobs, args.transfer_mib_s)
     write_json(gpu_dir / "JOBS.json", {"jobs": jobs})
     return 0 if all(j["fits"] for j in jobs) else 1
 
