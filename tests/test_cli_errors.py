@@ -124,6 +124,16 @@ CASES = [
     ("config", "negative LR", ["optim.base_lr=-0.1"], "optim.base_lr=-0.1: must be > 0"),
     (
         "config",
+        "compile mode without inductor",
+        [
+            "model.compile=true",
+            "model.compile_backend=aot_eager",
+            "model.compile_mode=max-autotune",
+        ],
+        "with model.compile_backend=aot_eager set model.compile_mode=default",
+    ),
+    (
+        "config",
         "a BN group larger than the ranks",
         ["model.bn_group=2"],
         "model.bn_group=2 does not divide the 1 rank(s): BN groups are 2 consecutive ranks",

@@ -9,7 +9,8 @@ lists it): epochs, the LR and its schedule, optimizer hyperparameters that keep 
 ramp of epochs not yet started, the seed at an epoch boundary, gradient clipping,
 label smoothing, logging, evaluation, checkpoint and fault settings, Final Polishing, the data root,
 loader threads and prefetch, the micro batch (the global batch stays), ``model.channels_last``,
-``model.compile`` and ``model.bn_span``, and the gradient communication block.
+``model.compile`` (its mode and backend) and ``model.bn_span``, and the gradient communication
+block.
 """
 
 from __future__ import annotations

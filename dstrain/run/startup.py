@@ -36,7 +36,7 @@ from dstrain.loop import checkpoint, mlperf
 from dstrain.run import compat, rundir
 from dstrain.run.components import check_precision
 from dstrain.run.plan import Plan
-from dstrain.settings.config import polish_batch
+from dstrain.settings.config import TrainConfig, polish_batch
 from dstrain.settings.ramp import batch_at
 from dstrain.techniques.models import model_from_config
 from dstrain.techniques.optim import build_optimizer
@@ -211,7 +211,7 @@ def plan_lines(plan: Plan, start: Start, job: str) -> list[str]:
         f"{cfg.optim.lr_scaling} scaling), gradients by {comm}",
         f"job          {job}",
         f"model        {cfg.model.name}, channels_last {str(cfg.model.channels_last).lower()}, "
-        f"compile {str(cfg.model.compile).lower()}, {bn_line(plan)}",
+        f"compile {compile_line(cfg)}, {bn_line(plan)}",
         f"data         {images.kind} loader, {images.n_train} train / {images.n_val} val images "
         f"from {images.source}",
     ]
@@ -223,6 +223,14 @@ def plan_lines(plan: Plan, start: Start, job: str) -> list[str]:
     if cfg.log.mlperf:
         lines.append(mlperf_line(plan, images, schedule))
     return lines
+
+
+def compile_line(cfg: TrainConfig) -> str:
+    """``false``, or ``true (inductor, mode default)``: the plan's word on torch.compile."""
+    model = cfg.model
+    return (
+        f"true ({model.compile_backend}, mode {model.compile_mode})" if model.compile else "false"
+    )
 
 
 def bn_line(plan: Plan) -> str:

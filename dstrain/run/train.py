@@ -205,7 +205,7 @@ def build_engine(plan: Plan, parts: Components, engine_cfg: dict):
     if parts.memory_format == torch.channels_last:
         engine.module.to(memory_format=torch.channels_last)
     if plan.cfg.model.compile:  # after the layout change: the graph sees the final strides
-        compile_engine(engine, plan.cfg.model.compile_mode)
+        compile_engine(engine, plan.cfg.model.compile_mode, plan.cfg.model.compile_backend)
     return engine, optimizer, configure_grad_sync(engine, plan.spec.comm, plan.world, plan.cfg.seed)
 
 

@@ -153,6 +153,12 @@ class ModelConfig:
         "torch.compile mode with model.compile=true; reduce-overhead adds CUDA graphs, "
         "max-autotune searches kernels (longer compile)",
     )
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = setting(
+        "inductor",
+        "torch.compile backend with model.compile=true: inductor generates kernels (the fast "
+        "one); aot_eager traces forward and backward and runs them eagerly, eager only traces: "
+        "to tell a code-generation problem from a tracing one, at eager speed",
+    )
 
 
 @dataclass
@@ -644,6 +650,11 @@ def _model_rules(cfg: TrainConfig, world_size: int) -> Rules:
     model = cfg.model
     yield model.num_classes >= 2, f"model.num_classes={model.num_classes}: must be >= 2"
     yield model.in_channels >= 1, f"model.in_channels={model.in_channels}: must be >= 1"
+    yield (
+        model.compile_backend == "inductor" or model.compile_mode == "default",
+        f"model.compile_mode={model.compile_mode} is inductor's; with "
+        f"model.compile_backend={model.compile_backend} set model.compile_mode=default",
+    )
     yield from _bn_span_rules(cfg, world_size)
     yield from _bn_group_rules(cfg, world_size)
     if model.name == "resnet_small":

@@ -135,7 +135,7 @@ def input_dtype(precision: str) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
 
 
-def compile_engine(engine, mode: str) -> None:
+def compile_engine(engine, mode: str, backend: str = "inductor") -> None:
     """``torch.compile`` the engine's module in place (``nn.Module.compile``, through DeepSpeed's
     ``engine.compile``): the state dict keeps its keys, so checkpoints load compiled or not.
     Compilation itself happens at the first forward of each mode (train, eval).
@@ -144,9 +144,13 @@ def compile_engine(engine, mode: str) -> None:
     batch, an epoch's last partial batch, the eval batches), each compiled once. Dynamo's default
     would turn the batch dimension symbolic at the second shape, and the BN span's grouping
     reshape (``dstrain/techniques/bn_span.py``) under a symbolic batch sent inductor's shape solver into a
-    loop of tens of minutes (tests/test_trainer.py's compiled tests hung CI this way)."""
-    log.info("torch.compile: inductor, mode %s; the first train and eval steps compile", mode)
-    engine.compile(backend="inductor", compile_kwargs={"mode": mode, "dynamic": False})
+    loop of tens of minutes (tests/test_trainer.py's compiled tests hung CI this way).
+
+    ``backend``: inductor (``mode`` is its), or aot_eager / eager, which trace the same graphs
+    without generating code (validated: a mode other than default needs inductor)."""
+    kwargs = {"dynamic": False, **({"mode": mode} if backend == "inductor" else {})}
+    log.info("torch.compile: %s, mode %s; the first train and eval steps compile", backend, mode)
+    engine.compile(backend=backend, compile_kwargs=kwargs)
 
 
 def compiled_graphs() -> int:
