@@ -143,7 +143,8 @@ class ModelConfig:
     channels_last: bool = setting(False, "train in NHWC memory format (bool)")
     compile: bool = setting(
         False,
-        "torch.compile the model (inductor, in place: checkpoints keep their keys); "
+        "torch.compile the model (model.compile_backend, inductor by default; in place: "
+        "checkpoints keep their keys); "
         "the first steps pay the compilation, logged (bool)",
     )
     compile_mode: Literal[
