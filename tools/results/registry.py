@@ -313,7 +313,8 @@ RESULTS = [
            R + "startup.py --repeats 7", "bench/results/startup_cpu.json",
            "torch {derived.torch_s.median:.2f} s, torch._dynamo {derived.dynamo_s.median:.2f} s, "
            "DeepSpeed {derived.deepspeed_s.median:.2f} s; the guard saves "
-           "{derived.guard_saves_s.median:.2f} s a process",
+           "{derived.guard_saves_s.median:.2f} s a process; a refused config "
+           "{statements.config_error.median_s:.2f} s",
            code=("bench/startup.py", "dstrain/__init__.py", "dstrain/core/import_guard.py",
                  "pyproject.toml")),
     Result("optimizer_step", "LARS/LAMB step on ResNet-50's parameters", R + "optimizer_step.py",
