@@ -1058,9 +1058,11 @@ def test_the_ablation_and_baseline_tuning_rows_change_what_they_name(tmp_path):
     assert changes("chosen_ramp", study.CHOSEN) == (
         "batch.global_size: 4096 -> 2048, batch.ramp: [] -> [[36, 4096]]"
     )
-    assert changes("chosen_b8192", study.CHOSEN) == "batch.global_size: 4096 -> 8192"
+    assert changes("chosen_b8192", study.CHOSEN) == (
+        "batch.global_size: 4096 -> 8192, optim.base_lr: 10.0 -> 20.0"
+    )
     lamb = changes("chosen_b8192_lamb", "chosen_b8192")
-    assert "deepspeed_config.optimizer.type: LARS -> Lamb" in lamb and "optim.base_lr: 10" in lamb
+    assert "deepspeed_config.optimizer.type: LARS -> Lamb" in lamb and "optim.base_lr: 20" in lamb
     assert study.DERIVED["chosen_no_refit"] == study.CHOSEN
     assert changes("b128_lr0.4", "baseline") == "polish.enabled: False -> True"
     assert changes("b128_lr0.1", "b128_lr0.4") == "optim.base_lr: 0.4 -> 0.1"
@@ -1272,7 +1274,8 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
 def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     """bench/issue52_runs.sh (the issue's remaining runs, resumable across sessions): every command
     it would run names rows and options bench/accuracy_study.py accepts, all at 541f812; batch
-    8,192's test-set seeds join only once its LR is chosen (B8192_LR)."""
+    8,192's test-set seeds at its chosen LR (20); LAMB's seeds 1-2 join once its LR is chosen
+    (B8192_LAMB_LR); each batch of the target grid has an LR ladder."""
     study = load("accuracy_study")
     script = REPO / "bench" / "issue52_runs.sh"
     assert "COMMIT=541f812" in script.read_text()
@@ -1287,11 +1290,17 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         ).stdout
         return [shlex.split(line.split(": ", 1)[1]) for line in out.splitlines()]
 
-    plain, chosen = commands(), commands(B8192_LR="20")
-    added = [a for a in chosen if a not in plain]
-    assert len(chosen) == len(plain) + 2 and "optim.base_lr=20" in added[0], added
-    assert "final_90ep_b8192" in added[0] and "chosen_b8192_lamb" in added[1]
-    for argv in chosen:
+    plain, lamb = commands(), commands(B8192_LAMB_LR="0.032")
+    added = [a for a in lamb if a not in plain]
+    assert len(lamb) == len(plain) + 1 and "chosen_b8192_lamb" in added[0]
+    assert "optim.base_lr=0.032" in added[0] and added[0][added[0].index("--seeds") + 1] == "1"
+    final = [a for a in plain if "final_90ep_b8192" in a]
+    assert len(final) == 1 and "optim.base_lr=20" in final[0]
+    names = [a[a.index("--name") + 1] for a in plain]
+    assert len(names) == len(set(names))  # one report each
+    # item 2's comparisons come first: the queue is drained in order
+    assert names[:3] == ["final_90ep_b128", "final_90ep_b4096", "final_90ep_b8192"]
+    for argv in lamb:
         assert argv[:2] == ["python", "bench/accuracy_study.py"]
         args = study.parse_args(argv[2:])  # the study's own parser: rows its grid knows
         assert args.rows and args.epochs == 90
