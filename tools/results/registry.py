@@ -427,6 +427,13 @@ RESULTS = [
            "--finished-only --reuse docs/results/final_90ep_b128.json --runs "
            "runs/accuracy_study/final-90ep-b128 --out docs/results --name final_90ep_b128",
            "docs/results/final_90ep_b128.json", _study, rerun=False),
+    Result("final_90ep_b4096",
+           "issue 52, item 2: batch 4,096 (the chosen row, fujitsu_span32_bn_lr0.1) at 90 epochs on "
+           "the test set, 5 seeds at 541f812 (in progress: the report names the pending seeds)",
+           R + "accuracy_study.py --epochs 90 --rows fujitsu_span32_bn_lr0.1 --seeds 0 1 2 3 4 "
+           "--finished-only --reuse docs/results/final_90ep_b4096.json --runs "
+           "runs/accuracy_study/final-90ep-b4096 --out docs/results --name final_90ep_b4096",
+           "docs/results/final_90ep_b4096.json", _study, rerun=False),
     Result("study_90ep",
            "the goal's measurement: batch 128 vs the chosen batch-4,096 row, 90 epochs, 3 seeds, test "
            "set (CPU; batch 128's runs read from accuracy_study_90ep_baseline.json)",
