@@ -14,10 +14,12 @@ recorded trainer command (else its recipe); every other setting must be the same
 and batch, the LR whose runs reach the level in the fewest epochs (their mean over the seeds kept,
 ``--seeds``; a seed that never reaches it counts as never) is that batch's, as MLPerf tunes each
 batch's hyperparameters for its epochs to converge; its epochs, over batch 128's at its own best
-LR, is the batch's ratio. The goal (issue 52): batch 8,192's ratio at or below MLPerf's from its
-smallest to its largest batch (2.45x, ruleset 4.0.0). Writes <name>.json (every LR's epochs per
-batch and level, the choice, the ratios, MLPerf's points) and <name>.md under --out (default
-docs/results/tuning).
+LR, is the batch's ratio. ``--tuned KEY...`` tunes more than the LR (e.g. the warmup and decay
+epochs, as MLPerf's points tune them per batch): each combination of their values is a setting of
+its own, and the rest of the recipe must still match. The goal (issue 52): batch 8,192's ratio at
+or below MLPerf's from its smallest to its largest batch (2.45x, ruleset 4.0.0). Writes
+<name>.json (every setting's epochs per batch and level, the choice, the ratios, MLPerf's points)
+and <name>.md under --out (default docs/results/tuning).
 """
 
 from __future__ import annotations
@@ -45,10 +47,12 @@ from bench.accuracy_study import (  # noqa: E402
 from bench.common import provenance  # noqa: E402
 
 REFERENCE_BATCH = 128  # the ratios' reference: the smallest batch of the target grid
-# what may differ between the runs compared: the batch and its peak LR (what is tuned), the micro
-# batch that carries it and the seed; everything else (the resolved config and the DeepSpeed
-# settings the run read) is one recipe
-VARYING = {"batch.global_size", "optim.base_lr", "batch.micro_per_rank", "seed"}
+# what may differ between the runs compared besides the settings tuned (--tuned, default the peak
+# LR): the batch, the micro batch that carries it and the seed; everything else (the resolved
+# config and the DeepSpeed settings the run read) is one recipe
+VARYING = {"batch.global_size", "batch.micro_per_rank", "seed"}
+TUNED = ("optim.base_lr",)
+SHORT = {"optim.base_lr": "LR", "optim.warmup_epochs": "warmup", "optim.decay_epochs": "decay"}
 
 
 def resolved(record: dict) -> dict:
@@ -76,19 +80,34 @@ def lr_of(record: dict) -> float:
     return float(resolved(record)["optim.base_lr"])
 
 
+def setting_of(record: dict, tuned: tuple[str, ...] = TUNED) -> tuple:
+    """The values of the tuned settings a run trained with, in ``tuned``'s order."""
+    values = resolved(record)
+    missing = [k for k in tuned if k not in values]
+    if missing:
+        raise ValueError(f"--tuned {' '.join(missing)}: not a trainer setting")
+    return tuple(values[k] for k in tuned)
+
+
+def label(setting: tuple, tuned: tuple[str, ...] = TUNED) -> str:
+    """``LR 20`` or ``LR 20, warmup 9``: a setting as the tables name it."""
+    return ", ".join(f"{SHORT.get(k, k)} {v:g}" for k, v in zip(tuned, setting))
+
+
 def batch_of(record: dict) -> int:
     return int(resolved(record)["batch.global_size"])
 
 
-def one_definition(records: list[dict]) -> None:
-    """The runs compared are one recipe at several batches and LRs: every resolved setting outside
-    VARYING the same in all; else ValueError naming the first that differs."""
+def one_definition(records: list[dict], tuned: tuple[str, ...] = TUNED) -> None:
+    """The runs compared are one recipe at several batches and tuned settings: every resolved
+    setting outside VARYING and ``tuned`` the same in all; else ValueError naming the first that
+    differs."""
     if not records:
         return
     first = records[0]
 
     def fixed(record: dict) -> dict:
-        return {k: v for k, v in resolved(record).items() if k not in VARYING}
+        return {k: v for k, v in resolved(record).items() if k not in VARYING | set(tuned)}
 
     def name(record: dict) -> str:
         return f"{record['row']} seed {record['seed']}"
@@ -100,8 +119,9 @@ def one_definition(records: list[dict]) -> None:
             if a.get(key) != b.get(key):
                 raise ValueError(
                     f"{name(record)} differs from {name(first)} in {key} ({b.get(key)} against "
-                    f"{a.get(key)}): epochs to target compare one recipe, only its batch and LR "
-                    "tuned; pick the row with --reports FILE:ROW"
+                    f"{a.get(key)}): epochs to target compare one recipe, only its batch and "
+                    f"{', '.join(tuned)} tuned; pick the row with --reports FILE:ROW, or tune it "
+                    "too (--tuned)"
                 )
 
 
@@ -116,35 +136,42 @@ def choose(
     levels: list[float],
     train_images: int,
     reference: list[dict] | None = None,
+    tuned: tuple[str, ...] = TUNED,
 ) -> list[dict]:
-    """Per level and batch: every LR's mean epochs, the LR with the fewest, and the ratio of its
-    epochs to the base: the fewer of batch 128's at its own best LR and the ``reference`` runs'
-    mean (another recipe tuned for batch 128, such as the tuned SGD baseline), so no batch gains
-    a ratio from a slow reference. Each row names its base (``base``, ``base_epochs``)."""
-    by: dict[int, dict[float, list[dict]]] = {}
+    """Per level and batch: every tried setting's mean epochs (``tried``), the setting with the
+    fewest (``setting``; ``lr`` its peak LR), and the ratio of its epochs to the base: the fewer
+    of batch 128's at its own best setting and the ``reference`` runs' mean (another recipe tuned
+    for batch 128, such as the tuned SGD baseline), so no batch gains a ratio from a slow
+    reference. Each row names its base (``base``, ``base_epochs``)."""
+    by: dict[int, dict[tuple, list[dict]]] = {}
     for r in records:
-        by.setdefault(batch_of(r), {}).setdefault(lr_of(r), []).append(r)
+        by.setdefault(batch_of(r), {}).setdefault(setting_of(r, tuned), []).append(r)
     out = []
     for level in levels:
         rows = []
         for batch in sorted(by):
-            tried = {lr: mean_epochs(runs, level) for lr, runs in sorted(by[batch].items())}
-            reaching = {lr: e for lr, e in tried.items() if e is not None}
-            best = min(reaching, key=lambda lr: (reaching[lr], lr)) if reaching else None
+            tried = {st: mean_epochs(runs, level) for st, runs in sorted(by[batch].items())}
+            reaching = {st: e for st, e in tried.items() if e is not None}
+            best = min(reaching, key=lambda st: (reaching[st], st)) if reaching else None
+            chosen = dict(zip(tuned, best)) if best is not None else None
             rows.append(
                 {
                     "level": level,
                     "batch": batch,
                     "share": batch / train_images,
-                    "lrs": [{"lr": lr, "epochs": e} for lr, e in tried.items()],
-                    "lr": best,
+                    "tried": [
+                        {"setting": dict(zip(tuned, st)), "epochs": e} for st, e in tried.items()
+                    ],
+                    "setting": chosen,
+                    "label": label(best, tuned) if best is not None else None,
+                    "lr": chosen.get("optim.base_lr") if chosen else None,
                     "epochs": reaching.get(best),
                     "seeds": len(by[batch][best]) if best is not None else 0,
                 }
             )
         bases = []
         if rows and rows[0]["epochs"] is not None:
-            bases.append((rows[0]["epochs"], f"batch {rows[0]['batch']:,} at LR {rows[0]['lr']:g}"))
+            bases.append((rows[0]["epochs"], f"batch {rows[0]['batch']:,} at {rows[0]['label']}"))
         if reference and mean_epochs(reference, level) is not None:
             names = ", ".join(sorted({r["row"] for r in reference}))
             bases.append((mean_epochs(reference, level), f"{names} ({len(reference)} seeds)"))
@@ -176,37 +203,45 @@ def goal(rows: list[dict], level: float, rcps: list[dict] | None) -> str:
     return f"{head} ({mlperf:.2f}x): {mine[-1]['ratio']:.2f}x of {base} -> {verdict}."
 
 
-def table(rows: list[dict], levels: list[float], images: str = "held-out") -> list[str]:
+def table(
+    rows: list[dict], levels: list[float], images: str = "held-out", tuned: tuple[str, ...] = TUNED
+) -> list[str]:
     lines = []
+    what = ", ".join(SHORT.get(k, k) for k in tuned)
     for level in levels:
         mine = [r for r in rows if r["level"] == level]
-        lrs = sorted({t["lr"] for r in mine for t in r["lrs"]})
+        settings = sorted({tuple(t["setting"].values()) for r in mine for t in r["tried"]})
         lines += [
-            f"To {100 * level:.2f}% top-1 ({images}), each batch at the LR that gets there "
+            f"To {100 * level:.2f}% top-1 ({images}), each batch at the {what} that gets there "
             f"first; the ratios' base: {mine[0]['base_epochs'] or 0:.1f} epochs of "
             f"{mine[0]['base'] or 'none'}:",
             "",
-            "| global batch | share of the training set per step | LR chosen | epochs (mean of its "
-            "seeds) | vs the base | " + " | ".join(f"epochs at LR {lr:g}" for lr in lrs) + " |",
-            "|---" * (5 + len(lrs)) + "|",
+            f"| global batch | share of the training set per step | {what} chosen | epochs (mean "
+            "of its seeds) | vs the base | "
+            + " | ".join(f"epochs at {label(st, tuned)}" for st in settings)
+            + " |",
+            "|---" * (5 + len(settings)) + "|",
         ]
         for r in mine:
-            tried = {t["lr"]: t["epochs"] for t in r["lrs"]}
+            tried = {tuple(t["setting"].values()): t["epochs"] for t in r["tried"]}
+            # one setting tuned: its value alone (the column names it); several: each named
+            one = r["setting"] and len(tuned) == 1
+            chosen = f"{r['setting'][tuned[0]]:g}" if one else r["label"]
             cells = [
                 f"{r['batch']:,}",
                 f"{100 * r['share']:.2f}%",
-                f"{r['lr']:g}" if r["lr"] is not None else "none reaches it",
+                chosen if chosen is not None else "none reaches it",
                 f"{r['epochs']:.1f} ({r['seeds']})" if r["epochs"] is not None else "never",
                 f"{r['ratio']:.2f}x" if r["ratio"] else "-",
                 *(
                     (
                         "-"
-                        if lr not in tried
+                        if st not in tried
                         else "never"
-                        if tried[lr] is None
-                        else f"{tried[lr]:.1f}"
+                        if tried[st] is None
+                        else f"{tried[st]:.1f}"
                     )
-                    for lr in lrs
+                    for st in settings
                 ),
             ]
             lines.append("| " + " | ".join(cells) + " |")
@@ -254,6 +289,14 @@ def main(argv: list[str] | None = None) -> int:
         "on the same images): the ratios' base where they reach a level first",
     )
     p.add_argument(
+        "--tuned",
+        nargs="+",
+        default=list(TUNED),
+        metavar="KEY",
+        help="the trainer settings tuned per batch besides the batch itself (default: "
+        "optim.base_lr; e.g. optim.base_lr optim.warmup_epochs optim.decay_epochs)",
+    )
+    p.add_argument(
         "--seeds", type=int, nargs="+", help="only these seeds' runs (default: every seed)"
     )
     p.add_argument("--out", default=str(REPO / "docs/results/tuning"))
@@ -289,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     levels = [args.target, *args.extra_targets]
     images = f"{holdout} held-out images" if holdout else "the test set"
     try:
-        one_definition(records)
-        rows = choose(records, levels, FASHION_MNIST_TRAIN - holdout, reference)
+        tuned = tuple(args.tuned)
+        one_definition(records, tuned)
+        rows = choose(records, levels, FASHION_MNIST_TRAIN - holdout, reference, tuned)
     except ValueError as e:
         p.error(str(e))
     rcps = mlperf_rcps()
@@ -298,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         **provenance("epochs_tuned.py", argv),
         "reports": args.reports,
         "reference": args.reference,
+        "tuned": args.tuned,
         "holdout": holdout,
         "levels": levels,
         "rows": rows,
@@ -314,13 +359,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(records)} runs from {len(args.reports)} report(s); top-1 on "
         + (f"{holdout} held-out training images." if holdout else "the test set."),
         "",
-        *table(rows, levels, images),
+        *table(rows, levels, images, tuned),
         *[line for g in meta["goals"] for line in (g, "")],
         *rcp_table(rcps),
         "",
     ]
     (out / f"{args.name}.md").write_text("\n".join(md))
-    print("\n".join(table(rows, levels, images) + meta["goals"]))
+    print("\n".join(table(rows, levels, images, tuned) + meta["goals"]))
     return 0
 
 

@@ -1228,7 +1228,10 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
         (128, 5.0, 2, 1.0),
         (8192, 5.0, 4, 2.0),
     ]
-    assert rows[1]["lrs"] == [{"lr": 5.0, "epochs": 4}, {"lr": 10.0, "epochs": None}]
+    assert rows[1]["tried"] == [
+        {"setting": {"optim.base_lr": 5.0}, "epochs": 4},
+        {"setting": {"optim.base_lr": 10.0}, "epochs": None},
+    ]
     assert rows[1]["base"] == "batch 128 at LR 5"
     md = (out / "t.md").read_text()
     assert "| 8,192 | 15.17% | 5 | 4.0 (1) | 2.00x | 4.0 | never |" in md  # of 54,000
@@ -1269,6 +1272,16 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
             tuned.main([*bad, "--target", "0.9", "--out", str(out)])
     with pytest.raises(ValueError, match="optim.label_smoothing"):
         tuned.one_definition([*json.loads(Path(low).read_text())["runs"], study_runs[1]])
+    # the warmup tuned too (--tuned): a run with another warmup is a setting of its own, not a
+    # different recipe; without --tuned it is refused, naming the setting
+    short = run(8192, 5, 0, [0.5, 0.9, 0.95, 0.95], more="optim.warmup_epochs=1")
+    warm = report("warm", [short])
+    with pytest.raises(SystemExit):
+        tuned.main(["--reports", low, warm, "--target", "0.9", "--out", str(out)])
+    rows = main("--reports", low, warm, "--tuned", "optim.base_lr", "optim.warmup_epochs")
+    assert rows[1]["setting"] == {"optim.base_lr": 5.0, "optim.warmup_epochs": 1.0}
+    assert rows[1]["epochs"] == 2 and rows[1]["label"] == "LR 5, warmup 1"
+    assert "| 8,192 | 15.17% | LR 5, warmup 1 | 2.0 (1) | 1.00x |" in (out / "t.md").read_text()
 
 
 def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
