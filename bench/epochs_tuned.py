@@ -75,11 +75,6 @@ def _resolved(command: str, ds_settings: str) -> dict:
     return _flat(tree)
 
 
-def lr_of(record: dict) -> float:
-    """The peak LR a run trained with (its command's last optim.base_lr=, else its recipe's)."""
-    return float(resolved(record)["optim.base_lr"])
-
-
 def setting_of(record: dict, tuned: tuple[str, ...] = TUNED) -> tuple:
     """The values of the tuned settings a run trained with, in ``tuned``'s order."""
     values = resolved(record)
@@ -106,8 +101,10 @@ def one_definition(records: list[dict], tuned: tuple[str, ...] = TUNED) -> None:
         return
     first = records[0]
 
+    free = VARYING | set(tuned)
+
     def fixed(record: dict) -> dict:
-        return {k: v for k, v in resolved(record).items() if k not in VARYING | set(tuned)}
+        return {k: v for k, v in resolved(record).items() if k not in free}
 
     def name(record: dict) -> str:
         return f"{record['row']} seed {record['seed']}"
@@ -172,9 +169,10 @@ def choose(
         bases = []
         if rows and rows[0]["epochs"] is not None:
             bases.append((rows[0]["epochs"], f"batch {rows[0]['batch']:,} at {rows[0]['label']}"))
-        if reference and mean_epochs(reference, level) is not None:
+        reference_epochs = mean_epochs(reference, level) if reference else None
+        if reference_epochs is not None:
             names = ", ".join(sorted({r["row"] for r in reference}))
-            bases.append((mean_epochs(reference, level), f"{names} ({len(reference)} seeds)"))
+            bases.append((reference_epochs, f"{names} ({len(reference)} seeds)"))
         base_epochs, base = min(bases) if bases else (None, None)
         for row in rows:
             row["ratio"] = row["epochs"] / base_epochs if row["epochs"] and base_epochs else None

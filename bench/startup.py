@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import provenance  # noqa: E402
+from dstrain.core.files import atomic_write_text  # noqa: E402
 
 # name -> what the fresh interpreter runs; each prints whether MLflow got imported
 STATEMENTS = {
@@ -143,9 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "note": args.note,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     for name, d in result["derived"].items():
         print(f"{name}: median {d['median']:.2f} s ({d['min']:.2f} to {d['max']:.2f})")
     print(f"wrote {args.out}")

@@ -1259,7 +1259,7 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
     recipe_lr = dict(
         study_runs[0], command=study_runs[0]["command"].replace("optim.base_lr=20", "")
     )
-    assert tuned.lr_of(recipe_lr) == 10.0  # fashion_mnist_fujitsu.yaml's peak LR
+    assert tuned.setting_of(recipe_lr) == (10.0,)  # fashion_mnist_fujitsu.yaml's peak LR
     # refused: a study report taken whole, a row of another recipe, other images, a bad row
     for bad in (
         ["--reports", study],
