@@ -9,6 +9,8 @@ pass, job after job as the node runs it: tests/test_gpu_node_play.py.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -513,6 +515,10 @@ def test_the_slot_plan_fits_13_minutes_starts_and_waits_included(tmp_path):
     slow = gpu_prepare.plan(gpu, transfer_mib_s=2.0, state=state)
     assert slow[-1]["device_s"] <= gpu_prepare.PLAN_S
     assert slow[-1]["node_s"] < jobs[-1]["node_s"]
+    # the printed plan names the rate it was made with (it printed the default whatever was given)
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        gpu_prepare.print_plan(slow, 2.0)
+    assert "transfer at 2 MiB/s" in printed.getvalue()
     # the pairs measured (an imported job's state): the ferries come first, then one long job
     record = {"parts": {"throughput": {"complete": True}}}
     gpu_node.write_json(state / "gpu_run_h100.json", record)
