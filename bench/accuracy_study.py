@@ -837,14 +837,14 @@ def mixed_code(code: dict) -> bool:
     return bool(code["dstrain_changes"] or code["unknown"] and len(code["commits"]) > 1)
 
 
-def refuse_mixed_code(code: dict, named: list[str]) -> bool:
+def refuse_mixed_code(code: dict, named: list[str], prog: str = "accuracy_study") -> bool:
     """Say so and return True when the runs ran different trainer code and not every commit was
     named with --across-commits (issue 52: a comparison across such commits is asked for by name)."""
     unnamed = [sha for sha in code["commits"] if not any(sha.startswith(n) for n in named)]
     if not (mixed_code(code) and unnamed):
         return False
     print(
-        "accuracy_study: error: these runs were made at different code: "
+        f"{prog}: error: these runs were made at different code: "
         + code_lines(code)[0]
         + " Compare them anyway by naming the commits: --across-commits "
         + " ".join(sha[:7] for sha in code["commits"])

@@ -1284,6 +1284,97 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
     assert "| 8,192 | 15.17% | LR 5, warmup 1 | 2.0 (1) | 1.00x |" in (out / "t.md").read_text()
 
 
+def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
+    """Issue 52, item 4: each row one change from its base (the settings that differ read from the
+    runs' commands, a pair differing in more refused, naming the setting); the gap's Welch interval,
+    a paired one for the refit (the same runs read twice); what the technique earns signed so that
+    helping is positive; rows without runs pending; other images refused."""
+    ablation = load("ablation")
+    recipe = "--config fashion_mnist_fujitsu --deepspeed_config ds_configs/lars_fujitsu_fp32.json"
+
+    def run(row, seed, top1, more="", before=None, sha="541f812"):
+        cmd = f"python -m dstrain {recipe} epochs=4 seed={seed} run_dir=runs/{row}{seed} {more}"
+        rec = {"row": row, "seed": seed, "command": cmd, "final_top1": top1, "git_sha": sha}
+        return rec | ({"before_polish": before} if before is not None else {})
+
+    def report(name, runs, holdout=6000):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"holdout": holdout, "epochs": 4, "runs": runs}))
+        return str(path)
+
+    chosen = [run("fujitsu_span32_bn_lr0.1", s, t) for s, t in enumerate([0.92, 0.921, 0.919])]
+    # derived in the study's report: the chosen runs read before the refit, 0.1 pt lower each
+    refit = [dict(r, row="chosen_no_refit", final_top1=r["final_top1"] - 0.001) for r in chosen]
+    no_ls = [
+        run("chosen_no_ls", s, t, "optim.label_smoothing=0")
+        for s, t in enumerate([0.915, 0.917, 0.913])
+    ]
+    a = report("a", [*chosen, *refit, *no_ls])
+    out = tmp_path / "out"
+
+    def main(*reports: str) -> dict:
+        argv = ["--reports", *reports, "--out", str(out), "--name", "t"]
+        assert ablation.main(argv) == 0
+        return json.loads((out / "t.json").read_text())
+
+    made = main(a)
+    by = {e["row"]: e for e in made["entries"]}
+    assert set(by) == {"chosen_no_ls", "chosen_no_refit"}
+    ls = by["chosen_no_ls"]
+    assert ls["differs"] == ["optim.label_smoothing: 0.1 -> 0.0"]
+    assert ls["gap_pt"] == pytest.approx(-0.5) and ls["earns_pt"] == pytest.approx(0.5)
+    low, high = ls["ci95_pt"]
+    assert low < -0.5 < high < 0 and ls["interval"] == "Welch"  # 3 seeds a side resolve 0.5 pt
+    assert ls["earns_ci95_pt"] == pytest.approx([-high, -low])
+    # the refit: paired, every seed 0.1 pt apart -> a zero-width interval at -0.1
+    assert by["chosen_no_refit"]["interval"] == "paired t"
+    assert by["chosen_no_refit"]["ci95_pt"] == pytest.approx([-0.1, -0.1])
+    assert "chosen_ramp" in made["pending"] and any("chosen_b8192" in p for p in made["pending"])
+    md = (out / "t.md").read_text()
+    assert "| without label smoothing (Mikami) | chosen_no_ls (3) | 91.50 ± 0.20 | 91.30 |" in md
+    assert "chosen_ramp: pending" in md
+    # the ramp touches the batch and the ramp, a second report adds it
+    ramp = [
+        run("chosen_ramp", s, 0.92, "batch.global_size=2048 batch.ramp=[[2,4096]]")
+        for s in range(3)
+    ]
+    made = main(a, report("b", ramp))
+    (entry,) = [e for e in made["entries"] if e["row"] == "chosen_ramp"]
+    assert entry["differs"] == [
+        "batch.global_size: 4096 -> 2048",
+        "batch.ramp: [] -> [[2, 4096]]",
+    ]
+    # refused: a pair that differs in more than its change (named), a row whose runs differ,
+    # runs on other images, runs at code with dstrain/ commits between them (unless named)
+    more = [
+        run("chosen_no_tail", 0, 0.91, "polish.last_epochs_without_augmentation=0 optim.base_lr=3")
+    ]
+    with pytest.raises(SystemExit):
+        main(a, report("c", more))
+    with pytest.raises(ValueError, match="optim.base_lr: 10.0 -> 3"):
+        ablation.compare(ablation.gathered([{"runs": [*chosen, *more]}]))
+    mixed = [*no_ls[:2], run("chosen_no_ls", 2, 0.91, "optim.label_smoothing=0.05")]
+    with pytest.raises(ValueError, match="optim.label_smoothing"):
+        ablation.compare(ablation.gathered([{"runs": [*chosen, *mixed]}]))
+    with pytest.raises(SystemExit):
+        main(a, report("test", ramp, holdout=0))
+    dstrain_commits = subprocess.run(
+        ["git", "-C", str(REPO), "log", "--format=%H", "-2", "--", "dstrain/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert len(dstrain_commits) == 2
+    newer, older = dstrain_commits
+    across = [dict(r, git_sha=older) for r in chosen] + [dict(r, git_sha=newer) for r in no_ls]
+    split = report("split", across)
+    assert ablation.main(["--reports", split, "--out", str(out), "--name", "x"]) == 2
+    assert not (out / "x.json").exists()
+    named = ["--across-commits", older[:7], newer[:7]]
+    assert ablation.main(["--reports", split, "--out", str(out), "--name", "x", *named]) == 0
+    assert "dstrain/ changed between them" in (out / "x.md").read_text()
+
+
 def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     """bench/issue52_runs.sh (the issue's remaining runs, resumable across sessions): every command
     it would run names rows and options bench/accuracy_study.py accepts, all at 541f812; batch
