@@ -1,8 +1,7 @@
 """What each technique of the seeds earns at the large batch (issue 52, item 4): one table.
 
     .venv/bin/python bench/ablation.py \\
-        --reports docs/results/ablation_90ep_holdout6000_a.json \\
-                  docs/results/ablation_90ep_holdout6000_b.json \\
+        --reports docs/results/ablation_90ep_holdout6000_*.json \\
                   docs/results/tuning/chosen_b8192_lr20_90ep_holdout6000.json \\
                   docs/results/tuning/chosen_b8192_lr20_90ep_holdout6000_s1_2.json \\
                   docs/results/tuning/chosen_b8192_lamb_<L>_90ep_holdout6000*.json \\

@@ -1378,8 +1378,11 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
 def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     """bench/issue52_runs.sh (the issue's remaining runs, resumable across sessions): every command
     it would run names rows and options bench/accuracy_study.py accepts, all at 541f812; batch
-    8,192's test-set seeds at its chosen LR (20); LAMB's seeds 1-2 join once its LR is chosen
-    (B8192_LAMB_LR); each batch of the target grid has an LR ladder."""
+    8,192's test-set seeds at its chosen LR (20); batch 4,096's LR ladder at 90 epochs, seed 0,
+    then seeds 1-2 of the LRs named (B4096_LR_SEEDS); the ablation waits for 4,096's LR
+    (B4096_LR) and is made at it, after its 5 test-set seeds when it is not the recipe's 10;
+    LAMB's seeds 1-2 join once its LR is chosen (B8192_LAMB_LR); each batch of the target grid has
+    an LR ladder (4,096's and 8,192's are their tunings)."""
     study = load("accuracy_study")
     script = REPO / "bench" / "issue52_runs.sh"
     assert "COMMIT=541f812" in script.read_text()
@@ -1398,6 +1401,36 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     added = [a for a in lamb if a not in plain]
     assert len(lamb) == len(plain) + 1 and "chosen_b8192_lamb" in added[0]
     assert "optim.base_lr=0.032" in added[0] and added[0][added[0].index("--seeds") + 1] == "1"
+    assert not any("chosen_no_ls" in a for a in plain)  # the ablation waits for 4,096's LR
+    ladder = [a for a in plain if "chosen_b4096_lr" in a[a.index("--name") + 1]]
+    parsed = [study.parse_args(a[2:]) for a in ladder]
+    assert [(p.seeds, p.extra) for p in parsed] == [  # LR 10: the recipe's own
+        ([0], []),
+        ([0], ["optim.base_lr=20"]),
+        ([0], ["optim.base_lr=5"]),
+    ]
+    seeds = commands(B4096_LR_SEEDS="10 20")
+    more = [a[a.index("--name") + 1] for a in seeds if a not in plain]
+    assert more == [
+        "chosen_b4096_lr10_90ep_holdout6000_s1_2",
+        "chosen_b4096_lr20_90ep_holdout6000_s1_2",
+    ]
+    # LR 10's held-out runs are the ablation's chosen row: one runs directory, not trained twice
+    ten = commands(B4096_LR="10")
+    runs_of = {a[a.index("--name") + 1]: a[a.index("--runs") + 1] for a in ten}
+    assert (
+        runs_of["chosen_b4096_lr10_90ep_holdout6000"]
+        == runs_of["ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1"]
+    )
+    assert not any("final_90ep_b4096_lr" in name for name in runs_of)
+    twenty = commands(B4096_LR="20")
+    names = [a[a.index("--name") + 1] for a in twenty]
+    assert names.index("final_90ep_b4096_lr20") < names.index(
+        "ablation_90ep_holdout6000_chosen_no_ls"
+    )
+    assert all(
+        "optim.base_lr=20" in a for a in twenty if "ablation_90ep" in a[a.index("--name") + 1]
+    )
     final = [a for a in plain if "final_90ep_b8192" in a]
     assert len(final) == 1 and "optim.base_lr=20" in final[0]
     names = [a[a.index("--name") + 1] for a in plain]
@@ -1414,7 +1447,7 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     for args in target:
         (row,) = args.rows
         ladders.setdefault(row, set()).add(args.extra[-1])
-    assert set(ladders) == {f"target_b{b}" for b in study.TARGET_BATCHES if b != 8192}
+    assert set(ladders) == {f"target_b{b}" for b in study.TARGET_BATCHES if b < 4096}
     assert all(len(lrs) >= 2 for lrs in ladders.values()), ladders
 
 
