@@ -752,19 +752,55 @@ def test_commit_ab_trains_both_sides_and_identical_code_gives_identical_runs(tmp
 
     out = tmp_path / "ab.json"
     args = ["--base", "HEAD", "--rounds", "1", "--out", str(out), *TINY[2:]]
-    proc = bench("commit_ab.py", *args, f"data.root={fake_fmnist}", "epochs=1", timeout=600)
+    # each side's own JSON, patched alike (a study's derived JSON): both sides train with it
+    json_args = ["--deepspeed-config", "ds_configs/fp32.json", "--json-set"]
+    json_args += ["optimizer.params.momentum=0.5"]
+    proc = bench(
+        "commit_ab.py", *args, *json_args, f"data.root={fake_fmnist}", "epochs=1", timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert [run["side"] for run in r["runs"]] == ["base", "head"]
     (base, head) = r["runs"]
     assert base["final_top1"] == head["final_top1"] and 0 < base["final_top1"] <= 1
     assert r["head_over_base"] == pytest.approx(head["wall_time_s"] / base["wall_time_s"])
+    assert r["identical_training"] and r["first_difference"] is None
+    assert r["head"] == "this tree" and r["json_set"] == ["optimizer.params.momentum=0.5"]
     listed = subprocess.run(
         ["git", "-C", str(REPO), "worktree", "list"], capture_output=True, text=True
     )
     assert "dstrain-ab-" not in listed.stdout
     refused = bench("commit_ab.py", "--base", "no-such-revision")
     assert refused.returncode == 2 and "--base no-such-revision: not a commit" in refused.stderr
+
+
+def test_commit_ab_says_where_two_sides_first_trained_differently(tmp_path):
+    """Bit for bit: the first epoch whose training loss differs in any run names both sides'
+    values; a JSON patch reaches nested keys and parses values as JSON."""
+    from tools import commit_ab as ab
+
+    runs = [
+        {"side": "base", "train_loss": [2.5, 1.25, 0.75]},
+        {"side": "head", "train_loss": [2.5, 1.25, 0.75]},
+    ]
+    assert ab.first_difference(runs) is None
+    runs[1]["train_loss"] = [2.5, 1.2500000000000002, 0.75]
+    assert ab.first_difference(runs) == {
+        "epoch": 2,
+        "train_loss": {"base": [1.25], "head": [1.2500000000000002]},
+    }
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "x.json").write_text('{"optimizer": {"params": {"momentum": 0.9}}}')
+    out = ab.patched_json(
+        tmp_path,
+        "ds/x.json",
+        ["optimizer.params.bn_bias_lr_factor=0.1", "a.b=text"],
+        tmp_path / "o",
+    )
+    assert json.loads(out.read_text()) == {
+        "optimizer": {"params": {"momentum": 0.9, "bn_bias_lr_factor": 0.1}},
+        "a": {"b": "text"},
+    }
 
 
 def test_bench_holds_benchmarks_and_every_script_has_one_provenance_helper():
