@@ -372,6 +372,19 @@ RESULTS = [
            "bench/results/commit_ab_c8827d4.json",
            "training time now {head_over_base:.2f}x that at c8827d4 ({median_wall_time_s.head:.1f} vs "
            "{median_wall_time_s.base:.1f} s)"),
+    Result("commit_ab_study_code",
+           "issue 52: do 2b1af3d (the last restart of the earlier batch-4,096 runs) and 541f812 (every "
+           "run of the final comparison) train the chosen row alike? Seed 0, stopped at 75% top-1",
+           T + "commit_ab.py --base 2b1af3d --head 541f812 --rounds 1 --config fashion_mnist_fujitsu "
+           "--deepspeed-config ds_configs/lars_fujitsu_fp32.json --json-set "
+           "optimizer.params.bn_bias_lr_factor=0.1 epochs=90 seed=0 model.width=8 "
+           "model.channels_last=true data.augment=true data.holdout=0 checkpoint.every_epochs=0 "
+           "log.tensorboard=false batch.micro_per_rank=256 optim.warmup_epochs=36 "
+           "optim.decay_epochs=52 polish.last_epochs_without_augmentation=5 model.bn_span=32 "
+           "target_top1=0.75",
+           "bench/results/commit_ab_2b1af3d_541f812.json",
+           "identical training: {identical_training}",
+           code=("tools/commit_ab.py",), rerun=False),
     Result("suite_cpu", "the test suite on this CPU (CI's first step)",
            "./run.sh test -q --junitxml=/tmp/dstrain-suite.xml; python tools/suite.py "
            "--junit /tmp/dstrain-suite.xml --ran './run.sh test -q'",
