@@ -447,6 +447,24 @@ RESULTS = [
            "--finished-only --reuse docs/results/final_90ep_b4096.json --runs "
            "runs/accuracy_study/final-90ep-b4096 --out docs/results --name final_90ep_b4096",
            "docs/results/final_90ep_b4096.json", _study, rerun=False),
+    Result("final_90ep_b8192",
+           "issue 52, item 2: batch 8,192 (chosen_b8192, the chosen row at its held-out-tuned peak LR "
+           "20) at 90 epochs on the test set, 5 seeds at 541f812 (in progress: the report names the "
+           "pending seeds)",
+           R + "accuracy_study.py --epochs 90 --rows chosen_b8192 --seeds 0 1 2 3 4 --extra "
+           "optim.base_lr=20 --finished-only --reuse docs/results/final_90ep_b8192.json --runs "
+           "runs/accuracy_study/final-90ep-b8192-lr20 --out docs/results --name final_90ep_b8192",
+           "docs/results/final_90ep_b8192.json", _study, rerun=False),
+    Result("final_90ep",
+           "issue 52, item 2: the goal's comparison, the tuned batch 128 against batch 4,096 and "
+           "8,192, 90 epochs, test set, every run at 541f812; each gap with its 95% interval "
+           "(Welch), read from the three rows' reports (in progress: pending seeds named)",
+           R + "accuracy_study.py --epochs 90 --rows b128_lr0.4_tail fujitsu_span32_bn_lr0.1 "
+           "chosen_b8192 --seeds 0 1 2 3 4 --baseline b128_lr0.4_tail --reuse "
+           "docs/results/final_90ep_b128.json docs/results/final_90ep_b4096.json "
+           "docs/results/final_90ep_b8192.json --finished-only --runs runs/accuracy_study/final-90ep "
+           "--out docs/results --name final_90ep",
+           "docs/results/final_90ep.json", _study, rerun=False),
     Result("study_90ep",
            "the goal's measurement: batch 128 vs the chosen batch-4,096 row, 90 epochs, 3 seeds, test "
            "set (CPU; batch 128's runs read from accuracy_study_90ep_baseline.json)",
