@@ -772,6 +772,9 @@ def test_commit_ab_trains_both_sides_and_identical_code_gives_identical_runs(tmp
     assert "dstrain-ab-" not in listed.stdout
     refused = bench("commit_ab.py", "--base", "no-such-revision")
     assert refused.returncode == 2 and "--base no-such-revision: not a commit" in refused.stderr
+    bad = ["--base", "HEAD", "--deepspeed-config", "ds_configs/fp32.json", "--json-set", "momentum"]
+    refused = bench("commit_ab.py", *bad)
+    assert refused.returncode == 2 and "--json-set momentum: not KEY=VALUE" in refused.stderr
 
 
 def test_commit_ab_says_where_two_sides_first_trained_differently(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import statistics
 import subprocess
@@ -110,11 +111,16 @@ def main() -> int:
         help="set KEY (dotted, e.g. optimizer.params.bn_bias_lr_factor) in both sides' JSON; "
         "once per key",
     )
-    p.add_argument("--out", help="result file (default bench/results/commit_ab_<base>.json)")
+    p.add_argument(
+        "--out", help="result file (default bench/results/commit_ab_<base>[_<head>].json)"
+    )
     p.add_argument("overrides", nargs="*", help="key=value overrides for both sides")
     args = p.parse_intermixed_args()  # key=value overrides before and after the options
     if args.json_set and not args.deepspeed_config:
         p.error("--json-set: name the JSON it changes with --deepspeed-config")
+    for item in args.json_set:
+        if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*=.*", item):
+            p.error(f"--json-set {item}: not KEY=VALUE (e.g. optimizer.params.momentum=0.9)")
     revisions = {}
     for option, rev in (("--base", args.base), ("--head", args.head)):
         if rev is None:
