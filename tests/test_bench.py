@@ -1420,8 +1420,9 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     8,192's test-set seeds at its chosen LR (20); batch 4,096's LR ladder at 90 epochs, seed 0,
     then seeds 1-2 of the LRs named (B4096_LR_SEEDS); the ablation waits for 4,096's LR
     (B4096_LR) and is made at it, after its 5 test-set seeds when it is not the recipe's 10;
-    LAMB's seeds 1-2 join once its LR is chosen (B8192_LAMB_LR); each batch of the target grid has
-    an LR ladder (4,096's and 8,192's are their tunings)."""
+    batch 8,192's warmup tried at 20% and 30%; LAMB's seeds 1-2 join once its LR is chosen
+    (B8192_LAMB_LR); each batch of the target grid has an LR ladder (4,096's and 8,192's are
+    their tunings)."""
     study = load("accuracy_study")
     script = REPO / "bench" / "issue52_runs.sh"
     assert "COMMIT=541f812" in script.read_text()
@@ -1447,6 +1448,12 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         ([0], []),
         ([0], ["optim.base_lr=20"]),
         ([0], ["optim.base_lr=5"]),
+    ]
+    # batch 8,192's warmup at its LR: 20% and 30% of the epochs, the decay still ending at 88
+    warm = [study.parse_args(a[2:]) for a in plain if "_warmup" in a[a.index("--name") + 1]]
+    assert [p.extra for p in warm] == [
+        ["optim.base_lr=20", "optim.warmup_epochs=18", "optim.decay_epochs=70"],
+        ["optim.base_lr=20", "optim.warmup_epochs=27", "optim.decay_epochs=61"],
     ]
     seeds = commands(B4096_LR_SEEDS="10 20")
     more = [a[a.index("--name") + 1] for a in seeds if a not in plain]
