@@ -69,6 +69,9 @@ if [[ -n "$B4096_LR" && "$B4096_LR" != 10 ]]; then
   queue+=("$STUDY --rows fujitsu_span32_bn_lr0.1 --seeds 0 1 2 3 4 --extra optim.base_lr=$B4096_LR --runs runs/accuracy_study/final-90ep-b4096-lr$B4096_LR --name final_90ep_b4096_lr$B4096_LR")
   ABLATION_RUNS=runs/accuracy_study/ablation-90ep-lr$B4096_LR ABLATION_EXTRA="--extra optim.base_lr=$B4096_LR"
 fi
+# item 3's base, early (one run): with batch 8,192's LR ladder done it gives 8,192's ratio; the
+# ratios' base is the faster of batch 128 in this recipe and the tuned SGD baseline (same images)
+queue+=("$STUDY --holdout 6000 --rows b128_lr0.4_tail --seeds 0 --runs runs/accuracy_study/target-90ep-holdout6000 --name b128_lr0.4_tail_90ep_holdout6000")
 # item 4: LAMB against LARS at 8,192, LAMB with its own peak LR: a ladder a factor 2 apart around
 # the fashion_mnist_lars recipe's 0.032 (seed 0), then the best LR's seeds 1-2 (B8192_LAMB_LR=L)
 for lr in 0.016 0.032 0.064; do
@@ -88,10 +91,9 @@ fi
 # each batch (--grid target) on a ladder of 3 LRs a factor 2 apart, from the linear rule's LR
 # (10 x B/4,096) up past the square-root rule's (10 x sqrt(B/4,096)): batch 8,192's and 4,096's
 # ladders are their tunings above (FILE:ROW for bench/epochs_tuned.py). Then bench/epochs_tuned.py
-# picks each batch's LR by its epochs to each level (--reference: the tuned baseline's held-out run).
+# picks each batch's LR by its epochs to each level (--reference: the tuned baseline's held-out run,
+# queued earlier).
 TARGET="python bench/accuracy_study.py --epochs 90 --grid target --holdout 6000 --seeds 0 --target 0.9 --runs runs/accuracy_study/target-90ep-holdout6000"
-# the ratios' base is the faster of batch 128 in this recipe and the tuned SGD baseline (same images)
-queue+=("$STUDY --holdout 6000 --rows b128_lr0.4_tail --seeds 0 --runs runs/accuracy_study/target-90ep-holdout6000 --name b128_lr0.4_tail_90ep_holdout6000")
 for pair in 128:0.5 128:1 128:2 512:1.25 512:2.5 512:5 1024:2.5 1024:5 1024:10 2048:2.5 2048:5 2048:10; do
   b=${pair%%:*} lr=${pair##*:}
   queue+=("$TARGET --rows target_b$b --extra optim.base_lr=$lr --name target_b${b}_lr${lr}_90ep_holdout6000")
