@@ -322,6 +322,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if any(batch_of(r) != REFERENCE_BATCH for r in reference):
             p.error(f"--reference: runs at batch {REFERENCE_BATCH} only")
+        # a reference on a schedule of another length reaches a level at another point of it:
+        # its epochs are only a fair base where the runs' own length is tuned too
+        lengths = {resolved(r)["epochs"] for r in records}
+        other = [r for r in reference if resolved(r)["epochs"] not in lengths]
+        if other and "epochs" not in args.tuned:
+            p.error(
+                f"--reference: {other[0]['row']} seed {other[0]['seed']} trained "
+                f"{resolved(other[0])['epochs']} epochs, the runs {sorted(lengths)}: a base on "
+                "another schedule length flatters or penalises every ratio (tune the length too: "
+                "--tuned ... epochs)"
+            )
     except ValueError as e:
         p.error(str(e))
     if len(holdouts) > 1:

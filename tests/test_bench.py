@@ -1283,7 +1283,7 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
     assert tuned.goal(rows, 0.9, rcps).endswith("no batch-128 runs to take the ratio from.")
     # a faster batch-128 recipe (the tuned SGD baseline) becomes the base
     sgd = {"row": "b128_sgd", "seed": 0, "top1_per_epoch": [0.95, 0.96, 0.97, 0.97]}
-    sgd["command"] = "python -m dstrain --config fashion_mnist batch.global_size=128"
+    sgd["command"] = "python -m dstrain --config fashion_mnist epochs=4 batch.global_size=128"
     baseline = report("sgd", [sgd], grid="study")
     rows = main("--reports", low, high, "--reference", f"{baseline}:b128_sgd")
     assert [r["ratio"] for r in rows] == [2.0, 4.0] and rows[0]["base"] == "b128_sgd (1 seeds)"
@@ -1299,13 +1299,17 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
         study_runs[0], command=study_runs[0]["command"].replace("optim.base_lr=20", "")
     )
     assert tuned.setting_of(recipe_lr) == (10.0,)  # fashion_mnist_fujitsu.yaml's peak LR
-    # refused: a study report taken whole, a row of another recipe, other images, a bad row
+    # refused: a study report taken whole, a row of another recipe, other images, a bad row, a
+    # reference trained for another number of epochs than the runs
+    short_sgd = dict(sgd, command=sgd["command"] + " epochs=30")
+    short_baseline = report("sgd30", [short_sgd], grid="study")
     for bad in (
         ["--reports", study],
         ["--reports", low, f"{study}:chosen_no_ls"],
         ["--reports", low, report("test", [], holdout=0)],
         ["--reports", low, f"{study}:no_such_row"],
         ["--reports", low, "--reference", baseline],
+        ["--reports", low, "--reference", f"{short_baseline}:b128_sgd"],
     ):
         with pytest.raises(SystemExit):
             tuned.main([*bad, "--target", "0.9", "--out", str(out)])
