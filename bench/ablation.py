@@ -44,7 +44,7 @@ from bench.accuracy_study import (  # noqa: E402
     refuse_mixed_code,
 )
 from bench.common import provenance  # noqa: E402
-from bench.epochs_tuned import resolved  # noqa: E402
+from bench.epochs_tuned import differing, resolved, run_name  # noqa: E402
 
 
 class Change(NamedTuple):
@@ -85,10 +85,6 @@ CHANGES = (
 ALWAYS_FREE = {"seed"}
 
 
-def _name(record: dict) -> str:
-    return f"{record['row']} seed {record['seed']}"
-
-
 def gathered(reports: list[dict]) -> dict[str, list[dict]]:
     """Each row's runs over all the reports, one per seed: a seed two reports both hold must be the
     same run (same command and top-1), else ValueError naming it."""
@@ -101,25 +97,21 @@ def gathered(reports: list[dict]) -> dict[str, list[dict]]:
                 seen.get("command") != record.get("command")
                 or seen["final_top1"] != record["final_top1"]
             ):
-                raise ValueError(f"{_name(record)}: two reports hold different runs of it")
+                raise ValueError(f"{run_name(record)}: two reports hold different runs of it")
     rows: dict[str, list[dict]] = {}
     for (row, _), record in sorted(by.items()):
         rows.setdefault(row, []).append(record)
     return rows
 
 
-def _differing(a: dict, b: dict) -> list[str]:
-    return sorted(k for k in a.keys() | b.keys() if k not in ALWAYS_FREE and a.get(k) != b.get(k))
-
-
 def one_run_each(runs: list[dict]) -> dict:
     """A row's settings: every run of it the same definition but its seed (else ValueError)."""
     first = resolved(runs[0])
     for record in runs[1:]:
-        keys = _differing(first, resolved(record))
+        keys = differing(first, resolved(record), ALWAYS_FREE)
         if keys:
             raise ValueError(
-                f"{_name(record)} differs from {_name(runs[0])} in {', '.join(keys)}: a row's "
+                f"{run_name(record)} differs from {run_name(runs[0])} in {', '.join(keys)}: a row's "
                 "runs are one definition, only the seed differs"
             )
     return first
@@ -138,7 +130,7 @@ def what_differs(change: Change, row_runs: list[dict], base_runs: list[dict]) ->
             raise ValueError(f"{change.row} is read from {DERIVED[change.row]}, not {change.base}")
         return ["the same runs, top-1 read before the refit"]
     mine, base = one_run_each(row_runs), one_run_each(base_runs)
-    keys = _differing(base, mine)
+    keys = differing(base, mine, ALWAYS_FREE)
     beyond = [k for k in keys if not allowed(k, change.keys)]
     if beyond:
         detail = ", ".join(f"{k}: {base.get(k)} -> {mine.get(k)}" for k in beyond)
@@ -168,7 +160,13 @@ def paired_interval(row: list[dict], base: list[dict]) -> tuple[float, float, fl
 def _summary(runs: list[dict]) -> dict:
     values = [100 * r["final_top1"] for r in runs]
     mean, sd = mean_sd(values)
-    return {"seeds": [r["seed"] for r in runs], "mean": mean, "sd": sd, "worst": min(values)}
+    return {
+        "seeds": [r["seed"] for r in runs],
+        "top1": values,
+        "mean": mean,
+        "sd": sd,
+        "worst": min(values),
+    }
 
 
 def compare(rows: dict[str, list[dict]], changes=CHANGES) -> tuple[list[dict], list[str]]:
@@ -183,13 +181,13 @@ def compare(rows: dict[str, list[dict]], changes=CHANGES) -> tuple[list[dict], l
             continue
         differs = what_differs(change, row_runs, base_runs)
         paired = change.row in DERIVED
-        values = [100 * r["final_top1"] for r in row_runs]
+        changed, reference = _summary(row_runs), _summary(base_runs)
         found = (
             paired_interval(row_runs, base_runs)
             if paired
-            else gap_interval(values, [100 * r["final_top1"] for r in base_runs])
+            else gap_interval(changed["top1"], reference["top1"])
         )
-        gap = statistics.mean(values) - statistics.mean(100 * r["final_top1"] for r in base_runs)
+        gap = changed["mean"] - reference["mean"]
         interval = list(found[1:]) if found else None
         out.append(
             {
@@ -197,8 +195,8 @@ def compare(rows: dict[str, list[dict]], changes=CHANGES) -> tuple[list[dict], l
                 "base": change.base,
                 "change": change.what,
                 "differs": differs,
-                "changed": _summary(row_runs),
-                "reference": _summary(base_runs),
+                "changed": changed,
+                "reference": reference,
                 "gap_pt": gap,
                 "ci95_pt": interval,
                 "interval": "paired t" if paired else "Welch",

@@ -93,6 +93,16 @@ def batch_of(record: dict) -> int:
     return int(resolved(record)["batch.global_size"])
 
 
+def run_name(record: dict) -> str:
+    """``row seed N``: a run as the messages name it."""
+    return f"{record['row']} seed {record['seed']}"
+
+
+def differing(a: dict, b: dict, free: set[str] | frozenset = frozenset()) -> list[str]:
+    """The keys outside ``free`` whose values differ between two runs' resolved settings, sorted."""
+    return sorted(k for k in a.keys() | b.keys() if k not in free and a.get(k) != b.get(k))
+
+
 def one_definition(records: list[dict], tuned: tuple[str, ...] = TUNED) -> None:
     """The runs compared are one recipe at several batches and tuned settings: every resolved
     setting outside VARYING and ``tuned`` the same in all; else ValueError naming the first that
@@ -100,26 +110,18 @@ def one_definition(records: list[dict], tuned: tuple[str, ...] = TUNED) -> None:
     if not records:
         return
     first = records[0]
-
-    free = VARYING | set(tuned)
-
-    def fixed(record: dict) -> dict:
-        return {k: v for k, v in resolved(record).items() if k not in free}
-
-    def name(record: dict) -> str:
-        return f"{record['row']} seed {record['seed']}"
-
-    a = fixed(first)
+    a = resolved(first)
     for record in records[1:]:
-        b = fixed(record)
-        for key in sorted(a.keys() | b.keys()):
-            if a.get(key) != b.get(key):
-                raise ValueError(
-                    f"{name(record)} differs from {name(first)} in {key} ({b.get(key)} against "
-                    f"{a.get(key)}): epochs to target compare one recipe, only its batch and "
-                    f"{', '.join(tuned)} tuned; pick the row with --reports FILE:ROW, or tune it "
-                    "too (--tuned)"
-                )
+        b = resolved(record)
+        keys = differing(a, b, VARYING | set(tuned))
+        if keys:
+            key = keys[0]
+            raise ValueError(
+                f"{run_name(record)} differs from {run_name(first)} in {key} ({b.get(key)} "
+                f"against {a.get(key)}): epochs to target compare one recipe, only its batch and "
+                f"{', '.join(tuned)} tuned; pick the row with --reports FILE:ROW, or tune it "
+                "too (--tuned)"
+            )
 
 
 def mean_epochs(runs: list[dict], level: float) -> float | None:

@@ -43,14 +43,12 @@ queue+=(
 # ablation's chosen row (the same runs directory: found finished there, not retrained).
 B4096_TUNE="$STUDY --holdout 6000 --rows fujitsu_span32_bn_lr0.1"
 b4096_tuning() {  # LR SEEDS... : the chosen row at that peak LR, held-out
-  local lr=$1 name seeds; shift
+  local lr=$1 name seeds extra runs; shift
   seeds="$*"
   name="chosen_b4096_lr${lr}_90ep_holdout6000$([[ "$seeds" == "0" ]] || echo "_s${seeds// /_}")"
-  if [[ "$lr" == 10 ]]; then
-    echo "$B4096_TUNE --seeds $* --runs runs/accuracy_study/ablation-90ep --name $name"
-  else
-    echo "$B4096_TUNE --seeds $* --extra optim.base_lr=$lr --runs runs/accuracy_study/tune-b4096-90ep-lr$lr --name $name"
-  fi
+  extra="--extra optim.base_lr=$lr" runs=runs/accuracy_study/tune-b4096-90ep-lr$lr
+  [[ "$lr" != 10 ]] || extra="" runs=runs/accuracy_study/ablation-90ep  # the recipe's: the ablation's runs
+  echo "$B4096_TUNE --seeds $seeds $extra --runs $runs --name $name"
 }
 for lr in 10 20 5; do queue+=("$(b4096_tuning "$lr" 0)"); done
 # then seeds 1-2 of the LRs whose seed 0 could still be the worst-of-3 choice: B4096_LR_SEEDS="10 20"
