@@ -34,17 +34,11 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.accuracy_study import (  # noqa: E402
-    CHOSEN,
-    DERIVED,
-    code_between,
-    code_lines,
-    gap_interval,
-    mean_sd,
-    refuse_mixed_code,
-)
 from bench.common import provenance  # noqa: E402
 from bench.epochs_tuned import differing, resolved, run_name  # noqa: E402
+from bench.study.commits import code_between, code_lines, refuse_mixed_code  # noqa: E402
+from bench.study.rows import CHOSEN, DERIVED  # noqa: E402
+from bench.study.stats import gap_interval, mean_sd  # noqa: E402
 
 
 class Change(NamedTuple):

@@ -35,16 +35,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.accuracy_study import (  # noqa: E402
-    FASHION_MNIST_TRAIN,
-    _flat,
-    definition,
-    epochs_to,
-    mlperf_rcps,
-    rcp_table,
-    trainer_args,
-)
+from bench.accuracy_study import _flat, definition, trainer_args  # noqa: E402
 from bench.common import provenance  # noqa: E402
+from bench.study.report import mlperf_rcps, rcp_table  # noqa: E402
+from bench.study.stats import FASHION_MNIST_TRAIN, epochs_to  # noqa: E402
 
 REFERENCE_BATCH = 128  # the ratios' reference: the smallest batch of the target grid
 # what may differ between the runs compared besides the settings tuned (--tuned, default the peak

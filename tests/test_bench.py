@@ -46,16 +46,17 @@ def bench(
 
 
 def test_time_to_target_counts_epoch_times_until_first_reach():
-    study = load("accuracy_study")
+    from bench.study import stats as study_stats
+
     hist = [
         {"epoch_time_s": 10, "val_top1": 0.85},
         {"epoch_time_s": 12, "val_top1": 0.91},
         {"epoch_time_s": 11, "val_top1": 0.89},
         {"epoch_time_s": 9, "val_top1": 0.925},
     ]
-    assert study.time_to(hist, 0.90) == 22
-    assert study.time_to(hist, 0.92) == 42
-    assert study.time_to(hist, 0.95) is None
+    assert study_stats.time_to(hist, 0.90) == 22
+    assert study_stats.time_to(hist, 0.92) == 42
+    assert study_stats.time_to(hist, 0.95) is None
 
 
 def test_the_study_refuses_a_kept_run_of_another_definition(tmp_path):
@@ -87,7 +88,8 @@ def test_the_study_refuses_a_kept_run_of_another_definition(tmp_path):
 
 
 def test_study_table_mean_spread_and_reach_counts():
-    study = load("accuracy_study")
+    from bench.study import report as study_report
+
     base = {"epochs": 3, "steps": 30, "wall_s": 10.0, "gpu_time_s": 10.0, "time_to_92": None}
     records = [
         {
@@ -110,7 +112,7 @@ def test_study_table_mean_spread_and_reach_counts():
         },
     ]
     records.append({**records[0], "row": "lars", "final_top1": 0.895, "final_train_top1": None})
-    lines = study.table(records, ["baseline", "naive_4096", "lars"])
+    lines = study_report.table(records, ["baseline", "naive_4096", "lars"])
     assert len(lines) == 4  # header, rule, two rows: rows without runs are left out
     cells = [c.strip() for c in lines[2].split("|")[1:-1]]
     assert cells[0] == "baseline" and cells[1] == "91.00 ± 1.41" and cells[4] == "+0.00"
@@ -129,20 +131,21 @@ def test_a_gap_comes_with_its_welch_interval():
     """Issue 52: each gap with its 95% interval. Welch's t for two rows of 3 seeds with the 90-epoch
     study's means and spreads, checked against the formula: 92.51 ± 0.11 against 92.97 ± 0.32 gives
     -0.46 (-1.17 to +0.25); the study's own seeds give -0.46 (-1.14 to +0.22)."""
-    study = load("accuracy_study")
+    from bench.study import stats as study_stats
+
     big = [92.40, 92.51, 92.62]
     base = [92.65, 92.97, 93.29]
-    gap, low, high = study.gap_interval(big, base)
+    gap, low, high = study_stats.gap_interval(big, base)
     assert gap == pytest.approx(-0.46)
     # se = sqrt(0.0121/3 + 0.1024/3) = 0.1954; Welch df = 2.47; t(0.975, 2.47) = 3.61: +-0.705
     assert (low, high) == pytest.approx((gap - 0.705, gap + 0.705), abs=0.002)
-    assert study.gap_interval([92.0], base) is None  # one seed: no spread, no interval
+    assert study_stats.gap_interval([92.0], base) is None  # one seed: no spread, no interval
     records = [{"row": "baseline", "final_top1": v / 100} for v in base]
     records += [{"row": "big", "final_top1": v / 100} for v in big]
-    (entry,) = study.gaps(records, ["baseline", "big"]).values()
+    (entry,) = study_stats.gaps(records, ["baseline", "big"]).values()
     assert entry["ci95_pt"] == pytest.approx([low, high]) and entry["seeds"] == 3
     study_runs = json.loads((REPO / "docs/results/accuracy_study_90ep.json").read_text())["runs"]
-    (measured,) = study.gaps(study_runs, ["baseline", "fujitsu_span32_bn_lr0.1"]).values()
+    (measured,) = study_stats.gaps(study_runs, ["baseline", "fujitsu_span32_bn_lr0.1"]).values()
     assert measured["ci95_pt"] == pytest.approx([-1.142, 0.216], abs=0.001)
     assert type(measured["ci95_pt"][0]) is float  # plain JSON numbers
 
@@ -150,9 +153,10 @@ def test_a_gap_comes_with_its_welch_interval():
 def test_a_spike_shows_as_a_dip_and_the_worst_seed_chooses():
     """Seed 2 of a row falls 30 pt in one epoch and recovers: its dip shows although its final
     top-1 is close; the row chosen is the one whose worst seed is best, not the best mean."""
-    study = load("accuracy_study")
-    assert study.largest_dip([0.5, 0.8, 0.5, 0.85, None, 0.84]) == pytest.approx(30.0)
-    assert study.largest_dip([0.5, 0.6, 0.7]) == 0.0
+    from bench.study import stats as study_stats
+
+    assert study_stats.largest_dip([0.5, 0.8, 0.5, 0.85, None, 0.84]) == pytest.approx(30.0)
+    assert study_stats.largest_dip([0.5, 0.6, 0.7]) == 0.0
     rec = lambda row, seed, top1: {"row": row, "seed": seed, "final_top1": top1}  # noqa: E731
     records = [
         *(rec("a", s, v) for s, v in enumerate((0.92, 0.93, 0.80))),  # best mean? no: 88.3
@@ -160,13 +164,13 @@ def test_a_spike_shows_as_a_dip_and_the_worst_seed_chooses():
         *(rec("c", s, v) for s, v in enumerate((0.95, 0.95))),  # two seeds only
         rec("baseline", 0, 0.99),
     ]
-    (line,) = study.worst_seed_choice(records, ["baseline", "a", "b", "c"])
+    (line,) = study_stats.worst_seed_choice(records, ["baseline", "a", "b", "c"])
     assert line.startswith("Chosen by the worst of 3 seeds: b (worst seed 89.00%")
     assert "not compared, fewer seeds: c" in line and "ruled out" not in line
     records.append(
         rec("d", 0, 0.885)
     )  # one seed, already below b's worst (89): out, whatever comes
-    (line,) = study.worst_seed_choice(records, ["baseline", "a", "b", "c", "d"])
+    (line,) = study_stats.worst_seed_choice(records, ["baseline", "a", "b", "c", "d"])
     assert "ruled out with fewer seeds (a seed already below 89.00%): d; not compared" in line
     # batch 128 may take or leave the BN refit (issue 52): its *_no_refit rows are candidates,
     # other derived rows are not (the large-batch recipes end with the refit)
@@ -176,7 +180,7 @@ def test_a_spike_shows_as_a_dip_and_the_worst_seed_chooses():
         *(rec("lars_no_refit", s, 0.99) for s in range(3)),
     ]
     rows = ["b128_lr0.4", "b128_lr0.4_no_refit", "lars_no_refit"]
-    (line,) = study.worst_seed_choice(tuned, rows)
+    (line,) = study_stats.worst_seed_choice(tuned, rows)
     assert line.startswith("Chosen by the worst of 3 seeds: b128_lr0.4_no_refit (worst seed 92.70%")
 
 
@@ -197,6 +201,8 @@ def test_study_derived_no_refit_row_reads_the_recipe_runs_before_the_refit():
 
 def test_an_ema_run_gives_four_rows_and_its_decay_has_the_stated_half_life():
     study = load("accuracy_study")
+    from bench.study import rows as study_rows
+
     summary = {
         "history": [{"val_top1": 0.7, "train_top1": 0.6, "epoch_time_s": 1.0}],
         "best_top1": 0.7,
@@ -221,18 +227,20 @@ def test_an_ema_run_gives_four_rows_and_its_decay_has_the_stated_half_life():
     }
     # half-life 2.8 epochs of 54,000 / B steps: d^(2.8 x steps) = 1/2
     for batch in (128, 4096):
-        (decay,) = [s for s in study.ema_settings(batch) if s.startswith("optim.ema.decay=")]
+        (decay,) = [s for s in study_rows.ema_settings(batch) if s.startswith("optim.ema.decay=")]
         d = float(decay.split("=")[1])
         assert d ** (2.8 * (54000 // batch)) == pytest.approx(0.5, rel=1e-3)
-    rows = study.grid_rows("study", 30)
+    rows = study_rows.grid_rows("study", 30)
     assert "optim.ema.warmup=true" in rows["chosen_ema"][2]
-    assert rows["chosen_ema"][2][: len(rows[study.CHOSEN][2])] == rows[study.CHOSEN][2]
+    assert rows["chosen_ema"][2][: len(rows[study_rows.CHOSEN][2])] == rows[study_rows.CHOSEN][2]
 
 
 def test_epochs_to_target_and_its_table():
-    study = load("accuracy_study")
-    assert study.epochs_to([0.5, None, 0.91, 0.90, 0.93], 0.905) == 3
-    assert study.epochs_to([0.5, 0.6], 0.9) is None
+    from bench.study import report as study_report
+    from bench.study import stats as study_stats
+
+    assert study_stats.epochs_to([0.5, None, 0.91, 0.90, 0.93], 0.905) == 3
+    assert study_stats.epochs_to([0.5, 0.6], 0.9) is None
     records = [
         {
             "row": "target_b4096",
@@ -253,7 +261,7 @@ def test_epochs_to_target_and_its_table():
             "top1_per_epoch": [0.5, 0.7, 0.8, 0.84, 0.85],
         },
     ]
-    lines = study.target_table(records, [0.905])
+    lines = study_report.target_table(records, [0.905])
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
     assert cells == [  # without reference runs: against the smallest batch's run
         ["128", "the chosen row", "0.21%", "2", "1.00x", "93.00"],
@@ -265,7 +273,7 @@ def test_epochs_to_target_and_its_table():
         {"row": "baseline", "final_top1": 0.93, "top1_per_epoch": [0.9, 0.91, 0.93, 0.93, 0.93]},
         {"row": "baseline", "final_top1": 0.94, "top1_per_epoch": [0.91, 0.92, 0.93, 0.94, 0.94]},
     ]
-    lines = study.target_table(records, [0.935, 0.9], reference)
+    lines = study_report.target_table(records, [0.935, 0.9], reference)
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[2:]]
     assert cells[0] == [
         *("128", "baseline (SGD), the goal's reference", "0.21%"),
@@ -281,15 +289,16 @@ def test_mlperfs_reference_points_are_read_as_its_rcp_checker_reads_them():
     """ruleset 4.0.0's ResNet points, as issue 39 quotes them: 35.15 epochs at batch 3,264, 39.9 at
     4,096, 41.9 at 8,192, 56.0 at 32,768, 85.85 at 67,840 (mean without the fastest and slowest)."""
     pytest.importorskip("mlperf_logging")
-    study = load("accuracy_study")
-    rcps = {p["batch"]: p for p in study.mlperf_rcps("4.0.0")}
+    from bench.study import report as study_report
+
+    rcps = {p["batch"]: p for p in study_report.mlperf_rcps("4.0.0")}
     quoted = {3264: 35.15, 4096: 39.9, 8192: 41.9, 32768: 56.0, 67840: 85.85}
     assert {b: round(rcps[b]["epochs"], 2) for b in quoted} == pytest.approx(quoted, abs=0.03)
     first = min(rcps)
     assert first == 1632 and rcps[first]["ratio"] == 1.0
     assert rcps[67840]["ratio"] == pytest.approx(85.846 / 35.0, abs=1e-3)
     assert rcps[67840]["share"] == pytest.approx(67840 / 1_281_167)
-    lines = study.rcp_table(list(rcps.values()))
+    lines = study_report.rcp_table(list(rcps.values()))
     assert "| 67,840 | 5.30% | 85.85 | 28 | 2.45x |" in lines
 
 
@@ -297,8 +306,10 @@ def test_study_rows_follow_the_epoch_budget(tmp_path):
     """Fujitsu's 36 warmup and last 5 of 90 epochs scale with --epochs; every row runs the real CLI
     with the same epochs, seed, width, augmentation and evaluation set."""
     study = load("accuracy_study")
+    from bench.study import rows as study_rows
+
     for epochs, warmup, k in ((90, "36", 5), (30, "12", 2), (10, "4", 1)):
-        recipe, stem, over = study.grid_rows("study", epochs)["fujitsu_span32"]
+        recipe, stem, over = study_rows.grid_rows("study", epochs)["fujitsu_span32"]
         assert (recipe, stem) == ("fashion_mnist_fujitsu", "lars_fujitsu")
         assert f"optim.warmup_epochs={warmup}" in over and "model.bn_span=32" in over
         assert f"polish.last_epochs_without_augmentation={k}" in over
@@ -638,7 +649,8 @@ def test_scaling_bench_rejects_impossible_rank_arithmetic(tmp_path):
 
 
 def test_the_report_states_each_goal_with_its_distance():
-    study = load("accuracy_study")
+    from bench.study import report as study_report
+
     recs = [
         {"row": "baseline", "final_top1": 0.92},
         {"row": "baseline", "final_top1": 0.93},
@@ -646,28 +658,30 @@ def test_the_report_states_each_goal_with_its_distance():
         {"row": "lars", "final_top1": 0.921},
         {"row": "fujitsu_span32", "final_top1": 0.90},
     ]
-    head, fujitsu, lars = study.goal_lines(recs, "study", None)
+    head, fujitsu, lars = study_report.goal_lines(recs, "study", None)
     assert "within 0.3 pt of batch 128 (baseline, 92.50% over 2 seeds)" in head
     assert lars == "- lars: 92.10% over 1 seeds (worst 92.10%), -0.40 pt -> missed"
     assert fujitsu.startswith("- fujitsu_span32: 90.00%") and "naive" not in head + fujitsu
     # against the tuned baseline (issue 52): every large-batch row, each with its verdict
     tuned = [{"row": "b128_lr0.4_tail", "final_top1": v} for v in (0.90, 0.92)]
-    head, fujitsu, lars = study.goal_lines(recs + tuned, "study", None, baseline="b128_lr0.4_tail")
+    head, fujitsu, lars = study_report.goal_lines(
+        recs + tuned, "study", None, baseline="b128_lr0.4_tail"
+    )
     assert "(b128_lr0.4_tail, 91.00% over 2 seeds)" in head
     assert lars.endswith("+1.10 pt -> met") and fujitsu.endswith("-1.00 pt -> missed")
     curves = {128: [0.5, 0.9, 0.95], 4096: [0.3, 0.6, 0.9], 8192: [0.2, 0.5, 0.7]}
     recs = [{"row": f"target_b{b}", "top1_per_epoch": c} for b, c in curves.items()]
     rcps = [{"batch": 1632, "ratio": 1.0}, {"batch": 67840, "ratio": 2.45}]
-    (line,) = study.goal_lines(recs, "target", 0.9, rcps)
+    (line,) = study_report.goal_lines(recs, "target", 0.9, rcps)
     assert "less than MLPerf's 2.45x (batch 1,632 to 67,840)" in line
     assert "batch 8,192 never reached it -> missed" in line
-    (line,) = study.goal_lines(recs[:2], "target", 0.9, rcps)
+    (line,) = study_report.goal_lines(recs[:2], "target", 0.9, rcps)
     assert "from the smallest batch (2.0 epochs) to batch 4,096 (3 epochs), 1.50x -> met" in line
-    (line,) = study.goal_lines(recs[:2], "target", 0.9, None)
+    (line,) = study_report.goal_lines(recs[:2], "target", 0.9, None)
     assert "no MLPerf points to compare" in line
     # against batch 128's baseline runs (reached at epoch 1 and 2: mean 1.5), one paragraph a target
     reference = [{"top1_per_epoch": [0.9, 0.95]}, {"top1_per_epoch": [0.5, 0.9]}]
-    line, gap, other = study.goal_lines(recs[:2], "target", 0.9, rcps, reference, [0.99])
+    line, gap, other = study_report.goal_lines(recs[:2], "target", 0.9, rcps, reference, [0.99])
     assert "from batch 128's baseline (1.5 epochs) to batch 4,096 (3 epochs), 2.00x -> met" in line
     assert gap == "" and "batch 128's baseline never reached it" in other
 
@@ -848,10 +862,12 @@ def test_every_study_row_would_start(grid, epochs, tmp_path, capfd):
     }.items():
         (root / name).write_bytes(struct.pack(f">HBB{len(dims)}I", 0, 8, len(dims), *dims))
     study = load("accuracy_study")
+    from bench.study import rows as study_rows
+
     args = study.parse_args(
         ["--grid", grid, "--epochs", str(epochs), "--target", "0.9", "--extra", f"data.root={root}"]
     )
-    rows = study.grid_rows(grid, epochs)
+    rows = study_rows.grid_rows(grid, epochs)
     assert grid == "target" or {"goyal_4096", "lars_records", "lars_records_no_last_k"} <= set(rows)
     for row in rows:
         cmd = study.command(row, 0, args, tmp_path / "runs" / f"{row}-0")
@@ -891,18 +907,20 @@ def test_the_brake_rows_change_one_thing_each(tmp_path):
     """Issue 39's brakes on fujitsu_span32: each row differs from it by one optimizer parameter (a
     derived JSON) or one schedule setting, and the longer warmup ends its decay where the row did."""
     study = load("accuracy_study")
-    rows = study.grid_rows("study", 30)
+    from bench.study import rows as study_rows
+
+    rows = study_rows.grid_rows("study", 30)
     recipe, stem, base = rows["fujitsu_span32"]
     params = {
         "fujitsu_span32_bn_lr0.1": {"bn_bias_lr_factor": 0.1},
         "fujitsu_span32_trust_clip1": {"trust_clip": 1.0},
         "fujitsu_span32_momentum_correction": {"momentum_correction": True},
     }
-    shipped = json.loads((study.REPO / study.json_for(stem, "fp32")).read_text())
+    shipped = json.loads((study.REPO / study_rows.json_for(stem, "fp32")).read_text())
     for row, changed in params.items():
         r_recipe, r_stem, r_over = rows[row]
         assert (r_recipe, r_over) == (recipe, base)
-        derived = json.loads(Path(study.json_for(r_stem, "fp32", tmp_path)).read_text())
+        derived = json.loads(Path(study_rows.json_for(r_stem, "fp32", tmp_path)).read_text())
         want = {**shipped["optimizer"]["params"], **changed}
         assert derived["optimizer"] == {**shipped["optimizer"], "params": want}, row
     assert rows["fujitsu_span32_lr5"][2] == [*base, "optim.base_lr=5"]
@@ -918,10 +936,12 @@ def test_the_difference_rows_add_one_of_fujitsus_settings_each(tmp_path):
     """Issue 39, item 2: each records_plus_* row is lars_records with one of fujitsu_span32's
     settings: its JSON parameter (the rest of lars_m095 kept) or its schedule/BN setting."""
     study = load("accuracy_study")
-    rows = study.grid_rows("study", 30)
+    from bench.study import rows as study_rows
+
+    rows = study_rows.grid_rows("study", 30)
     recipe, stem, base = rows["lars_records"]
-    fujitsu = json.loads((study.REPO / study.json_for("lars_fujitsu", "fp32")).read_text())
-    records = json.loads(Path(study.json_for(stem, "fp32", tmp_path)).read_text())
+    fujitsu = json.loads((study.REPO / study_rows.json_for("lars_fujitsu", "fp32")).read_text())
+    records = json.loads(Path(study_rows.json_for(stem, "fp32", tmp_path)).read_text())
     for row, key in {
         "records_plus_eta0.0025": "trust_coefficient",
         "records_plus_m0.96": "momentum",
@@ -929,7 +949,7 @@ def test_the_difference_rows_add_one_of_fujitsus_settings_each(tmp_path):
     }.items():
         r_recipe, r_stem, r_over = rows[row]
         assert (r_recipe, r_over) == (recipe, base), row
-        params = json.loads(Path(study.json_for(r_stem, "fp32", tmp_path)).read_text())
+        params = json.loads(Path(study_rows.json_for(r_stem, "fp32", tmp_path)).read_text())
         params = params["optimizer"]["params"]
         want = {**records["optimizer"]["params"], key: fujitsu["optimizer"]["params"][key]}
         assert params == want, row
@@ -1010,11 +1030,13 @@ def test_a_recorded_run_counts_for_any_row_that_defines_the_same_run(tmp_path):
     batch-4,096 run is the target grid's target_b4096 (the same recipe, JSON and settings, one
     override spelled out that the recipe already sets); another seed or batch is not."""
     study = load("accuracy_study")
+    from bench.study import rows as study_rows
+
     runs = ["--epochs", "90", "--seeds", "0", "1", "--runs", str(tmp_path / "r")]
-    chosen = study.parse_args([*runs, "--rows", study.CHOSEN])
+    chosen = study.parse_args([*runs, "--rows", study_rows.CHOSEN])
     target = study.parse_args([*runs, "--grid", "target", "--target", "0.9"])
-    cmd = study.command(study.CHOSEN, 0, chosen, tmp_path / "study" / f"{study.CHOSEN}-0")
-    record = {"row": study.CHOSEN, "seed": 0, "final_top1": 0.92, "command": shlex.join(cmd)}
+    cmd = study.command(study_rows.CHOSEN, 0, chosen, tmp_path / "study" / f"{study_rows.CHOSEN}-0")
+    record = {"row": study_rows.CHOSEN, "seed": 0, "final_top1": 0.92, "command": shlex.join(cmd)}
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"runs": [record]}))
     assert study.trainer_args(cmd) != study.trainer_args(
@@ -1024,7 +1046,7 @@ def test_a_recorded_run_counts_for_any_row_that_defines_the_same_run(tmp_path):
     reported, why = study.reported_runs([str(report)], jobs, target)
     assert why is None and list(reported) == [("target_b4096", 0)]
     assert reported["target_b4096", 0]["row"] == "target_b4096"
-    assert reported["target_b4096", 0]["same_run_as"] == f"{report}: {study.CHOSEN} seed 0"
+    assert reported["target_b4096", 0]["same_run_as"] == f"{report}: {study_rows.CHOSEN} seed 0"
     assert reported["target_b4096", 0]["command"] == record["command"]  # what was trained
     # the same words with the recipe's value changed are another run
     other = {**record, "command": record["command"] + " optim.label_smoothing=0.05"}
@@ -1038,10 +1060,12 @@ def test_runs_are_the_same_only_where_their_deepspeed_json_sets_the_same(tmp_pat
     instead of LARS, counted as the chosen row's. Now what the JSON sets is compared: as the report
     recorded it when the run ended, else as the file (or a study JSON derived again) sets it now."""
     study = load("accuracy_study")
+    from bench.study import rows as study_rows
+
     args = study.parse_args(["--epochs", "90", "--seeds", "0", "--runs", str(tmp_path / "r")])
-    run_dir = tmp_path / "r" / f"{study.CHOSEN}-0"
-    cmd = study.command(study.CHOSEN, 0, args, run_dir)
-    settings = study.json_settings(cmd[cmd.index("--deepspeed_config") + 1])
+    run_dir = tmp_path / "r" / f"{study_rows.CHOSEN}-0"
+    cmd = study.command(study_rows.CHOSEN, 0, args, run_dir)
+    settings = study_rows.json_settings(cmd[cmd.index("--deepspeed_config") + 1])
     assert settings["optimizer"]["params"]["bn_bias_lr_factor"] == 0.1
     assert "_comment" not in settings
     # another JSON under the same words: LAMB given where the row has LARS
@@ -1052,29 +1076,31 @@ def test_runs_are_the_same_only_where_their_deepspeed_json_sets_the_same(tmp_pat
     # a recorded run whose JSON set another bn_bias_lr_factor, reported under the same command
     other = {**settings, "optimizer": {**settings["optimizer"]}}
     other["optimizer"]["params"] = {**settings["optimizer"]["params"], "bn_bias_lr_factor": 0.2}
-    record = {"row": study.CHOSEN, "seed": 0, "final_top1": 0.92, "command": shlex.join(cmd)}
+    record = {"row": study_rows.CHOSEN, "seed": 0, "final_top1": 0.92, "command": shlex.join(cmd)}
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"runs": [{**record, "deepspeed_settings": other}]}))
-    reported, why = study.reported_runs([str(report)], [(study.CHOSEN, 0)], args)
+    reported, why = study.reported_runs([str(report)], [(study_rows.CHOSEN, 0)], args)
     assert not reported and "bn_bias_lr_factor: 0.2 -> 0.1" in why, why
     # the same settings recorded, or none recorded and the JSON derived again: the same run; so
     # is one recorded before issue 53 with the JSON's lr, which a row setting base_lr never used
     report.write_text(json.dumps({"runs": [{**record, "deepspeed_settings": settings}]}))
-    assert study.reported_runs([str(report)], [(study.CHOSEN, 0)], args)[1] is None
+    assert study.reported_runs([str(report)], [(study_rows.CHOSEN, 0)], args)[1] is None
     with_lr = {**settings, "optimizer": {**settings["optimizer"]}}
     with_lr["optimizer"]["params"] = {**settings["optimizer"]["params"], "lr": 13.0}
     report.write_text(json.dumps({"runs": [{**record, "deepspeed_settings": with_lr}]}))
-    assert study.reported_runs([str(report)], [(study.CHOSEN, 0)], args)[1] is None
+    assert study.reported_runs([str(report)], [(study_rows.CHOSEN, 0)], args)[1] is None
     gone = record["command"].replace(str(tmp_path / "r"), "/a/new/checkout/runs")
     report.write_text(json.dumps({"runs": [{**record, "command": gone}]}))
-    reported, why = study.reported_runs([str(report)], [(study.CHOSEN, 0)], args)
-    assert why is None and list(reported) == [(study.CHOSEN, 0)]
+    reported, why = study.reported_runs([str(report)], [(study_rows.CHOSEN, 0)], args)
+    assert why is None and list(reported) == [(study_rows.CHOSEN, 0)]
     # another row's run with another JSON does not count for this one (the LAMB row at 8,192 is
     # not the LARS row at 8,192 although both set the batch and an LR)
-    rows = study.grid_rows("study", 90)
+    rows = study_rows.grid_rows("study", 90)
     assert rows["chosen_b8192"][2][:-1] == rows["chosen_b8192_lamb"][2][:-1]
     lamb_cmd = study.command("chosen_b8192_lamb", 0, args, tmp_path / "r" / "l-0")
-    lamb_cmd[-1:] = [f"optim.base_lr={study.B8192_LR['lars']:g}"]  # the same words but the JSON
+    lamb_cmd[-1:] = [
+        f"optim.base_lr={study_rows.B8192_LR['lars']:g}"
+    ]  # the same words but the JSON
     report.write_text(json.dumps({"runs": [{**record, "command": shlex.join(lamb_cmd)}]}))
     assert study.reported_runs([str(report)], [("chosen_b8192", 0)], args) == ({}, None)
 
@@ -1084,25 +1110,27 @@ def test_the_ablation_and_baseline_tuning_rows_change_what_they_name(tmp_path):
     each batch-128 tuning row the baseline with its LR, warmup or techniques (the BN refit on in
     all of them, so each row's *_no_refit twin is the row without it)."""
     study = load("accuracy_study")
+    from bench.study import rows as study_rows
+
     args = study.parse_args(["--epochs", "90", "--seeds", "0", "--runs", str(tmp_path)])
 
     def changes(row: str, against: str) -> str | None:
         argv = [study.trainer_args(study.command(r, 0, args, tmp_path / r)) for r in (against, row)]
         return study._changes(*argv)
 
-    assert changes("chosen_no_ls", study.CHOSEN) == "optim.label_smoothing: 0.1 -> 0.0"
-    assert changes("chosen_no_tail", study.CHOSEN) == (
+    assert changes("chosen_no_ls", study_rows.CHOSEN) == "optim.label_smoothing: 0.1 -> 0.0"
+    assert changes("chosen_no_tail", study_rows.CHOSEN) == (
         "polish.last_epochs_without_augmentation: 5 -> 0"
     )
-    assert changes("chosen_ramp", study.CHOSEN) == (
+    assert changes("chosen_ramp", study_rows.CHOSEN) == (
         "batch.global_size: 4096 -> 2048, batch.ramp: [] -> [[36, 4096]]"
     )
-    assert changes("chosen_b8192", study.CHOSEN) == (
+    assert changes("chosen_b8192", study_rows.CHOSEN) == (
         "batch.global_size: 4096 -> 8192, optim.base_lr: 10.0 -> 20.0"
     )
     lamb = changes("chosen_b8192_lamb", "chosen_b8192")
     assert "deepspeed_config.optimizer.type: LARS -> Lamb" in lamb and "optim.base_lr: 20" in lamb
-    assert study.DERIVED["chosen_no_refit"] == study.CHOSEN
+    assert study_rows.DERIVED["chosen_no_refit"] == study_rows.CHOSEN
     assert changes("b128_lr0.4", "baseline") == "polish.enabled: False -> True"
     assert changes("b128_lr0.1", "b128_lr0.4") == "optim.base_lr: 0.4 -> 0.1"
     assert changes("b128_lr0.8_ls", "b128_lr0.8") == "optim.label_smoothing: 0.0 -> 0.1"
@@ -1113,7 +1141,7 @@ def test_the_ablation_and_baseline_tuning_rows_change_what_they_name(tmp_path):
     assert warm == "optim.warmup_epochs: 0.0 -> 5.0"  # linear, the recipe's shape already
     everything = changes("b128_lr0.4_all", "b128_lr0.4")
     assert everything.count(":") == 3, everything
-    assert all(f"{row}_no_refit" in study.DERIVED for row in study.baseline_tuning(90))
+    assert all(f"{row}_no_refit" in study_rows.DERIVED for row in study_rows.baseline_tuning(90))
 
 
 def test_evidence_table_refuses_pytest_xdist_workers(tmp_path):
@@ -1177,6 +1205,9 @@ def test_a_report_across_commits_that_changed_dstrain_says_so_and_is_asked_for_b
     import subprocess
 
     study = load("accuracy_study")
+
+    from bench.study import commits as study_code
+
     log = subprocess.run(
         ["git", "-C", str(REPO), "log", "--format=%H", "-n", "400", "--", "dstrain/"],
         capture_output=True,
@@ -1185,12 +1216,12 @@ def test_a_report_across_commits_that_changed_dstrain_says_so_and_is_asked_for_b
     if len(log) < 3:
         pytest.skip("needs the repository's history (a shallow clone has too little)")
     new, old = log[0], log[2]  # two commits that changed dstrain/ between them
-    code = study.code_between([old, f"{new}-dirty", new])
+    code = study_code.code_between([old, f"{new}-dirty", new])
     assert code["commits"] == [old, new] and code["dirty_runs"] == 1
-    assert len(code["dstrain_changes"]) >= 2 and study.mixed_code(code)
-    (line,) = study.code_lines(code)
+    assert len(code["dstrain_changes"]) >= 2 and study_code.mixed_code(code)
+    (line,) = study_code.code_lines(code)
     assert f"{old[:7]}, {new[:7]}" in line and "dstrain/ changed between them" in line
-    assert not study.mixed_code(study.code_between([new, f"{new}-dirty"]))
+    assert not study_code.mixed_code(study_code.code_between([new, f"{new}-dirty"]))
     # the refusal, through main: a committed report of runs at the two commits
     base = [
         "--epochs",
@@ -1428,6 +1459,8 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     (B8192_LAMB_LR); each batch of the target grid has an LR ladder (4,096's and 8,192's are
     their tunings)."""
     study = load("accuracy_study")
+    from bench.study import rows as study_rows
+
     script = REPO / "bench" / "issue52_runs.sh"
     assert "COMMIT=541f812" in script.read_text()
 
@@ -1497,7 +1530,7 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     for args in target:
         (row,) = args.rows
         ladders.setdefault(row, set()).add(args.extra[-1])
-    assert set(ladders) == {f"target_b{b}" for b in study.TARGET_BATCHES if b < 4096}
+    assert set(ladders) == {f"target_b{b}" for b in study_rows.TARGET_BATCHES if b < 4096}
     assert all(len(lrs) >= 2 for lrs in ladders.values()), ladders
 
 

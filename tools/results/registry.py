@@ -24,11 +24,17 @@ NOT_RESULTS = {
 }
 
 TRAINER = ("dstrain", "ds_configs")  # the code a training run measures: the package and its JSONs
+# a script's modules of its own, part of what its results measure
+SCRIPT_PARTS = {
+    script: ("bench/study",)
+    for script in ("bench/accuracy_study.py", "bench/ablation.py", "bench/epochs_tuned.py")
+}
 # what a run of the test suite depends on: the code, the tests, the scripts they run, the pins
 SUITE = (
     *TRAINER,
     "tests",
     "bench/*.py",
+    "bench/study/*.py",
     "tools/*.py",
     "tools/results/*.py",
     "launch.sh",
@@ -66,7 +72,8 @@ class Result:
     def __post_init__(self):
         if self.code is None:
             scripts = re.findall(r"(?:bench|tools)/\w+\.py", self.command)
-            object.__setattr__(self, "code", (*TRAINER, *scripts))
+            parts = [part for script in scripts for part in SCRIPT_PARTS.get(script, ())]
+            object.__setattr__(self, "code", (*TRAINER, *scripts, *parts))
 
     def exists(self) -> bool:
         return (REPO / self.file).is_file()
@@ -641,7 +648,7 @@ RESULTS = [
            R + "lars_tensors.py runs/accuracy_study/diag-30ep/fujitsu_span32-2 "
            "--name lars_tensors_fujitsu_span32_seed2_30ep",
            "docs/results/stability/lars_tensors_fujitsu_span32_seed2_30ep.json", _lars_tensors,
-           code=(*TRAINER, "bench/accuracy_study.py", "bench/lars_tensors.py"), rerun=False),
+           code=(*TRAINER, "bench/accuracy_study.py", "bench/study", "bench/lars_tensors.py"), rerun=False),
     *[Result(f"tuning_fujitsu_lr{lr}", f"Fujitsu recipe, peak LR {lr}, on 6,000 held-out images",
              R + f"accuracy_study.py --epochs 10 --holdout 6000 --rows fujitsu_span32 --seeds 0 "
              f"--out docs/results/tuning --name fujitsu_lr{lr}_10ep_holdout6000 --extra optim.base_lr={lr}",
