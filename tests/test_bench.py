@@ -1318,6 +1318,14 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
     baseline = report("sgd", [sgd], grid="study")
     rows = main("--reports", low, high, "--reference", f"{baseline}:b128_sgd")
     assert [r["ratio"] for r in rows] == [2.0, 4.0] and rows[0]["base"] == "b128_sgd (1 seeds)"
+    # the reference alone is a base: batch 8,192's runs without the recipe's own batch 128
+    lone = report("lone", [run(8192, 5, 0, [0.1, 0.2, 0.5, 0.91])])
+    rows = main("--reports", lone, "--reference", f"{baseline}:b128_sgd")
+    assert [(r["batch"], r["ratio"]) for r in rows] == [(8192, 4.0)]
+    assert tuned.goal(rows, 0.9, rcps, reference=True).endswith(
+        "(2.45x): 4.00x of 1.0 epochs of b128_sgd (1 seeds) -> missed."
+    )
+    assert tuned.goal(rows, 0.9, rcps).endswith("no batch-128 runs to take the ratio from.")
     # a study report's row, read by name: its batch and LR from the command, else the recipe's
     study_runs = [run(8192, 20, 0, [0.5, 0.9, 0.9, 0.9], row="chosen_b8192")]
     study_runs.append(
