@@ -903,6 +903,19 @@ def test_lars_tensors_finds_the_jump_and_the_tensors_that_moved_most():
         lt.analyse({"train/loss": [(1, 1.0)]})
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_the_shipped_chosen_json_sets_what_the_studys_chosen_row_ran(precision):
+    """ds_configs/lars_fujitsu_bnlr01_*.json, the study's chosen brake shipped for users, sets what
+    the study's own derived JSON (lars_fujitsu with bn_bias_lr_factor 0.1) sets, the comment aside:
+    a run from the shipped file is the chosen row's run (the study compares runs by content)."""
+    from bench.study import rows as study_rows
+
+    shipped = study_rows.json_settings(f"ds_configs/lars_fujitsu_bnlr01_{precision}.json")
+    derived = study_rows.derived_json("lars_fujitsu_bnlr01", precision)
+    derived.pop("_comment")
+    assert shipped == derived and shipped["optimizer"]["params"]["bn_bias_lr_factor"] == 0.1
+
+
 def test_the_brake_rows_change_one_thing_each(tmp_path):
     """Issue 39's brakes on fujitsu_span32: each row differs from it by one optimizer parameter (a
     derived JSON) or one schedule setting, and the longer warmup ends its decay where the row did."""
