@@ -1476,7 +1476,7 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     8,192's test-set seeds at its chosen LR (20); batch 4,096's LR ladder at 90 epochs, seed 0,
     then seeds 1-2 of the LRs named (B4096_LR_SEEDS); the ablation waits for 4,096's LR
     (B4096_LR) and is made at it, after its 5 test-set seeds when it is not the recipe's 10;
-    batch 8,192's warmup tried at 20% and 30%; LAMB's seeds 1-2 join once its LR is chosen
+    each large batch's warmup tried at 20% and 30%; LAMB's seeds 1-2 join once its LR is chosen
     (B8192_LAMB_LR); each batch of the target grid has an LR ladder (4,096's and 8,192's are
     their tunings)."""
     study = load("accuracy_study")
@@ -1500,18 +1500,33 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     assert len(lamb) == len(plain) + 1 and "chosen_b8192_lamb" in added[0]
     assert "optim.base_lr=0.032" in added[0] and added[0][added[0].index("--seeds") + 1] == "1"
     assert not any("chosen_no_ls" in a for a in plain)  # the ablation waits for 4,096's LR
-    ladder = [a for a in plain if "chosen_b4096_lr" in a[a.index("--name") + 1]]
+    ladder = [
+        a
+        for a in plain
+        if "chosen_b4096_lr" in a[a.index("--name") + 1]
+        and "_warmup" not in a[a.index("--name") + 1]
+    ]
     parsed = [study.parse_args(a[2:]) for a in ladder]
     assert [(p.seeds, p.extra) for p in parsed] == [  # LR 10: the recipe's own
         ([0], []),
         ([0], ["optim.base_lr=20"]),
         ([0], ["optim.base_lr=5"]),
     ]
-    # batch 8,192's warmup at its LR: 20% and 30% of the epochs, the decay still ending at 88
-    warm = [study.parse_args(a[2:]) for a in plain if "_warmup" in a[a.index("--name") + 1]]
-    assert [p.extra for p in warm] == [
-        ["optim.base_lr=20", "optim.warmup_epochs=18", "optim.decay_epochs=70"],
-        ["optim.base_lr=20", "optim.warmup_epochs=27", "optim.decay_epochs=61"],
+
+    # each large batch's warmup at its LR: 20% and 30% of the epochs, the decay still ending at 88
+    # (batch 4,096 at the recipe's LR 10 until its LR is chosen, then at the chosen one)
+    def warmups(queue: list[list[str]]) -> list[tuple[list[str], list[str]]]:
+        found = [study.parse_args(a[2:]) for a in queue if "_warmup" in a[a.index("--name") + 1]]
+        return [(p.rows, p.extra) for p in found]
+
+    shorter = [["optim.warmup_epochs=18", "optim.decay_epochs=70"]]
+    shorter.append(["optim.warmup_epochs=27", "optim.decay_epochs=61"])
+    assert warmups(plain) == [
+        *[(["chosen_b8192"], ["optim.base_lr=20", *w]) for w in shorter],
+        *[(["fujitsu_span32_bn_lr0.1"], ["optim.base_lr=10", *w]) for w in shorter],
+    ]
+    assert warmups(commands(B4096_LR="20"))[2:] == [
+        (["fujitsu_span32_bn_lr0.1"], ["optim.base_lr=20", *w]) for w in shorter
     ]
     seeds = commands(B4096_LR_SEEDS="10 20")
     more = [a[a.index("--name") + 1] for a in seeds if a not in plain]
