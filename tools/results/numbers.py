@@ -79,7 +79,7 @@ SCALES = {"%": (100,), "pt": (100,), "point": (100,), "points": (100,), "min": (
 
 
 def _dip(curve: list) -> float:
-    """How far a top-1 curve ever fell below its best before (as bench/accuracy_study.py's table)."""
+    """How far a top-1 curve ever fell below its best before (as bench/study/stats.py largest_dip)."""
     best, dip = None, 0.0
     for top1 in (v for v in curve if v is not None):
         dip = dip if best is None else max(dip, best - top1)
