@@ -308,7 +308,7 @@ def derived_json(stem: str, precision: str) -> dict:
     base, params = DERIVED_JSON[stem]
     raw = json.loads((REPO / json_for(base, precision)).read_text())
     raw["optimizer"]["params"].update(params)
-    raw["_comment"] = f"{json_for(base, precision)} with {params} (bench/accuracy_study.py)"
+    raw["_comment"] = f"{json_for(base, precision)} with {params} (bench/study/rows.py)"
     return raw
 
 
