@@ -459,23 +459,22 @@ RESULTS = [
            "docs/results/tuning/ema_30ep_holdout6000.json", _study, rerun=False),
     Result("final_90ep_b128",
            "issue 52, item 2: the tuned batch-128 row (b128_lr0.4_tail) at 90 epochs on the test "
-           "set, the goal's reference, 5 seeds at 541f812 (in progress: the report names the "
-           "pending seeds)",
+           "set, the goal's reference, 5 seeds at 541f812",
            R + "accuracy_study.py --epochs 90 --rows b128_lr0.4_tail --seeds 0 1 2 3 4 "
            "--finished-only --reuse docs/results/final_90ep_b128.json --runs "
            "runs/accuracy_study/final-90ep-b128 --out docs/results --name final_90ep_b128",
            "docs/results/final_90ep_b128.json", _study, rerun=False),
     Result("final_90ep_b4096",
            "issue 52, item 2: batch 4,096 (the chosen row, fujitsu_span32_bn_lr0.1) at 90 epochs on "
-           "the test set, 5 seeds at 541f812 (in progress: the report names the pending seeds)",
+           "the test set, 5 seeds at 541f812 (at the recipe's LR 10; its LR is being tuned at 90 "
+           "epochs)",
            R + "accuracy_study.py --epochs 90 --rows fujitsu_span32_bn_lr0.1 --seeds 0 1 2 3 4 "
            "--finished-only --reuse docs/results/final_90ep_b4096.json --runs "
            "runs/accuracy_study/final-90ep-b4096 --out docs/results --name final_90ep_b4096",
            "docs/results/final_90ep_b4096.json", _study, rerun=False),
     Result("final_90ep_b8192",
            "issue 52, item 2: batch 8,192 (chosen_b8192, the chosen row at its held-out-tuned peak LR "
-           "20) at 90 epochs on the test set, 5 seeds at 541f812 (in progress: the report names the "
-           "pending seeds)",
+           "20) at 90 epochs on the test set, 5 seeds at 541f812",
            R + "accuracy_study.py --epochs 90 --rows chosen_b8192 --seeds 0 1 2 3 4 --extra "
            "optim.base_lr=20 --finished-only --reuse docs/results/final_90ep_b8192.json --runs "
            "runs/accuracy_study/final-90ep-b8192-lr20 --out docs/results --name final_90ep_b8192",
@@ -483,7 +482,7 @@ RESULTS = [
     Result("final_90ep",
            "issue 52, item 2: the goal's comparison, the tuned batch 128 against batch 4,096 and "
            "8,192, 90 epochs, test set, every run at 541f812; each gap with its 95% interval "
-           "(Welch), read from the three rows' reports (in progress: pending seeds named)",
+           "(Welch), read from the three rows' reports (5 seeds each)",
            R + "accuracy_study.py --epochs 90 --rows b128_lr0.4_tail fujitsu_span32_bn_lr0.1 "
            "chosen_b8192 --seeds 0 1 2 3 4 --baseline b128_lr0.4_tail --reuse "
            "docs/results/final_90ep_b128.json docs/results/final_90ep_b4096.json "
