@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import provenance  # noqa: E402
-from bench.epochs_tuned import differing, resolved, run_name  # noqa: E402
 from bench.study.commits import code_between, code_lines, refuse_mixed_code  # noqa: E402
+from bench.study.definition import described, differing, resolved, run_name  # noqa: E402
 from bench.study.rows import CHOSEN, DERIVED  # noqa: E402
 from bench.study.stats import gap_interval, mean_sd  # noqa: E402
 
@@ -127,14 +127,14 @@ def what_differs(change: Change, row_runs: list[dict], base_runs: list[dict]) ->
     keys = differing(base, mine, ALWAYS_FREE)
     beyond = [k for k in keys if not allowed(k, change.keys)]
     if beyond:
-        detail = ", ".join(f"{k}: {base.get(k)} -> {mine.get(k)}" for k in beyond)
+        detail = ", ".join(described(base, mine, beyond))
         raise ValueError(
             f"{change.row} differs from {change.base} in more than its change ({detail}): one "
             "change per row, or the table cannot say what the technique earns"
         )
     if not keys:
         raise ValueError(f"{change.row} and {change.base} are the same definition: no change")
-    return [f"{k}: {base.get(k)} -> {mine.get(k)}" for k in keys]
+    return described(base, mine, keys)
 
 
 def paired_interval(row: list[dict], base: list[dict]) -> tuple[float, float, float] | None:

@@ -89,6 +89,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.study.commits import code_between, refuse_mixed_code  # noqa: E402
+from bench.study.definition import (  # noqa: E402
+    changes_between,
+    definition,
+    definition_or_none,
+    trainer_args,
+)
 from bench.study.report import mlperf_rcps, write  # noqa: E402
 from bench.study.rows import DERIVED, EMA_DERIVED, grid_rows, json_for, json_settings  # noqa: E402
 from bench.study.stats import FASHION_MNIST_TRAIN, gaps, reached, time_to  # noqa: E402
@@ -126,85 +132,6 @@ def command(row: str, seed: int, args, run_dir: Path) -> list[str]:
     ]
 
 
-# where a run lives and reads its data: not part of a row's definition (a GPU job's tree moves)
-LOCATIONS = ("run_dir=", "data.root=")
-
-
-def trainer_args(cmd: list[str]) -> list[str]:
-    """The trainer's own arguments in a command: what follows ``dstrain`` or a script path."""
-    start = next(i for i, a in enumerate(cmd) if a == "dstrain" or a.endswith(".py"))
-    return [a for a in cmd[start + 1 :] if not a.startswith(LOCATIONS)]
-
-
-def definition(trainer_argv: list[str], ds_settings: dict | None = None) -> dict:
-    """What a run is, whatever words its command used: what its DeepSpeed JSON sets
-    (:func:`json_settings`, or ``ds_settings`` as a report recorded them when the run ended) and
-    the config the trainer builds from the recipe and the overrides (a later key=value wins, a
-    value equal to the recipe's is no change), without the locations (``LOCATIONS``) and the
-    recipe's default JSON path (the JSON the run was given is compared by content)."""
-    from omegaconf import OmegaConf
-
-    from dstrain.settings.config import load_config
-
-    recipe, ds_json, overrides, rest = None, None, [], iter(trainer_argv)
-    for arg in rest:
-        if arg == "--config":
-            recipe = next(rest)
-        elif arg == "--deepspeed_config":
-            ds_json = next(rest)
-        elif not arg.startswith(LOCATIONS):
-            overrides.append(arg)
-    config = OmegaConf.to_container(load_config(recipe, overrides))
-    config.pop("run_dir")
-    config["data"].pop("root")
-    recipe_json = config.pop("deepspeed_config")
-    if ds_settings is None:
-        ds_settings = json_settings(ds_json or recipe_json)
-    else:  # as recorded: the JSON's lr left out as json_settings leaves it out
-        ds_settings = json.loads(json.dumps(ds_settings))
-        ds_settings.get("optimizer", {}).get("params", {}).pop("lr", None)
-    return {"deepspeed_config": ds_settings, **config}
-
-
-def _definition_or_none(record: dict) -> dict | None:
-    from dstrain.settings.config import ConfigError
-
-    try:
-        return definition(
-            trainer_args(shlex.split(record["command"])), record.get("deepspeed_settings")
-        )
-    except ConfigError:  # a recipe or key that no longer exists: not the same run
-        return None
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def _changes(old: list[str], new: list[str], old_settings: dict | None = None) -> str | None:
-    """``key: old -> new, ...`` between the runs two trainer argument lists define (``old``'s JSON
-    as recorded, ``old_settings``, when given), or None when they define the same run."""
-    from dstrain.settings.config import ConfigError
-
-    try:
-        before = _flat(definition(old, old_settings))
-    except ConfigError as err:
-        return f"its settings no longer load: {err}"
-    after = _flat(definition(new))
-    changed = [
-        f"{key}: {before.get(key)} -> {after.get(key)}"
-        for key in sorted(before.keys() | after.keys())
-        if before.get(key) != after.get(key)
-    ]
-    return ", ".join(changed) or None
-
-
 def stored_differs(run_dir: Path, cmd: list[str]) -> str | None:
     """Why the run kept in ``run_dir`` is not this row as now defined, or None: a finished run is
     read, an interrupted one resumed, only if it is the same run."""
@@ -214,7 +141,7 @@ def stored_differs(run_dir: Path, cmd: list[str]) -> str | None:
     stored = json.loads(meta.read_text()).get("command") or []
     if not stored:
         return None
-    changes = _changes(stored[1:], trainer_args(cmd))
+    changes = changes_between(stored[1:], trainer_args(cmd))
     if changes is None:
         return None
     return (
@@ -244,7 +171,7 @@ def reported_runs(reports: list[str], jobs, args) -> tuple[dict, str | None]:
         for report, rec in recorded:
             if rec.get("row") != row or rec.get("seed") != seed:
                 continue
-            changes = _changes(
+            changes = changes_between(
                 trainer_args(shlex.split(rec["command"])), new, rec.get("deepspeed_settings")
             )
             if changes is not None:
@@ -262,7 +189,7 @@ def reported_runs(reports: list[str], jobs, args) -> tuple[dict, str | None]:
                     continue
                 key = rec["command"] + json.dumps(rec.get("deepspeed_settings"))
                 if key not in theirs:
-                    theirs[key] = _definition_or_none(rec)
+                    theirs[key] = definition_or_none(rec)
                 if mine == theirs[key]:
                     same = f"{report}: {rec['row']} seed {seed}"
                     found[row, seed] = {**rec, "row": row, "same_run_as": same}

@@ -25,9 +25,7 @@ and <name>.md under --out (default docs/results/tuning).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -35,8 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.accuracy_study import _flat, definition, trainer_args  # noqa: E402
 from bench.common import provenance  # noqa: E402
+from bench.study.definition import differing, resolved, run_name  # noqa: E402
 from bench.study.report import mlperf_rcps, rcp_table  # noqa: E402
 from bench.study.stats import FASHION_MNIST_TRAIN, epochs_to  # noqa: E402
 
@@ -52,26 +50,6 @@ SHORT = {
     "optim.decay_epochs": "decay",
     "polish.last_epochs_without_augmentation": "un-augmented tail",
 }
-
-
-def resolved(record: dict) -> dict:
-    """The run's settings as the trainer resolved them (the study's :func:`definition`: the recipe,
-    the overrides, the DeepSpeed settings the run recorded), flat: ``{"optim.base_lr": 10.0, ...}``."""
-    try:
-        return _resolved(record["command"], json.dumps(record.get("deepspeed_settings")))
-    except ValueError as e:
-        raise ValueError(f"{record['row']} seed {record['seed']}: {e}") from None
-
-
-@functools.cache
-def _resolved(command: str, ds_settings: str) -> dict:
-    from dstrain.settings.config import ConfigError
-
-    try:
-        tree = definition(trainer_args(shlex.split(command)), json.loads(ds_settings))
-    except (ConfigError, OSError) as e:
-        raise ValueError(f"its settings do not load: {e}") from None
-    return _flat(tree)
 
 
 def setting_of(record: dict, tuned: tuple[str, ...] = TUNED) -> tuple:
@@ -90,16 +68,6 @@ def label(setting: tuple, tuned: tuple[str, ...] = TUNED) -> str:
 
 def batch_of(record: dict) -> int:
     return int(resolved(record)["batch.global_size"])
-
-
-def run_name(record: dict) -> str:
-    """``row seed N``: a run as the messages name it."""
-    return f"{record['row']} seed {record['seed']}"
-
-
-def differing(a: dict, b: dict, free: set[str] | frozenset = frozenset()) -> list[str]:
-    """The keys outside ``free`` whose values differ between two runs' resolved settings, sorted."""
-    return sorted(k for k in a.keys() | b.keys() if k not in free and a.get(k) != b.get(k))
 
 
 def one_definition(records: list[dict], tuned: tuple[str, ...] = TUNED) -> None:

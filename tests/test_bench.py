@@ -949,6 +949,7 @@ def test_the_difference_rows_add_one_of_fujitsus_settings_each(tmp_path):
     """Issue 39, item 2: each records_plus_* row is lars_records with one of fujitsu_span32's
     settings: its JSON parameter (the rest of lars_m095 kept) or its schedule/BN setting."""
     study = load("accuracy_study")
+    from bench.study import definition as study_definition
     from bench.study import rows as study_rows
 
     rows = study_rows.grid_rows("study", 30)
@@ -972,7 +973,7 @@ def test_the_difference_rows_add_one_of_fujitsus_settings_each(tmp_path):
 
     def built(row: str) -> dict:
         cmd = study.command(row, 0, args, tmp_path / row)
-        return study._flat(study.definition(study.trainer_args(cmd)))
+        return study_definition.flat(study.definition(study.trainer_args(cmd)))
 
     mine, fujitsu_row = built("lars_records"), built("fujitsu_span32")
     for row, settings in {
@@ -1073,6 +1074,7 @@ def test_runs_are_the_same_only_where_their_deepspeed_json_sets_the_same(tmp_pat
     instead of LARS, counted as the chosen row's. Now what the JSON sets is compared: as the report
     recorded it when the run ended, else as the file (or a study JSON derived again) sets it now."""
     study = load("accuracy_study")
+    from bench.study import definition as study_definition
     from bench.study import rows as study_rows
 
     args = study.parse_args(["--epochs", "90", "--seeds", "0", "--runs", str(tmp_path / "r")])
@@ -1084,7 +1086,7 @@ def test_runs_are_the_same_only_where_their_deepspeed_json_sets_the_same(tmp_pat
     # another JSON under the same words: LAMB given where the row has LARS
     lamb = [*cmd[:]]
     lamb[lamb.index("--deepspeed_config") + 1] = "ds_configs/lamb_fp32.json"
-    changes = study._changes(study.trainer_args(lamb), study.trainer_args(cmd))
+    changes = study_definition.changes_between(study.trainer_args(lamb), study.trainer_args(cmd))
     assert changes and "deepspeed_config.optimizer.type: Lamb -> LARS" in changes
     # a recorded run whose JSON set another bn_bias_lr_factor, reported under the same command
     other = {**settings, "optimizer": {**settings["optimizer"]}}
@@ -1123,13 +1125,14 @@ def test_the_ablation_and_baseline_tuning_rows_change_what_they_name(tmp_path):
     each batch-128 tuning row the baseline with its LR, warmup or techniques (the BN refit on in
     all of them, so each row's *_no_refit twin is the row without it)."""
     study = load("accuracy_study")
+    from bench.study import definition as study_definition
     from bench.study import rows as study_rows
 
     args = study.parse_args(["--epochs", "90", "--seeds", "0", "--runs", str(tmp_path)])
 
     def changes(row: str, against: str) -> str | None:
         argv = [study.trainer_args(study.command(r, 0, args, tmp_path / r)) for r in (against, row)]
-        return study._changes(*argv)
+        return study_definition.changes_between(*argv)
 
     assert changes("chosen_no_ls", study_rows.CHOSEN) == "optim.label_smoothing: 0.1 -> 0.0"
     assert changes("chosen_no_tail", study_rows.CHOSEN) == (
