@@ -1514,6 +1514,7 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         ([0], []),
         ([0], ["optim.base_lr=20"]),
         ([0], ["optim.base_lr=5"]),
+        ([0], ["optim.base_lr=2.5"]),  # LR 5 came out best: the rung below it
     ]
 
     # each large batch's warmup at its LR: 20% and 30% of the epochs, the decay still ending at 88
@@ -1531,11 +1532,11 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     assert warmups(commands(B4096_LR="20"))[2:] == [
         (["fujitsu_span32_bn_lr0.1"], ["optim.base_lr=20", *w]) for w in shorter
     ]
-    seeds = commands(B4096_LR_SEEDS="10 20")
+    seeds = commands(B4096_LR_SEEDS="5 10")
     more = [a[a.index("--name") + 1] for a in seeds if a not in plain]
     assert more == [
+        "chosen_b4096_lr5_90ep_holdout6000_s1_2",
         "chosen_b4096_lr10_90ep_holdout6000_s1_2",
-        "chosen_b4096_lr20_90ep_holdout6000_s1_2",
     ]
     # LR 10's held-out runs are the ablation's chosen row: one runs directory, not trained twice
     ten = commands(B4096_LR="10")

@@ -570,6 +570,13 @@ RESULTS = [
            "--extra optim.base_lr=20 --runs runs/accuracy_study/tune-b4096-90ep-lr20 "
            "--out docs/results/tuning --name chosen_b4096_lr20_90ep_holdout6000",
            "docs/results/tuning/chosen_b4096_lr20_90ep_holdout6000.json", _study, rerun=False),
+    Result("b4096_lr5_90ep_holdout",
+           "issue 52, item 2: the chosen row at batch 4,096, peak LR 5 (half the recipe's), "
+           "6,000 held-out images, 90 epochs, seed 0 (its LR tuning at the goal's length)",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 0 "
+           "--extra optim.base_lr=5 --runs runs/accuracy_study/tune-b4096-90ep-lr5 "
+           "--out docs/results/tuning --name chosen_b4096_lr5_90ep_holdout6000",
+           "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000.json", _study, rerun=False),
     Result("epochs_to_target_b8192_length_tuned",
            "issue 52, item 3, with the schedule's length tuned too (as MLPerf's points tune the "
            "epochs): batch 8,192's LR ladders at 30 and 90 epochs against the tuned batch 128 at 30 "
