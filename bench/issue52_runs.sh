@@ -42,13 +42,17 @@ queue+=(
 # the same budget for 4,096, held-out, a ladder a factor 2 apart, seed 0 first. LR 10's runs are the
 # ablation's chosen row (the same runs directory: found finished there, not retrained).
 B4096_TUNE="$STUDY --holdout 6000 --rows fujitsu_span32_bn_lr0.1"
+b4096_runs() {  # LR: where the chosen row's held-out runs at that peak LR live
+  if [[ "$1" == 10 ]]; then echo runs/accuracy_study/ablation-90ep  # the recipe's: the ablation's
+  else echo "runs/accuracy_study/tune-b4096-90ep-lr$1"; fi
+}
 b4096_tuning() {  # LR SEEDS... : the chosen row at that peak LR, held-out
-  local lr=$1 name seeds extra runs; shift
+  local lr=$1 name seeds extra; shift
   seeds="$*"
   name="chosen_b4096_lr${lr}_90ep_holdout6000$([[ "$seeds" == "0" ]] || echo "_s${seeds// /_}")"
-  extra="--extra optim.base_lr=$lr" runs=runs/accuracy_study/tune-b4096-90ep-lr$lr
-  [[ "$lr" != 10 ]] || extra="" runs=runs/accuracy_study/ablation-90ep  # the recipe's: the ablation's runs
-  echo "$B4096_TUNE --seeds $seeds $extra --runs $runs --name $name"
+  extra="--extra optim.base_lr=$lr"
+  [[ "$lr" != 10 ]] || extra=""
+  echo "$B4096_TUNE --seeds $seeds $extra --runs $(b4096_runs "$lr") --name $name"
 }
 # LR 2.5 joined once LR 5's seed 0 came out best of the three (93.58% against 93.32% and 93.23%):
 # a best LR at the ladder's edge gets the next rung below
@@ -89,8 +93,11 @@ fi
 # item 4: one change at a time from the chosen recipe, held-out, 3 seeds, a row per command (two
 # workers share them; bench/ablation.py reads the reports together); waits for B4096_LR
 if [[ -n "$B4096_LR" ]]; then
+  # the chosen row's 3 seeds are its LR tuning's (the same runs directory: reported, not retrained)
   for row in fujitsu_span32_bn_lr0.1 chosen_no_ls chosen_no_tail chosen_ramp; do
-    queue+=("$STUDY --holdout 6000 --rows $row --seeds 0 1 2 $ABLATION_EXTRA --runs $ABLATION_RUNS --name ablation_90ep_holdout6000_$row")
+    runs=$ABLATION_RUNS
+    [[ "$row" != fujitsu_span32_bn_lr0.1 ]] || runs=$(b4096_runs "$B4096_LR")
+    queue+=("$STUDY --holdout 6000 --rows $row --seeds 0 1 2 $ABLATION_EXTRA --runs $runs --name ablation_90ep_holdout6000_$row")
   done
 fi
 # item 3: epochs to target with each batch's peak LR tuned, held-out, seed 0: the chosen recipe at

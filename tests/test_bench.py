@@ -1546,6 +1546,15 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         == runs_of["ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1"]
     )
     assert not any("final_90ep_b4096_lr" in name for name in runs_of)
+    # at another LR too: the chosen row's ablation runs are its tuning's seeds 0-2
+    five = commands(B4096_LR="5", B4096_LR_SEEDS="5")
+    runs_of = {a[a.index("--name") + 1]: a[a.index("--runs") + 1] for a in five}
+    assert (
+        runs_of["chosen_b4096_lr5_90ep_holdout6000"]
+        == runs_of["chosen_b4096_lr5_90ep_holdout6000_s1_2"]
+        == runs_of["ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1"]
+        != runs_of["ablation_90ep_holdout6000_chosen_no_ls"]
+    )
     twenty = commands(B4096_LR="20")
     names = [a[a.index("--name") + 1] for a in twenty]
     assert names.index("final_90ep_b4096_lr20") < names.index(
