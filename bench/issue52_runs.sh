@@ -13,7 +13,8 @@
 #   B8192_LAMB_LR=L bench/issue52_runs.sh       # once LAMB's LR at 8,192 is chosen: its seeds 1-2
 #   bench/issue52_runs.sh --print               # the commands only
 #
-# Reports go to $REPORTS (default /work/logs/reports); copy a finished one into docs/results
+# Reports go to $REPORTS (default /work/logs/reports); copy a finished one (its .md, .json, .csv and
+# the two .png its .md shows: tests/test_docs.py checks the links) into docs/results
 # (or docs/results/tuning for held-out runs), register it in tools/results/registry.py and run
 # python tools/evidence.py index. Stop with: pkill -TERM -f bench/accuracy_study.py
 set -euo pipefail
