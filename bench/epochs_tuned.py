@@ -97,6 +97,21 @@ def mean_epochs(runs: list[dict], level: float) -> float | None:
     return None if not epochs or None in epochs else statistics.mean(epochs)
 
 
+def at_the_edge(chosen: tuple, settings: list[tuple], tuned: tuple[str, ...] = TUNED) -> list[str]:
+    """Where a batch's chosen setting sits at the end of what was tried at that batch: ``LR 5 (the
+    lowest tried)`` for each tuned key of two or more values tried whose chosen value is the
+    smallest or the largest. A choice at the ladder's edge says the ladder may not bracket the
+    fastest setting: the rung beyond it was not run."""
+    out = []
+    for i, key in enumerate(tuned):
+        values = sorted({st[i] for st in settings})
+        if len(values) < 2 or values[0] < chosen[i] < values[-1]:
+            continue
+        end = "lowest" if chosen[i] == values[0] else "highest"
+        out.append(f"{SHORT.get(key, key)} {chosen[i]:g} (the {end} tried)")
+    return out
+
+
 def choose(
     records: list[dict],
     levels: list[float],
@@ -133,6 +148,7 @@ def choose(
                     "lr": chosen.get("optim.base_lr") if chosen else None,
                     "epochs": reaching.get(best),
                     "seeds": len(by[batch][best]) if best is not None else 0,
+                    "edge": at_the_edge(best, list(tried), tuned) if best is not None else [],
                 }
             )
         bases = []
@@ -214,6 +230,13 @@ def table(
                 ),
             ]
             lines.append("| " + " | ".join(cells) + " |")
+        edges = [f"batch {r['batch']:,}'s {', '.join(r['edge'])}" for r in mine if r["edge"]]
+        if edges:
+            lines += [
+                "",
+                "Chosen at the edge of the settings tried, so a setting beyond it might get there "
+                f"sooner (not run): {'; '.join(edges)}.",
+            ]
         lines.append("")
     return lines
 

@@ -1321,6 +1321,13 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
     assert rows[1]["base"] == "batch 128 at LR 5"
     md = (out / "t.md").read_text()
     assert "| 8,192 | 15.17% | 5 | 4.0 (1) | 2.00x | 4.0 | never |" in md  # of 54,000
+    # LR 5 is the lowest tried at both batches: a lower one might be faster, and the report says so
+    assert [r["edge"] for r in rows] == [["LR 5 (the lowest tried)"]] * 2
+    assert "batch 128's LR 5 (the lowest tried); batch 8,192's LR 5 (the lowest tried)." in md
+    ladder = [(5.0,), (10.0,), (20.0,)]
+    assert tuned.at_the_edge((10.0,), ladder) == []  # bracketed
+    assert tuned.at_the_edge((20.0,), ladder) == ["LR 20 (the highest tried)"]
+    assert tuned.at_the_edge((10.0,), [(10.0,)]) == []  # one LR: no ladder to be at the edge of
     rcps = [{"batch": 1632, "ratio": 1.0}, {"batch": 67840, "ratio": 2.45}]
     assert tuned.goal(rows, 0.9, rcps).endswith(
         "(2.45x): 2.00x of 2.0 epochs of batch 128 at LR 5 -> met."
