@@ -18,6 +18,9 @@
 # (or docs/results/tuning for held-out runs), register it in tools/results/registry.py and run
 # python tools/evidence.py index. Stop with: pkill -TERM -f bench/accuracy_study.py
 set -euo pipefail
+# the whole script is one block, read before any of it runs: an edit to this file while a queue
+# runs (an in-place write, which bash would otherwise read on from its old offset) cannot reach it
+{
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 COMMIT=541f812
 WORKTREE=${WORKTREE:-/work/study2}
@@ -141,3 +144,5 @@ worker() {  # NAME
 worker 1 &
 worker 2 &
 wait
+exit
+}
