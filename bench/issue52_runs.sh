@@ -8,7 +8,7 @@
 # so rerunning this script after a stop (SIGTERM: the runs checkpoint) continues where it was.
 #
 #   bench/issue52_runs.sh                       # both workers, in the background of a session
-#   B4096_LR_SEEDS="5" bench/issue52_runs.sh     # seeds 1-2 of batch 4,096's LRs still in the running
+#   B4096_LR_SEEDS="5 10" bench/issue52_runs.sh  # seeds 1-2 of batch 4,096's LRs still in the running
 #   B4096_LR=L bench/issue52_runs.sh            # once 4,096's LR is chosen: the ablation (at L)
 #   B8192_LAMB_LR=L bench/issue52_runs.sh       # once LAMB's LR at 8,192 is chosen: its seeds 1-2
 #   bench/issue52_runs.sh --print               # the commands only
@@ -64,7 +64,7 @@ for lr in 10 20 5 2.5; do queue+=("$(b4096_tuning "$lr" 0)"); done
 # item 3's base, early (one run): with batch 8,192's LR ladder done it gives 8,192's ratio; the
 # ratios' base is the faster of batch 128 in this recipe and the tuned SGD baseline (same images)
 queue+=("$STUDY --holdout 6000 --rows b128_lr0.4_tail --seeds 0 --runs runs/accuracy_study/target-90ep-holdout6000 --name b128_lr0.4_tail_90ep_holdout6000")
-# then seeds 1-2 of the LRs whose seed 0 could still be the worst-of-3 choice (B4096_LR_SEEDS="5";
+# then seeds 1-2 of the LRs whose seed 0 could still be the worst-of-3 choice (B4096_LR_SEEDS="5 10";
 # an LR whose seed 0 is below the leader's worst of 3 is out without them)
 for lr in ${B4096_LR_SEEDS:-}; do queue+=("$(b4096_tuning "$lr" 1 2)"); done
 # batch 8,192's warmup at its chosen LR, held-out, seed 0 (the baseline's budget was peak LR and
