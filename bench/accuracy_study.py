@@ -165,7 +165,6 @@ def reported_runs(reports: list[str], jobs, args) -> tuple[dict, str | None]:
         except (OSError, ValueError, KeyError) as e:
             return {}, f"--reuse {report}: not a study report ({type(e).__name__}: {e})"
         recorded += [(report, rec) for rec in runs if rec.get("command")]
-    theirs: dict[str, dict | None] = {}  # each recorded command's definition, built once
     for row, seed in jobs:
         new = trainer_args(command(row, seed, args, args.runs / f"{row}-{seed}"))
         for report, rec in recorded:
@@ -187,10 +186,7 @@ def reported_runs(reports: list[str], jobs, args) -> tuple[dict, str | None]:
             for report, rec in recorded:
                 if rec.get("seed") != seed:
                     continue
-                key = rec["command"] + json.dumps(rec.get("deepspeed_settings"))
-                if key not in theirs:
-                    theirs[key] = definition_or_none(rec)
-                if mine == theirs[key]:
+                if mine == definition_or_none(rec):  # built once per record (the module's cache)
                     same = f"{report}: {rec['row']} seed {seed}"
                     found[row, seed] = {**rec, "row": row, "same_run_as": same}
                     break

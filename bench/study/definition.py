@@ -55,15 +55,25 @@ def definition(trainer_argv: list[str], ds_settings: dict | None = None) -> dict
     return {"deepspeed_config": ds_settings, **config}
 
 
+@functools.cache
+def _recorded(command: str, ds_settings: str) -> dict:
+    """The :func:`definition` of a report's run record (its command and, as JSON text, the
+    DeepSpeed settings it recorded), built once per distinct record: reports are read many times
+    over. Raises what :func:`definition` raises. Callers compare it, never change it."""
+    return definition(trainer_args(shlex.split(command)), json.loads(ds_settings))
+
+
+def _of_record(record: dict) -> dict:
+    return _recorded(record["command"], json.dumps(record.get("deepspeed_settings")))
+
+
 def definition_or_none(record: dict) -> dict | None:
     """A report's run record's :func:`definition`, or None when its recipe or a key it sets no
     longer exists (then it is not the same run as anything defined now)."""
     from dstrain.settings.config import ConfigError
 
     try:
-        return definition(
-            trainer_args(shlex.split(record["command"])), record.get("deepspeed_settings")
-        )
+        return _of_record(record)
     except ConfigError:
         return None
 
@@ -83,21 +93,12 @@ def resolved(record: dict) -> dict:
     """A report's run record's settings as the trainer resolved them (:func:`definition`: the
     recipe, the overrides, the DeepSpeed settings the run recorded), flat; ValueError naming the
     run when they no longer load."""
-    try:
-        return _resolved(record["command"], json.dumps(record.get("deepspeed_settings")))
-    except ValueError as e:
-        raise ValueError(f"{run_name(record)}: {e}") from None
-
-
-@functools.cache
-def _resolved(command: str, ds_settings: str) -> dict:
     from dstrain.settings.config import ConfigError
 
     try:
-        tree = definition(trainer_args(shlex.split(command)), json.loads(ds_settings))
+        return flat(_of_record(record))
     except (ConfigError, OSError) as e:
-        raise ValueError(f"its settings do not load: {e}") from None
-    return flat(tree)
+        raise ValueError(f"{run_name(record)}: its settings do not load: {e}") from None
 
 
 def run_name(record: dict) -> str:
