@@ -258,6 +258,12 @@ TUNING_30EP = (
     ("fujitsu", "fujitsu_span32", "Fujitsu recipe (peak LR)", ("10", "25")),
     ("goyal", "goyal_4096", "Goyal SGD (LR per 256 images)", ("0.05", "0.1", "0.2")),
 )
+# batch 4,096's peak-LR ladder at 90 epochs beside the recipe's LR 10 (issue 52): (LR, against 10)
+B4096_LADDER_90EP = (
+    ("20", "twice the recipe's"),
+    ("5", "half the recipe's"),
+    ("2.5", "a quarter of the recipe's"),
+)
 OPTIMIZER_CODE = (
     "dstrain/techniques/lars.py",
     "dstrain/techniques/lamb.py",
@@ -563,27 +569,14 @@ RESULTS = [
            "--runs runs/accuracy_study/ablation-90ep --out docs/results/tuning "
            "--name chosen_b4096_lr10_90ep_holdout6000",
            "docs/results/tuning/chosen_b4096_lr10_90ep_holdout6000.json", _study, rerun=False),
-    Result("b4096_lr20_90ep_holdout",
-           "issue 52, item 2: the chosen row at batch 4,096, peak LR 20 (twice the recipe's), "
-           "6,000 held-out images, 90 epochs, seed 0 (its LR tuning at the goal's length)",
-           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 0 "
-           "--extra optim.base_lr=20 --runs runs/accuracy_study/tune-b4096-90ep-lr20 "
-           "--out docs/results/tuning --name chosen_b4096_lr20_90ep_holdout6000",
-           "docs/results/tuning/chosen_b4096_lr20_90ep_holdout6000.json", _study, rerun=False),
-    Result("b4096_lr5_90ep_holdout",
-           "issue 52, item 2: the chosen row at batch 4,096, peak LR 5 (half the recipe's), "
-           "6,000 held-out images, 90 epochs, seed 0 (its LR tuning at the goal's length)",
-           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 0 "
-           "--extra optim.base_lr=5 --runs runs/accuracy_study/tune-b4096-90ep-lr5 "
-           "--out docs/results/tuning --name chosen_b4096_lr5_90ep_holdout6000",
-           "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000.json", _study, rerun=False),
-    Result("b4096_lr2.5_90ep_holdout",
-           "issue 52, item 2: the chosen row at batch 4,096, peak LR 2.5 (a quarter of the "
-           "recipe's), 6,000 held-out images, 90 epochs, seed 0 (its LR tuning at the goal's length)",
-           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 0 "
-           "--extra optim.base_lr=2.5 --runs runs/accuracy_study/tune-b4096-90ep-lr2.5 "
-           "--out docs/results/tuning --name chosen_b4096_lr2.5_90ep_holdout6000",
-           "docs/results/tuning/chosen_b4096_lr2.5_90ep_holdout6000.json", _study, rerun=False),
+    *[Result(f"b4096_lr{lr}_90ep_holdout",
+             f"issue 52, item 2: the chosen row at batch 4,096, peak LR {lr} ({than}), 6,000 "
+             "held-out images, 90 epochs, seed 0 (its LR tuning at the goal's length)",
+             R + "accuracy_study.py --epochs 90 --holdout 6000 --rows fujitsu_span32_bn_lr0.1 "
+             f"--seeds 0 --extra optim.base_lr={lr} --runs runs/accuracy_study/tune-b4096-90ep-lr{lr} "
+             f"--out docs/results/tuning --name chosen_b4096_lr{lr}_90ep_holdout6000",
+             f"docs/results/tuning/chosen_b4096_lr{lr}_90ep_holdout6000.json", _study, rerun=False)
+      for lr, than in B4096_LADDER_90EP],
     Result("b8192_warmup18_90ep_holdout",
            "issue 52, item 2: batch 8,192 at its chosen LR 20 with a 20% warmup (18 of 90 epochs, "
            "the decay still ending at epoch 88) instead of the recipe's 40%, 6,000 held-out "
