@@ -13,6 +13,11 @@
 #   B8192_LAMB_LR=L bench/issue52_runs.sh       # once LAMB's LR at 8,192 is chosen: its seeds 1-2
 #   bench/issue52_runs.sh --print               # the commands only
 #
+# A session's machine starts bare (runs/, the worktree and the reports are gone at its stop), so a
+# command whose report is committed (docs/results or docs/results/tuning, by its --name) is skipped,
+# and a command that needs runs finished in another session reads them from the committed reports
+# (--reuse); a run not finished by a stop starts again from epoch 0 in the next session.
+#
 # Reports go to $REPORTS (default /work/logs/reports); copy a finished one (its .md, .json, .csv and
 # the two .png its .md shows: tests/test_docs.py checks the links) into docs/results
 # (or docs/results/tuning for held-out runs), register it in tools/results/registry.py and run
@@ -104,8 +109,12 @@ if [[ -n "$B4096_LR" ]]; then
   # the chosen row's 3 seeds are its LR tuning's (the same runs directory: reported, not retrained)
   for row in fujitsu_span32_bn_lr0.1 chosen_no_ls chosen_no_tail chosen_ramp; do
     runs=$ABLATION_RUNS
-    [[ "$row" != fujitsu_span32_bn_lr0.1 ]] || runs=$(b4096_runs "$B4096_LR")
-    queue+=("$STUDY --holdout 6000 --rows $row --seeds 0 1 2 $ABLATION_EXTRA --runs $runs --name ablation_90ep_holdout6000_$row")
+    reuse=""
+    if [[ "$row" == fujitsu_span32_bn_lr0.1 ]]; then
+      runs=$(b4096_runs "$B4096_LR")
+      reuse="--reuse docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000.json docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000_s1_2.json"
+    fi
+    queue+=("$STUDY --holdout 6000 --rows $row --seeds 0 1 2 $ABLATION_EXTRA --runs $runs --name ablation_90ep_holdout6000_$row $reuse")
   done
 fi
 # item 3: epochs to target with each batch's peak LR tuned, held-out, seed 0: the chosen recipe at
@@ -119,6 +128,21 @@ for pair in 128:0.5 128:1 128:2 512:1.25 512:2.5 512:5 1024:2.5 1024:5 1024:10 2
   b=${pair%%:*} lr=${pair##*:}
   queue+=("$TARGET --rows target_b$b --extra optim.base_lr=$lr --name target_b${b}_lr${lr}_90ep_holdout6000")
 done
+reported() {  # COMMAND: its report (--name) is committed
+  local name
+  [[ " $1 " =~ \ --name\ ([^ ]+)\  ]] || return 1
+  name=${BASH_REMATCH[1]}
+  [[ -f "$REPO/docs/results/$name.json" || -f "$REPO/docs/results/tuning/$name.json" ]]
+}
+todo=()
+for cmd in "${queue[@]}"; do
+  if reported "$cmd"; then
+    [[ "${1:-}" != "--print" ]] || echo "reported: $cmd"
+  else
+    todo+=("$cmd")
+  fi
+done
+queue=("${todo[@]}")
 if [[ "${1:-}" == "--print" ]]; then
   printf 'queue: %s\n' "${queue[@]}"
   exit 0

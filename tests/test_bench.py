@@ -1481,8 +1481,9 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
 
 
 def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
-    """bench/issue52_runs.sh (the issue's remaining runs, resumable across sessions): every command
-    it would run names rows and options bench/accuracy_study.py accepts, all at 541f812; batch
+    """bench/issue52_runs.sh (the issue's remaining runs; the machine starts bare each session, so a
+    command whose report is committed is skipped and earlier sessions' runs are read from their
+    reports): every command it would run names rows and options bench/accuracy_study.py accepts, all at 541f812; batch
     8,192's test-set seeds at its chosen LR (20); batch 4,096's LR ladder at 90 epochs, seed 0,
     then seeds 1-2 of the LRs named (B4096_LR_SEEDS); the ablation waits for 4,096's LR
     (B4096_LR) and is made at it, after its 5 test-set seeds when it is not the recipe's 10;
@@ -1559,6 +1560,26 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         == runs_of["ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1"]
         != runs_of["ablation_90ep_holdout6000_chosen_no_ls"]
     )
+    # and, the machine starting bare each session, they are read from the committed tuning reports
+    chosen = "ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1"
+    (five_chosen,) = [a for a in five if a[a.index("--name") + 1] == chosen]
+    reuse = study.parse_args(five_chosen[2:]).reuse
+    assert reuse == [
+        "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000.json",
+        "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000_s1_2.json",
+    ]
+    # a command whose report is committed is listed as reported and not run again
+    out = subprocess.run(
+        [str(script), "--print"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    for line in out:
+        kind, cmd = line.split(": ", 1)
+        name = study.parse_args(shlex.split(cmd)[2:]).name
+        committed = any(
+            (REPO / "docs" / "results" / sub / f"{name}.json").is_file() for sub in ("", "tuning")
+        )
+        assert kind == ("reported" if committed else "queue"), line
+    assert any(line.startswith("reported: ") for line in out)
     twenty = commands(B4096_LR="20")
     names = [a[a.index("--name") + 1] for a in twenty]
     assert names.index("final_90ep_b4096_lr20") < names.index(
