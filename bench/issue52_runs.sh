@@ -11,6 +11,7 @@
 #   B4096_LR_SEEDS="5 10" bench/issue52_runs.sh  # seeds 1-2 of batch 4,096's LRs still in the running
 #   B4096_LR=L bench/issue52_runs.sh            # once 4,096's LR is chosen: the ablation (at L)
 #   B8192_LAMB_LR=L bench/issue52_runs.sh       # once LAMB's LR at 8,192 is chosen: its seeds 1-2
+#   DEADLINE=22:45 bench/issue52_runs.sh         # start only what can finish before the stop
 #   bench/issue52_runs.sh --print               # the commands only
 #
 # A session's machine starts bare (runs/, the worktree and the reports are gone at its stop), so a
@@ -83,7 +84,10 @@ done
 B4096_LR=${B4096_LR:-}
 ABLATION_RUNS=runs/accuracy_study/ablation-90ep ABLATION_EXTRA=""
 if [[ -n "$B4096_LR" && "$B4096_LR" != 10 ]]; then
-  queue+=("$STUDY --rows fujitsu_span32_bn_lr0.1 --seeds 0 1 2 3 4 --extra optim.base_lr=$B4096_LR --runs runs/accuracy_study/final-90ep-b4096-lr$B4096_LR --name final_90ep_b4096_lr$B4096_LR")
+  # in two commands (seeds 0-2, 3-4), each of which fits a session, so both workers share them
+  for seeds in "0 1 2" "3 4"; do
+    queue+=("$STUDY --rows fujitsu_span32_bn_lr0.1 --seeds $seeds --extra optim.base_lr=$B4096_LR --runs runs/accuracy_study/final-90ep-b4096-lr$B4096_LR --name final_90ep_b4096_lr$B4096_LR$([[ "$seeds" == "0 1 2" ]] || echo _s3_4)")
+  done
   ABLATION_RUNS=runs/accuracy_study/ablation-90ep-lr$B4096_LR ABLATION_EXTRA="--extra optim.base_lr=$B4096_LR"
 fi
 # batch 4,096's warmup too, as batch 8,192's (the recipe's 40% was chosen at 30 epochs; a reviewer
@@ -143,8 +147,26 @@ for cmd in "${queue[@]}"; do
   fi
 done
 queue=("${todo[@]}")
-if [[ "${1:-}" == "--print" ]]; then
-  printf 'queue: %s\n' "${queue[@]}"
+# A run not finished by a session's stop is lost with the machine, so with DEADLINE (a time `date -d`
+# reads, e.g. DEADLINE=22:45) a worker starts only a command whose runs can end before it, at
+# RUN_MINUTES a run (90 epochs, one thread: about 32 min here): one that cannot is left for the
+# next session and the worker takes a shorter one further down the queue
+RUN_MINUTES=${RUN_MINUTES:-35}
+if [[ -n "${DEADLINE:-}" ]]; then
+  END=$(date -d "$DEADLINE" +%s) || { echo "issue52_runs: DEADLINE=$DEADLINE is not a time" >&2; exit 2; }
+  (( END > $(date +%s) )) || { echo "issue52_runs: DEADLINE=$DEADLINE has passed" >&2; exit 2; }
+fi
+fits() {  # COMMAND: it can finish before DEADLINE (always, without one)
+  [[ -n "${END:-}" ]] || return 0
+  local seeds
+  [[ " $1 " =~ \ --seeds\ ([0-9 ]+)\  ]] || return 0
+  seeds=$(wc -w <<< "${BASH_REMATCH[1]}")
+  (( $(date +%s) + seeds * RUN_MINUTES * 60 <= END ))
+}
+if [[ "${1:-}" == "--print" ]]; then  # queue: to run; later: cannot finish before DEADLINE
+  for cmd in "${queue[@]}"; do
+    if fits "$cmd"; then echo "queue: $cmd"; else echo "later: $cmd"; fi
+  done
   exit 0
 fi
 if [[ ! -d "$WORKTREE" ]]; then
@@ -162,6 +184,7 @@ trap 'rm -rf "$CLAIMS"' EXIT
 worker() {  # NAME
   local name=$1 i
   for i in "${!queue[@]}"; do
+    fits "${queue[$i]}" || continue
     mkdir "$CLAIMS/$i" 2>/dev/null || continue
     echo "[issue52 worker $name] $(date -u +%H:%M) ${queue[$i]} --out $REPORTS"
     (cd "$WORKTREE" && ${queue[$i]} --out "$REPORTS") ||

@@ -1580,11 +1580,33 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         )
         assert kind == ("reported" if committed else "queue"), line
     assert any(line.startswith("reported: ") for line in out)
+    # with DEADLINE, a command whose runs cannot end before it waits for the next session
+    env = {**os.environ, "B4096_LR_SEEDS": "5", "DEADLINE": "now + 40 min", "RUN_MINUTES": "35"}
+    out = subprocess.run(
+        [str(script), "--print"], capture_output=True, text=True, check=True, env=env
+    ).stdout.splitlines()
+    for line in out:
+        kind, cmd = line.split(": ", 1)
+        if kind != "reported":
+            assert kind == (
+                "queue" if len(study.parse_args(shlex.split(cmd)[2:]).seeds) == 1 else "later"
+            ), line
+    assert any(line.startswith("later: ") for line in out)
+    env["DEADLINE"] = "yesterday"
+    late = subprocess.run([str(script), "--print"], capture_output=True, text=True, env=env)
+    assert late.returncode == 2 and "DEADLINE=yesterday has passed" in late.stderr
     twenty = commands(B4096_LR="20")
     names = [a[a.index("--name") + 1] for a in twenty]
     assert names.index("final_90ep_b4096_lr20") < names.index(
         "ablation_90ep_holdout6000_chosen_no_ls"
     )
+    # its 5 test-set seeds in two commands that each fit a session
+    final_seeds = [
+        study.parse_args(a[2:]).seeds
+        for a in twenty
+        if a[a.index("--name") + 1].startswith("final_90ep_b4096_lr20")
+    ]
+    assert final_seeds == [[0, 1, 2], [3, 4]]
     assert all(
         "optim.base_lr=20" in a for a in twenty if "ablation_90ep" in a[a.index("--name") + 1]
     )
