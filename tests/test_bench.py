@@ -32,7 +32,7 @@ def bench(
     """Run ``bench/SCRIPT`` (or ``tools/SCRIPT`` for the project tooling: suite.py, commit_ab.py)."""
     folder = (
         "tools"
-        if script in ("suite.py", "commit_ab.py", "evidence.py", "code_shape.py")
+        if script in ("suite.py", "commit_ab.py", "evidence.py", "code_shape.py", "replay.py")
         else "bench"
     )
     return subprocess.run(
@@ -789,6 +789,82 @@ def test_commit_ab_trains_both_sides_and_identical_code_gives_identical_runs(tmp
     bad = ["--base", "HEAD", "--deepspeed-config", "ds_configs/fp32.json", "--json-set", "momentum"]
     refused = bench("commit_ab.py", *bad)
     assert refused.returncode == 2 and "--json-set momentum: not KEY=VALUE" in refused.stderr
+
+
+@pytest.mark.slow
+def test_replay_trains_a_recorded_run_again_and_this_machine_gives_the_same_epochs(
+    tmp_path, fake_fmnist
+):
+    """tools/replay.py: a run recorded as a study report records it (its command, its JSON's
+    settings, its commit and per-epoch top-1), replayed for 2 of its 3 epochs (cut by SIGTERM, the
+    schedule as recorded) on the machine that trained it: the same floats, epoch by epoch."""
+    from conftest import TINY
+
+    run_dir = tmp_path / "recorded"
+    args = ["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}"]
+    args.append(f"run_dir={run_dir}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    trained = subprocess.run(
+        [sys.executable, "-m", "dstrain", *args], cwd=REPO, capture_output=True, env=env
+    )
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    history = json.loads((run_dir / "summary.json").read_text())["history"]
+    assert len(history) == 3
+    settings = json.loads((REPO / "ds_configs" / "fp32.json").read_text())
+    settings.pop("_comment", None)
+    rec = {
+        "row": "tiny",
+        "seed": 0,
+        "command": shlex.join(["/elsewhere/bin/python", "-m", "dstrain", *args]),
+        "deepspeed_settings": settings,
+        "git_sha": "not-used-with---here",
+        "top1_per_epoch": [h["val_top1"] for h in history],
+        "train_top1_per_epoch": [h["train_top1"] for h in history],
+    }
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"runs": [rec]}))
+    out, before = tmp_path / "replay.json", sorted(run_dir.rglob("*"))
+    args = [
+        str(report),
+        "--row",
+        "tiny",
+        "--seed",
+        "0",
+        "--epochs",
+        "2",
+        "--here",
+        "--out",
+        str(out),
+    ]
+    proc = bench("replay.py", *args)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert r["identical"] and r["first_difference"] is None
+    assert [e["epoch"] for e in r["per_epoch"]] == [1, 2]
+    assert r["cpu"]["cpu_capability"] and r["tree"] == "this tree"
+    assert sorted(run_dir.rglob("*")) == before  # the recorded run's directory untouched
+    missing = bench("replay.py", str(report), "--row", "tiny", "--seed", "1")
+    assert missing.returncode == 1 and "has no run of row tiny seed 1" in missing.stderr
+
+
+def test_replay_names_the_first_epoch_a_replayed_run_differs_in():
+    from tools import replay
+
+    rec = {"train_top1_per_epoch": [0.25, 0.5, 0.75], "top1_per_epoch": [0.3, 0.6, 0.7]}
+    same = [
+        {"epoch": 1, "train_top1": 0.25, "val_top1": 0.3},
+        {"epoch": 2, "train_top1": 0.5, "val_top1": 0.6},
+    ]
+    found = replay.compare(rec, same, 2)
+    assert found["identical"] and found["first_difference"] is None
+    moved = [
+        same[0],
+        {**same[1], "train_top1": 0.5000001},
+        {"epoch": 3, "train_top1": 0.75, "val_top1": 0.7},
+    ]
+    found = replay.compare(rec, moved, 3)
+    assert not found["identical"] and found["first_difference"] == 2
+    assert [e["identical"] for e in found["per_epoch"]] == [True, False, True]
 
 
 def test_commit_ab_says_where_two_sides_first_trained_differently(tmp_path):

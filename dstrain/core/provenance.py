@@ -44,8 +44,25 @@ def uncommitted_diff() -> str:
         return ""
 
 
+def cpu() -> dict:
+    """The CPU's model and the vector ISA torch's CPU kernels dispatch on (``cpu_capability``):
+    the same run trained on two machines can differ in its floats (docs/testing.md), so a record
+    names the one it ran on."""
+    import torch
+
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None
+            )
+    except OSError:
+        pass
+    return {"model": model, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def environment() -> dict:
-    """Host, Python, torch, DeepSpeed and GPU: what a number measured here depends on."""
+    """Host, CPU, Python, torch, DeepSpeed and GPU: what a number measured here depends on."""
     import torch
 
     try:
@@ -56,6 +73,7 @@ def environment() -> dict:
         deepspeed_version = None
     return {
         "host": socket.gethostname(),
+        "cpu": cpu(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "deepspeed": deepspeed_version,
