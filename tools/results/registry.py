@@ -416,6 +416,14 @@ RESULTS = [
            "bench/results/commit_ab_2b1af3d_541f812.json",
            "identical training: {identical_training}",
            code=("tools/commit_ab.py",), rerun=False),
+    Result("replay_b4096_lr5_s0",
+           "issue 52: does this session's machine train batch 4,096's LR-5 held-out seed 0 (541f812, "
+           "made on an earlier session's machine) as it was trained? Its first 3 epochs replayed",
+           T + "replay.py docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000.json "
+           "--row fujitsu_span32_bn_lr0.1 --seed 0 --epochs 3",
+           "bench/results/replay_chosen_b4096_lr5_90ep_holdout6000_fujitsu_span32_bn_lr0.1_s0.json",
+           "identical: {identical}, first difference at epoch {first_difference}",
+           code=("tools/replay.py",), rerun=False),
     Result("suite_cpu", "the test suite on this CPU (CI's first step)",
            "./run.sh test -q --junitxml=/tmp/dstrain-suite.xml; python tools/suite.py "
            "--junit /tmp/dstrain-suite.xml --ran './run.sh test -q'",
