@@ -116,7 +116,8 @@ if [[ -n "$B4096_LR" ]]; then
     reuse=""
     if [[ "$row" == fujitsu_span32_bn_lr0.1 ]]; then
       runs=$(b4096_runs "$B4096_LR")
-      reuse="--reuse docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000.json docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000_s1_2.json"
+      # this checkout's reports (the worktree's docs/ are 541f812's)
+      reuse="--reuse $REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000.json $REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000_s1_2.json"
     fi
     queue+=("$STUDY --holdout 6000 --rows $row --seeds 0 1 2 $ABLATION_EXTRA --runs $runs --name ablation_90ep_holdout6000_$row $reuse")
   done

@@ -182,6 +182,17 @@ def test_a_spike_shows_as_a_dip_and_the_worst_seed_chooses():
     rows = ["b128_lr0.4", "b128_lr0.4_no_refit", "lars_no_refit"]
     (line,) = study_stats.worst_seed_choice(tuned, rows)
     assert line.startswith("Chosen by the worst of 3 seeds: b128_lr0.4_no_refit (worst seed 92.70%")
+    # a tie on the worst seed (a count of held-out images): the mean decides, and the line says so
+    tie = [
+        *(rec("lr5", s, v / 6000) for s, v in enumerate((5615, 5585, 5576))),
+        *(rec("lr10", s, v / 6000) for s, v in enumerate((5599, 5605, 5576))),
+    ]
+    for order in (["lr5", "lr10"], ["lr10", "lr5"]):
+        (line,) = study_stats.worst_seed_choice(tie, order)
+        assert line.startswith(
+            "Chosen by the worst of 3 seeds: lr10 (worst seed 92.93%, mean 93.22%"
+        )
+        assert "its worst seed ties with lr5's, the mean decides" in line
 
 
 def test_study_derived_no_refit_row_reads_the_recipe_runs_before_the_refit():
@@ -1640,9 +1651,9 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     chosen = "ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1"
     (five_chosen,) = [a for a in five if a[a.index("--name") + 1] == chosen]
     reuse = study.parse_args(five_chosen[2:]).reuse
-    assert reuse == [
-        "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000.json",
-        "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000_s1_2.json",
+    assert reuse == [  # this checkout's: the worktree's docs/ are 541f812's
+        str(REPO / "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000.json"),
+        str(REPO / "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000_s1_2.json"),
     ]
     # a command whose report is committed is listed as reported and not run again
     out = subprocess.run(
@@ -1657,7 +1668,7 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         assert kind == ("reported" if committed else "queue"), line
     assert any(line.startswith("reported: ") for line in out)
     # with DEADLINE, a command whose runs cannot end before it waits for the next session
-    env = {**os.environ, "B4096_LR_SEEDS": "5", "DEADLINE": "now + 40 min", "RUN_MINUTES": "35"}
+    env = {**os.environ, "B4096_LR": "20", "DEADLINE": "now + 40 min", "RUN_MINUTES": "35"}
     out = subprocess.run(
         [str(script), "--print"], capture_output=True, text=True, check=True, env=env
     ).stdout.splitlines()
