@@ -424,6 +424,14 @@ RESULTS = [
            "bench/results/replay_chosen_b4096_lr5_90ep_holdout6000_fujitsu_span32_bn_lr0.1_s0.json",
            "identical: {identical}, first difference at epoch {first_difference}",
            code=("tools/replay.py",), rerun=False),
+    Result("replay_b4096_lr5_s1",
+           "issue 52: batch 4,096's LR-5 held-out seed 1 (541f812), replayed for 3 epochs on the "
+           "machine that trained it (the same session)",
+           T + "replay.py docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000_s1_2.json "
+           "--row fujitsu_span32_bn_lr0.1 --seed 1 --epochs 3",
+           "bench/results/replay_chosen_b4096_lr5_90ep_holdout6000_s1_2_fujitsu_span32_bn_lr0.1_s1.json",
+           "identical: {identical}",
+           code=("tools/replay.py",), rerun=False),
     Result("suite_cpu", "the test suite on this CPU (CI's first step)",
            "./run.sh test -q --junitxml=/tmp/dstrain-suite.xml; python tools/suite.py "
            "--junit /tmp/dstrain-suite.xml --ran './run.sh test -q'",
