@@ -107,19 +107,18 @@ done
 if [[ -n "${B8192_LAMB_LR:-}" ]]; then
   queue+=("$STUDY --holdout 6000 --rows chosen_b8192_lamb --seeds 1 2 --extra optim.base_lr=$B8192_LAMB_LR --runs runs/accuracy_study/tune-b8192-lamb-90ep-lr$B8192_LAMB_LR --name chosen_b8192_lamb_lr${B8192_LAMB_LR}_90ep_holdout6000_s1_2")
 fi
-# item 4: one change at a time from the chosen recipe, held-out, 3 seeds, a row per command (two
-# workers share them; bench/ablation.py reads the reports together); waits for B4096_LR
+# item 4: one change at a time from the chosen recipe, held-out, 3 seeds, each row as two commands
+# (seeds 0-1, then 2: two workers share them, and a session's end cuts fewer runs; bench/ablation.py
+# reads the reports together); waits for B4096_LR
 if [[ -n "$B4096_LR" ]]; then
-  # the chosen row's 3 seeds are its LR tuning's (the same runs directory: reported, not retrained)
-  for row in fujitsu_span32_bn_lr0.1 chosen_no_ls chosen_no_tail chosen_ramp; do
-    runs=$ABLATION_RUNS
-    reuse=""
-    if [[ "$row" == fujitsu_span32_bn_lr0.1 ]]; then
-      runs=$(b4096_runs "$B4096_LR")
-      # this checkout's reports (the worktree's docs/ are 541f812's)
-      reuse="--reuse $REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000.json $REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000_s1_2.json"
-    fi
-    queue+=("$STUDY --holdout 6000 --rows $row --seeds 0 1 2 $ABLATION_EXTRA --runs $runs --name ablation_90ep_holdout6000_$row $reuse")
+  # the chosen row's 3 seeds are its LR tuning's, read from this checkout's reports (the
+  # worktree's docs/ are 541f812's): a report, nothing trained
+  queue+=("$STUDY --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 0 1 2 $ABLATION_EXTRA --runs $(b4096_runs "$B4096_LR") --name ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1 --reuse $REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000.json $REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000_s1_2.json")
+  for row in chosen_no_ls chosen_no_tail chosen_ramp; do
+    queue+=("$STUDY --holdout 6000 --rows $row --seeds 0 1 $ABLATION_EXTRA --runs $ABLATION_RUNS --name ablation_90ep_holdout6000_$row")
+  done
+  for row in chosen_no_ls chosen_no_tail chosen_ramp; do
+    queue+=("$STUDY --holdout 6000 --rows $row --seeds 2 $ABLATION_EXTRA --runs $ABLATION_RUNS --name ablation_90ep_holdout6000_${row}_s2")
   done
 fi
 # item 3: epochs to target with each batch's peak LR tuned, held-out, seed 0: the chosen recipe at

@@ -1697,6 +1697,16 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     assert all(
         "optim.base_lr=20" in a for a in twenty if "ablation_90ep" in a[a.index("--name") + 1]
     )
+    # each ablation row's 3 seeds, in commands that pack into a session (seeds 0-1, then 2)
+    seeds_of: dict[str, list[int]] = {}
+    for a in twenty:
+        if "ablation_90ep" in a[a.index("--name") + 1]:
+            parsed = study.parse_args(a[2:])
+            seeds_of.setdefault(parsed.rows[0], []).extend(parsed.seeds)
+    assert {row: sorted(v) for row, v in seeds_of.items()} == {
+        row: [0, 1, 2]
+        for row in ("fujitsu_span32_bn_lr0.1", "chosen_no_ls", "chosen_no_tail", "chosen_ramp")
+    }
     final = [a for a in plain if "final_90ep_b8192" in a]
     assert len(final) == 1 and "optim.base_lr=20" in final[0]
     names = [a[a.index("--name") + 1] for a in plain]
