@@ -1624,6 +1624,12 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     assert warmups(commands(B4096_LR="20"))[2:] == [
         (["fujitsu_span32_bn_lr0.1"], ["optim.base_lr=20", *w]) for w in shorter
     ]
+    # seeds 1 and 2 of a batch-8,192 warmup still in the running, a command each, at LR 20
+    more = [a for a in commands(B8192_WARMUP_SEEDS="27") if a not in plain]
+    assert [(study.parse_args(a[2:]).seeds, study.parse_args(a[2:]).extra) for a in more] == [
+        ([s], ["optim.base_lr=20", "optim.warmup_epochs=27", "optim.decay_epochs=61"])
+        for s in (1, 2)
+    ]
     seeds = commands(B4096_LR_SEEDS="5 10")
     more = [a[a.index("--name") + 1] for a in seeds if a not in plain]
     assert more == [
