@@ -82,7 +82,8 @@ for warmup in 18:70 27:61; do
 done
 # then seeds 1 and 2 (a command each: one fits where two would not) of a warmup whose seed 0 could
 # still be the worst-of-3 choice against the recipe's 40% (B8192_WARMUP_SEEDS="27": the 30% warmup's
-# seed 0 ended above the 40% warmup's three seeds)
+# seed 0 ended above the 40% warmup's three seeds; its seed 1 then ended below their worst, which
+# settled it without seed 2)
 for w in ${B8192_WARMUP_SEEDS:-}; do
   case $w in 18) decay=70 ;; 27) decay=61 ;; *) echo "issue52_runs: B8192_WARMUP_SEEDS: $w is not a warmup tried (18, 27)" >&2; exit 2 ;; esac
   for seed in 1 2; do
