@@ -638,6 +638,15 @@ RESULTS = [
            "--seeds 1 2 --extra optim.base_lr=20 --runs runs/accuracy_study/tune-b4096-90ep-lr20 "
            "--out docs/results/tuning --name chosen_b4096_lr20_90ep_holdout6000_s1_2",
            "docs/results/tuning/chosen_b4096_lr20_90ep_holdout6000_s1_2.json", _study, rerun=False),
+    Result("b8192_lamb_lr0.016_90ep_holdout",
+           "issue 52, item 4: LAMB in place of LARS at batch 8,192 (the chosen recipe otherwise), "
+           "peak LR 0.016 (the lowest of its ladder 0.016/0.032/0.064), 6,000 held-out images, "
+           "90 epochs, seed 0",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows chosen_b8192_lamb --seeds 0 "
+           "--extra optim.base_lr=0.016 --runs runs/accuracy_study/tune-b8192-lamb-90ep-lr0.016 "
+           "--out docs/results/tuning --name chosen_b8192_lamb_lr0.016_90ep_holdout6000",
+           "docs/results/tuning/chosen_b8192_lamb_lr0.016_90ep_holdout6000.json", _study,
+           rerun=False),
     Result("b128_tail_90ep_holdout",
            "issue 52, item 3's base: the tuned baseline (batch 128, SGD, LR 0.4, the un-augmented "
            "tail and the refit), 6,000 held-out images, 90 epochs, seed 0",
