@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from dstrain.core.provenance import record as provenance_record  # noqa: E402  (names the CPU)
+from tools.commit_ab import git  # noqa: E402  (its worktrees are made the same way)
 
 EPOCH_DONE = re.compile(r"\bepoch (\d+)/\d+ done:")
 
@@ -130,12 +131,6 @@ def compare(rec: dict, replayed: list[dict], epochs: int) -> dict:
             first = e
         per_epoch.append(row)
     return {"identical": first is None, "first_difference": first, "per_epoch": per_epoch}
-
-
-def git(*args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
-    ).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
