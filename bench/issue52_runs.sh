@@ -159,12 +159,16 @@ for cmd in "${queue[@]}"; do
 done
 queue=("${todo[@]}")
 # A run not finished by a session's stop is lost with the machine, so with DEADLINE (a time `date -d`
-# reads, e.g. DEADLINE=22:45) a worker starts only a command whose runs can end before it, at
+# reads, e.g. DEADLINE=22:45; a bare HH:MM already past is tomorrow's) a worker starts only a command whose runs can end before it, at
 # RUN_MINUTES a run (90 epochs, one thread: about 32 min here): one that cannot is left for the
 # next session and the worker takes a shorter one further down the queue
 RUN_MINUTES=${RUN_MINUTES:-35}
 if [[ -n "${DEADLINE:-}" ]]; then
   END=$(date -d "$DEADLINE" +%s) || { echo "issue52_runs: DEADLINE=$DEADLINE is not a time" >&2; exit 2; }
+  # a bare HH:MM already past today is tonight's stop after midnight (a session is 3 hours)
+  if [[ "$DEADLINE" =~ ^[0-9]{1,2}:[0-9]{2}$ ]] && (( END <= $(date +%s) )); then
+    END=$(date -d "$DEADLINE tomorrow" +%s)
+  fi
   (( END > $(date +%s) )) || { echo "issue52_runs: DEADLINE=$DEADLINE has passed" >&2; exit 2; }
 fi
 fits() {  # COMMAND: it can finish before DEADLINE (always, without one)

@@ -10,6 +10,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -1688,6 +1689,12 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     env["DEADLINE"] = "yesterday"
     late = subprocess.run([str(script), "--print"], capture_output=True, text=True, env=env)
     assert late.returncode == 2 and "DEADLINE=yesterday has passed" in late.stderr
+    # a bare HH:MM already past today is the stop after midnight, not a time that has passed
+    env["DEADLINE"] = time.strftime("%H:%M", time.localtime(time.time() - 120))
+    overnight = subprocess.run(
+        [str(script), "--print"], capture_output=True, text=True, check=True, env=env
+    ).stdout.splitlines()
+    assert not any(line.startswith("later: ") for line in overnight), overnight
     twenty = commands(B4096_LR="20")
     names = [a[a.index("--name") + 1] for a in twenty]
     assert names.index("final_90ep_b4096_lr20") < names.index(
