@@ -224,8 +224,9 @@ def test_the_gpu_pass_played_as_the_node_runs_it(tmp_path):
         "tools/gpu_prepare.py",
         *("--python-version", here, "--out", str(gpu), "--cache", str(REPO / ".gpu" / "cache")),
         *("--dali-wheels", str(dali_wheels), "--part-mib", "0.045"),
-        # a new pass's plan, whatever this checkout's runs/gpu holds
-        *("--state", str(tmp_path / "home" / "runs" / "gpu")),
+        # a new pass's plan, whatever this checkout's runs/gpu holds or imported for the H100: the
+        # node played here has no GPU, so its result files are named *_cpu
+        *("--state", str(tmp_path / "home" / "runs" / "gpu"), "--slug", "cpu"),
     ]
     proc = subprocess.run(prepare, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -503,8 +503,9 @@ def test_the_slot_plan_fits_13_minutes_starts_and_waits_included(tmp_path):
         (gpu / f"dali-{n}").mkdir()
         size = min(room, whole - (n - 1) * room)
         (gpu / f"dali-{n}" / "part").write_bytes(b"0" * size)
-    state = tmp_path / "runs-gpu"  # a new pass: nothing measured yet
-    jobs = gpu_prepare.plan(gpu, state=state)
+    state = tmp_path / "runs-gpu"  # a new pass: nothing measured yet, nothing imported
+    nothing = tmp_path / "gpu_imports.json"
+    jobs = gpu_prepare.plan(gpu, state=state, registry=nothing)
     assert [j["command"].split()[2] for j in jobs] == [
         "--deadline",
         *["--receive"] * (len(jobs) - 2),
@@ -516,7 +517,7 @@ def test_the_slot_plan_fits_13_minutes_starts_and_waits_included(tmp_path):
     assert jobs[-1]["device_s"] <= gpu_prepare.PLAN_S and jobs[-1]["enough_time"]
     assert jobs[0]["device_s"] >= gpu_prepare.START_S + gpu_prepare.FIRST_DEADLINE_S
     # a slower transfer leaves the last job less time, never more than the plan
-    slow = gpu_prepare.plan(gpu, transfer_mib_s=2.0, state=state)
+    slow = gpu_prepare.plan(gpu, transfer_mib_s=2.0, state=state, registry=nothing)
     assert slow[-1]["device_s"] <= gpu_prepare.PLAN_S
     assert slow[-1]["node_s"] < jobs[-1]["node_s"]
     # the printed plan names the rate it was made with (it printed the default whatever was given)
@@ -526,10 +527,19 @@ def test_the_slot_plan_fits_13_minutes_starts_and_waits_included(tmp_path):
     # the pairs measured (an imported job's state): the ferries come first, then one long job
     record = {"parts": {"throughput": {"complete": True}}}
     gpu_node.write_json(state / "gpu_run_h100.json", record)
-    jobs = gpu_prepare.plan(gpu, state=state)
+    jobs = gpu_prepare.plan(gpu, state=state, registry=nothing)
     assert [j["command"] for j in jobs] == ["./run.sh gpu --receive"] * 3 + [
         f"./run.sh gpu --deadline {gpu_prepare.DEADLINE_CAP_S}"
     ]
+    # so on a machine whose runs/gpu is gone, from the committed imports of this GPU's results
+    imports = tmp_path / "imports.json"
+    entry = {"file": "bench/results/throughput_h100.json", "part": "throughput", "complete": True}
+    gpu_node.write_json(imports, {"results": [entry]})
+    bare = gpu_prepare.plan(gpu, state=tmp_path / "gone", registry=imports)
+    assert [j["command"] for j in bare] == [j["command"] for j in jobs]
+    assert gpu_prepare.plan(gpu, state=tmp_path / "gone", registry=imports, slug="h200")[0][
+        "command"
+    ].startswith("./run.sh gpu --deadline")  # another GPU's pairs are not this one's
     # no wheels installed before the ferries: the measuring job, not the last ferry, installs DALI
     assert "install DALI" not in jobs[2]["what"] and jobs[2]["node_s"] == gpu_prepare.RECEIVE_S
     assert "installs DALI from the kept parts" in jobs[3]["what"]
@@ -543,6 +553,32 @@ def test_the_slot_plan_fits_13_minutes_starts_and_waits_included(tmp_path):
     record["parts"]["tests"] = {"complete": True, "dali_pending": True}
     gpu_node.write_json(state / "gpu_run_h100.json", record)
     assert any("--receive" in j["command"] for j in gpu_prepare.plan(gpu, state=state))
+
+
+def test_a_part_imported_complete_for_this_gpu_is_not_run_again(tmp_path, monkeypatch, capsys):
+    """A machine that imported a pass keeps its state in runs/gpu, which is not committed: on the
+    next (bare) machine the committed bench/results/gpu_imports.json says what is done. A part is
+    done for a GPU when each of its files for that GPU was imported complete."""
+    registry = tmp_path / "gpu_imports.json"
+    entries = [
+        {"file": "bench/results/smoke_cpu.json", "part": "smoke", "complete": True},
+        {"file": "bench/results/suite_gpu_cpu.json", "part": "tests", "complete": True},
+        {"file": "bench/results/suite_cpu.json", "part": "tests", "complete": False},
+        {"file": "bench/results/micro_h100.json", "part": "micro", "complete": True},
+    ]
+    gpu_node.write_json(registry, {"results": entries})
+    assert gpu_pack.imported_complete("cpu", registry) == {"smoke"}
+    assert gpu_pack.imported_complete("h100", registry) == {"micro"}
+    assert gpu_pack.imported_complete("cpu", tmp_path / "none.json") == set()
+    monkeypatch.setattr(gpu_pack, "REGISTRY", registry)
+    run = _run(tmp_path, monkeypatch)
+    assert run.imported == {"smoke"}
+    monkeypatch.setattr(gpu_run.Run, "smoke", lambda self, budget: pytest.fail("smoke ran again"))
+    assert gpu_run.run_part(run, "smoke") == 0
+    assert "imported complete for this GPU" in capsys.readouterr().out
+    # --fresh measures it again
+    args = gpu_run.parse_args(["--state", str(tmp_path / "state"), "--slug", "cpu", "--fresh"])
+    assert gpu_run.Run(args, {"device": "CPU", "gpus": 0, "git_sha": "new"}).imported == set()
 
 
 def test_the_parts_ask_only_gpu_questions_in_the_issues_order():

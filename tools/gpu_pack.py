@@ -143,6 +143,20 @@ def register(entries: list[dict], registry: Path = REGISTRY) -> None:
     write_json(registry, data)
 
 
+def imported_complete(slug: str, registry: Path | None = None) -> set[str]:
+    """The parts whose result files for this GPU (``*_<slug>.json``) were all imported complete
+    (``bench/results/gpu_imports.json``, committed): what a pass need not measure again when the
+    ``runs/gpu`` state that imported them is gone with its machine."""
+    registry = registry or REGISTRY
+    if not registry.is_file():
+        return set()
+    flags: dict[str, list[bool]] = {}
+    for entry in json.loads(registry.read_text()).get("results", []):
+        if Path(entry["file"]).stem.endswith(f"_{slug}"):
+            flags.setdefault(entry["part"], []).append(bool(entry.get("complete")))
+    return {part for part, each in flags.items() if all(each)}
+
+
 def import_pack(
     archive: Path, repo: Path = REPO, partial: bool = False, index: bool = True
 ) -> list[str]:

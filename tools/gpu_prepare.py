@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: tools/ is on the path, the repository is not
     sys.path.insert(0, str(REPO))
 
+from tools import gpu_pack  # noqa: E402
 from tools.gpu_node import sha256, write_json  # noqa: E402
 
 PINS = REPO / "requirements-gpu.txt"
@@ -320,6 +321,8 @@ def plan(
     repo: Path = REPO,
     transfer_mib_s: float = TRANSFER_MIB_S,
     state: Path | None = None,
+    registry: Path | None = None,
+    slug: str = "h100",
 ) -> list[dict]:
     """The slot plan: what each job brings, its payload against the limit, the command and its
     seconds of device time (start, transfer, node time, the idle wait before the next call).
@@ -335,7 +338,7 @@ def plan(
     state_dir = state or repo / "runs/gpu"
     state = max(folder_bytes(state_dir), STATE_ALLOWANCE)
     parts = sorted(gpu_dir.glob("dali-*"), key=lambda p: int(p.name.split("-")[1]))
-    done = parts_done(state_dir)
+    done = parts_done(state_dir, gpu_pack.imported_complete(slug, registry))
     if "dali" in done:
         parts = []
 
@@ -403,10 +406,11 @@ def plan(
     return jobs
 
 
-def parts_done(state: Path) -> set[str]:
+def parts_done(state: Path, imported: set[str] = frozenset()) -> set[str]:
     """The parts ``runs/gpu``'s record calls complete (DALI's only when no test still waits for
-    it): what the plan need not bring anything for."""
-    done: set[str] = set()
+    it), or that were imported complete in an earlier slot (``imported``: on a machine that has
+    lost ``runs/gpu``, ``./run.sh gpu`` skips them too): what the plan need not bring anything for."""
+    done: set[str] = set(imported)
     for path in state.glob("gpu_run_*.json"):
         try:
             record = json.loads(path.read_text())
@@ -490,6 +494,12 @@ def main(argv: list[str] | None = None) -> int:
         "--state",
         help="the imported GPU state the plan follows (default runs/gpu: what gpu-import wrote)",
     )
+    p.add_argument(
+        "--slug",
+        default="h100",
+        help="the GPU the plan is for, as its result files are named (default h100, the kind a "
+        "plain device call gets): its parts imported complete are not planned again",
+    )
     p.add_argument("--plan", action="store_true", help="print the job list only")
     p.add_argument(
         "--verify",
@@ -508,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.plan:
             prepare(args, gpu_dir)
         state = Path(args.state).resolve() if args.state else None
-        jobs = plan(gpu_dir, transfer_mib_s=args.transfer_mib_s, state=state)
+        jobs = plan(gpu_dir, transfer_mib_s=args.transfer_mib_s, state=state, slug=args.slug)
     except PrepareError as err:
         print(f"[gpu-prepare] error: {err}", file=sys.stderr)
         return 2

@@ -295,6 +295,8 @@ class Run:
                 flush=True,
             )
         self.record = old or {"parts": {}, "jobs": 0}
+        # parts imported complete for this GPU in an earlier slot, whose state did not travel
+        self.imported = set() if args.fresh else gpu_pack.imported_complete(self.slug)
         self.record["environment"] = env
         self.record["jobs"] = self.record.get("jobs", 0) + 1
         self.cuda = env["gpus"] > 0
@@ -871,6 +873,12 @@ def run_part(run: Run, name: str) -> int:
     if previous.get("complete") and not args.fresh and not dali_arrived:
         print(
             f"[gpu] {name}: complete in an earlier job ({run.record_path.name}); --fresh redoes it"
+        )
+        return 0
+    if name in run.imported and not previous:
+        print(
+            f"[gpu] {name}: imported complete for this GPU in an earlier slot "
+            f"(bench/results/{gpu_pack.REGISTRY.name}); --fresh redoes it"
         )
         return 0
     budget = run.budget(args.budgets[name])
