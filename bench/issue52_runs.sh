@@ -149,13 +149,10 @@ reported() {  # COMMAND: its report (--name) is committed
   name=${BASH_REMATCH[1]}
   [[ -f "$REPO/docs/results/$name.json" || -f "$REPO/docs/results/tuning/$name.json" ]]
 }
+everything=("${queue[@]}")
 todo=()
 for cmd in "${queue[@]}"; do
-  if reported "$cmd"; then
-    [[ "${1:-}" != "--print" ]] || echo "reported: $cmd"
-  else
-    todo+=("$cmd")
-  fi
+  reported "$cmd" || todo+=("$cmd")
 done
 queue=("${todo[@]}")
 # A run not finished by a session's stop is lost with the machine, so with DEADLINE (a time `date -d`
@@ -178,9 +175,11 @@ fits() {  # COMMAND: it can finish before DEADLINE (always, without one)
   seeds=$(wc -w <<< "${BASH_REMATCH[1]}")
   (( $(date +%s) + seeds * RUN_MINUTES * 60 <= END ))
 }
-if [[ "${1:-}" == "--print" ]]; then  # queue: to run; later: cannot finish before DEADLINE
-  for cmd in "${queue[@]}"; do
-    if fits "$cmd"; then echo "queue: $cmd"; else echo "later: $cmd"; fi
+if [[ "${1:-}" == "--print" ]]; then  # in queue order; queue: to run; later: cannot end by DEADLINE
+  for cmd in "${everything[@]}"; do
+    if reported "$cmd"; then echo "reported: $cmd"
+    elif fits "$cmd"; then echo "queue: $cmd"
+    else echo "later: $cmd"; fi
   done
   exit 0
 fi
