@@ -194,6 +194,14 @@ def test_a_spike_shows_as_a_dip_and_the_worst_seed_chooses():
             "Chosen by the worst of 3 seeds: lr10 (worst seed 92.93%, mean 93.22%"
         )
         assert "its worst seed ties with lr5's, the mean decides" in line
+    # only a tuning report (held-out images) names a choice: a test-set report measures rows
+    # already chosen (final_90ep had printed "Chosen by the worst of 5 seeds" on the test set)
+    from bench.study import report as study_report
+
+    study = load("accuracy_study")
+    for holdout, lines in ((6000, 1), (0, 0)):
+        args = study.parse_args(["--epochs", "90", "--holdout", str(holdout)])
+        assert len(study_report.choice_lines(tie, ["lr5", "lr10"], args)) == lines
 
 
 def test_study_derived_no_refit_row_reads_the_recipe_runs_before_the_refit():

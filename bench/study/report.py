@@ -284,6 +284,14 @@ def plots(records: list[dict], out: Path, name: str, rows: list[str]) -> None:
     plt.close(fig)
 
 
+def choice_lines(records: list[dict], rows: list[str], args) -> list[str]:
+    """The worst-seed choice among the rows, for a tuning report only (held-out images): a report
+    on the test set measures rows already chosen, and naming a winner there invites choosing on it."""
+    if args.grid != "study" or not args.holdout:
+        return []
+    return worst_seed_choice(records, rows)
+
+
 def write(
     out: Path,
     args,
@@ -345,11 +353,7 @@ def write(
             baseline=args.baseline,
         ),
         "",
-        *(
-            [*choice, ""]
-            if args.grid == "study" and (choice := worst_seed_choice(records, rows))
-            else []
-        ),
+        *([*choice, ""] if (choice := choice_lines(records, rows, args)) else []),
         f"![top-1 per epoch]({args.name}_curves.png)",
         "",
         f"![rows]({args.name}_ablation.png)",
