@@ -674,6 +674,17 @@ RESULTS = [
            "chosen_b4096_lr20_warmup18_90ep_holdout6000",
            "docs/results/tuning/chosen_b4096_lr20_warmup18_90ep_holdout6000.json", _study,
            rerun=False),
+    Result("ablation_90ep_holdout_chosen",
+           "issue 52, item 4: the ablation's chosen row, batch 4,096 at its chosen LR 20, 6,000 "
+           "held-out images, 90 epochs, 3 seeds (read from the LR-20 tuning's reports), and the "
+           "same runs before the BN refit (chosen_no_refit)",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 0 1 "
+           "2 --extra optim.base_lr=20 --runs runs/accuracy_study/tune-b4096-90ep-lr20 --reuse "
+           "docs/results/tuning/chosen_b4096_lr20_90ep_holdout6000.json "
+           "docs/results/tuning/chosen_b4096_lr20_90ep_holdout6000_s1_2.json --out "
+           "docs/results/tuning --name ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1",
+           "docs/results/tuning/ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1.json", _study,
+           rerun=False),
     Result("b128_tail_90ep_holdout",
            "issue 52, item 3's base: the tuned baseline (batch 128, SGD, LR 0.4, the un-augmented "
            "tail and the refit), 6,000 held-out images, 90 epochs, seed 0",
