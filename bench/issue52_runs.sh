@@ -12,6 +12,7 @@
 #   B4096_LR=L bench/issue52_runs.sh            # once 4,096's LR is chosen: the ablation (at L)
 #   B8192_LAMB_LR=L bench/issue52_runs.sh       # once LAMB's LR at 8,192 is chosen: its seeds 1-2
 #   B8192_WARMUP_SEEDS=27 bench/issue52_runs.sh  # seeds 1-2 of batch 8,192's warmups still in the running
+#   B4096_LR=20 B4096_WARMUP_SEEDS=27 bench/issue52_runs.sh  # the same for batch 4,096's (the ablation waits)
 #   DEADLINE=22:45 bench/issue52_runs.sh         # start only what can finish before the stop
 #   bench/issue52_runs.sh --print               # the commands only
 #
@@ -110,6 +111,17 @@ if [[ -n "$B4096_LR" ]]; then
     queue+=("$B4096_TUNE --seeds 0 --extra optim.base_lr=$B4096_LR optim.warmup_epochs=${warmup%%:*} optim.decay_epochs=${warmup##*:} --runs runs/accuracy_study/tune-b4096-90ep-lr$B4096_LR-warmup${warmup%%:*} --name chosen_b4096_lr${B4096_LR}_warmup${warmup%%:*}_90ep_holdout6000")
   done
 fi
+# then seeds 1 and 2 (a command each) of batch 4,096's warmup still in the running
+# (B4096_WARMUP_SEEDS="27": the 30% warmup's seed 0 ended at 93.62%, above the three seeds of the
+# recipe's 40% at LR 20); while one is, the ablation waits (its rows are one change from the recipe
+# as chosen, and a new warmup would be part of it)
+for w in ${B4096_WARMUP_SEEDS:-}; do
+  [[ -n "$B4096_LR" ]] || { echo "issue52_runs: B4096_WARMUP_SEEDS needs B4096_LR (the warmups ran at it)" >&2; exit 2; }
+  case $w in 18) decay=70 ;; 27) decay=61 ;; *) echo "issue52_runs: B4096_WARMUP_SEEDS: $w is not a warmup tried (18, 27)" >&2; exit 2 ;; esac
+  for seed in 1 2; do
+    queue+=("$B4096_TUNE --seeds $seed --extra optim.base_lr=$B4096_LR optim.warmup_epochs=$w optim.decay_epochs=$decay --runs runs/accuracy_study/tune-b4096-90ep-lr$B4096_LR-warmup$w --name chosen_b4096_lr${B4096_LR}_warmup${w}_90ep_holdout6000_s$seed")
+  done
+done
 # item 4: LAMB against LARS at 8,192, LAMB with its own peak LR: a ladder a factor 2 apart around
 # the fashion_mnist_lars recipe's 0.032 (seed 0), then the best LR's seeds 1-2 (B8192_LAMB_LR=L)
 for lr in 0.016 0.032 0.064; do
@@ -120,8 +132,8 @@ if [[ -n "${B8192_LAMB_LR:-}" ]]; then
 fi
 # item 4: one change at a time from the chosen recipe, held-out, 3 seeds, each row as two commands
 # (seeds 0-1, then 2: two workers share them, and a session's end cuts fewer runs; bench/ablation.py
-# reads the reports together); waits for B4096_LR
-if [[ -n "$B4096_LR" ]]; then
+# reads the reports together); waits for B4096_LR, and for batch 4,096's warmup (B4096_WARMUP_SEEDS)
+if [[ -n "$B4096_LR" && -z "${B4096_WARMUP_SEEDS:-}" ]]; then
   # the chosen row's 3 seeds are its LR tuning's, read from this checkout's reports (the
   # worktree's docs/ are 541f812's): a report, nothing trained
   queue+=("$STUDY --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 0 1 2 $ABLATION_EXTRA --runs $(b4096_runs "$B4096_LR") --name ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1 --reuse $REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000.json $REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000_s1_2.json")

@@ -1641,6 +1641,28 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         ([s], ["optim.base_lr=20", "optim.warmup_epochs=27", "optim.decay_epochs=61"])
         for s in (1, 2)
     ]
+    # so for batch 4,096's, at its chosen LR; while one is in the running the ablation waits (a
+    # warmup that wins is part of the recipe each ablation row is one change from)
+    twenty = commands(B4096_LR="20")
+    open_warmup = commands(B4096_LR="20", B4096_WARMUP_SEEDS="27")
+    more = [a for a in open_warmup if a not in twenty]
+    assert [(p.rows, p.seeds, p.extra) for p in (study.parse_args(a[2:]) for a in more)] == [
+        (
+            ["fujitsu_span32_bn_lr0.1"],
+            [s],
+            ["optim.base_lr=20", "optim.warmup_epochs=27", "optim.decay_epochs=61"],
+        )
+        for s in (1, 2)
+    ]
+    assert any("ablation_90ep_holdout6000_chosen" in " ".join(a) for a in twenty)
+    assert not any("ablation_90ep_holdout6000_chosen" in " ".join(a) for a in open_warmup)
+    bad = subprocess.run(
+        [str(script), "--print"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "B4096_WARMUP_SEEDS": "27"},
+    )
+    assert bad.returncode == 2 and "needs B4096_LR" in bad.stderr
     seeds = commands(B4096_LR_SEEDS="5 10")
     more = [a[a.index("--name") + 1] for a in seeds if a not in plain]
     assert more == [
