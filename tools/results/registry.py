@@ -702,6 +702,14 @@ RESULTS = [
            "--out docs/results/tuning --name chosen_b8192_lamb_lr0.032_90ep_holdout6000",
            "docs/results/tuning/chosen_b8192_lamb_lr0.032_90ep_holdout6000.json", _study,
            rerun=False),
+    Result("b8192_lamb_lr0.064_90ep_holdout",
+           "issue 52, item 4: LAMB in place of LARS at batch 8,192, peak LR 0.064 (its ladder's "
+           "third rung), 6,000 held-out images, 90 epochs, seed 0",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows chosen_b8192_lamb --seeds 0 "
+           "--extra optim.base_lr=0.064 --runs runs/accuracy_study/tune-b8192-lamb-90ep-lr0.064 "
+           "--out docs/results/tuning --name chosen_b8192_lamb_lr0.064_90ep_holdout6000",
+           "docs/results/tuning/chosen_b8192_lamb_lr0.064_90ep_holdout6000.json", _study,
+           rerun=False),
     Result("b128_tail_90ep_holdout",
            "issue 52, item 3's base: the tuned baseline (batch 128, SGD, LR 0.4, the un-augmented "
            "tail and the refit), 6,000 held-out images, 90 epochs, seed 0",
