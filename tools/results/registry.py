@@ -710,6 +710,14 @@ RESULTS = [
            "--out docs/results/tuning --name chosen_b8192_lamb_lr0.064_90ep_holdout6000",
            "docs/results/tuning/chosen_b8192_lamb_lr0.064_90ep_holdout6000.json", _study,
            rerun=False),
+    Result("b4096_warmup27_90ep_holdout_s1",
+           "issue 52, item 2: batch 4,096 at LR 20 with the 30% warmup, 6,000 held-out images, seed 1",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 1 "
+           "--extra optim.base_lr=20 optim.warmup_epochs=27 optim.decay_epochs=61 --runs "
+           "runs/accuracy_study/tune-b4096-90ep-lr20-warmup27 --out docs/results/tuning --name "
+           "chosen_b4096_lr20_warmup27_90ep_holdout6000_s1",
+           "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000_s1.json", _study,
+           rerun=False),
     Result("b128_tail_90ep_holdout",
            "issue 52, item 3's base: the tuned baseline (batch 128, SGD, LR 0.4, the un-augmented "
            "tail and the refit), 6,000 held-out images, 90 epochs, seed 0",
