@@ -85,8 +85,11 @@ done
 # still be the worst-of-3 choice against the recipe's 40% (B8192_WARMUP_SEEDS="27": the 30% warmup's
 # seed 0 ended above the 40% warmup's three seeds; its seed 1 then ended below their worst, which
 # settled it without seed 2)
+decay_for() {  # VARIABLE WARMUP: the decay that ends a warmup tried at epoch 88 (exit 2 on another)
+  case $2 in 18) echo 70 ;; 27) echo 61 ;; *) echo "issue52_runs: $1: $2 is not a warmup tried (18, 27)" >&2; exit 2 ;; esac
+}
 for w in ${B8192_WARMUP_SEEDS:-}; do
-  case $w in 18) decay=70 ;; 27) decay=61 ;; *) echo "issue52_runs: B8192_WARMUP_SEEDS: $w is not a warmup tried (18, 27)" >&2; exit 2 ;; esac
+  decay=$(decay_for B8192_WARMUP_SEEDS "$w") || exit 2
   for seed in 1 2; do
     queue+=("$STUDY --holdout 6000 --rows chosen_b8192 --seeds $seed --extra optim.base_lr=$B8192_LR optim.warmup_epochs=$w optim.decay_epochs=$decay --runs runs/accuracy_study/tune-b8192-90ep-lr$B8192_LR-warmup$w --name chosen_b8192_lr${B8192_LR}_warmup${w}_90ep_holdout6000_s$seed")
   done
@@ -117,7 +120,7 @@ fi
 # as chosen, and a new warmup would be part of it)
 for w in ${B4096_WARMUP_SEEDS:-}; do
   [[ -n "$B4096_LR" ]] || { echo "issue52_runs: B4096_WARMUP_SEEDS needs B4096_LR (the warmups ran at it)" >&2; exit 2; }
-  case $w in 18) decay=70 ;; 27) decay=61 ;; *) echo "issue52_runs: B4096_WARMUP_SEEDS: $w is not a warmup tried (18, 27)" >&2; exit 2 ;; esac
+  decay=$(decay_for B4096_WARMUP_SEEDS "$w") || exit 2
   for seed in 1 2; do
     queue+=("$B4096_TUNE --seeds $seed --extra optim.base_lr=$B4096_LR optim.warmup_epochs=$w optim.decay_epochs=$decay --runs runs/accuracy_study/tune-b4096-90ep-lr$B4096_LR-warmup$w --name chosen_b4096_lr${B4096_LR}_warmup${w}_90ep_holdout6000_s$seed")
   done
