@@ -13,6 +13,8 @@
 #   B8192_LAMB_LR=L bench/issue52_runs.sh       # once LAMB's LR at 8,192 is chosen: its seeds 1-2
 #   B8192_WARMUP_SEEDS=27 bench/issue52_runs.sh  # seeds 1-2 of batch 8,192's warmups still in the running
 #   B4096_LR=20 B4096_WARMUP_SEEDS=27 bench/issue52_runs.sh  # the same for batch 4,096's (the ablation waits)
+#   B4096_LR=20 B4096_WARMUP=27 bench/issue52_runs.sh  # once 4,096's warmup is chosen: its test-set
+#                                                     # seeds and the ablation, made with it
 #   DEADLINE=22:45 bench/issue52_runs.sh         # start only what can finish before the stop
 #   bench/issue52_runs.sh --print               # the commands only
 #
@@ -97,13 +99,23 @@ done
 # once chosen (B4096_LR=L): at another LR than 10, its 5 test-set seeds (item 2) come first of what
 # is left, and the ablation below is made at L (one change from the recipe as chosen)
 B4096_LR=${B4096_LR:-}
+# and once batch 4,096's warmup is chosen too (B4096_WARMUP=W, one of the warmups tried, which needs
+# B4096_LR): its test-set seeds and the ablation are made with it, under names and runs directories
+# of their own (the 40% warmup's reports stay as they are)
+B4096_WARMUP=${B4096_WARMUP:-}
+W_EXTRA="" W_TAG=""
+if [[ -n "$B4096_WARMUP" ]]; then
+  [[ -n "$B4096_LR" ]] || { echo "issue52_runs: B4096_WARMUP needs B4096_LR (the warmups ran at it)" >&2; exit 2; }
+  decay=$(decay_for B4096_WARMUP "$B4096_WARMUP") || exit 2
+  W_EXTRA=" optim.warmup_epochs=$B4096_WARMUP optim.decay_epochs=$decay" W_TAG="_warmup$B4096_WARMUP"
+fi
 ABLATION_RUNS=runs/accuracy_study/ablation-90ep ABLATION_EXTRA=""
-if [[ -n "$B4096_LR" && "$B4096_LR" != 10 ]]; then
+if [[ -n "$B4096_LR" && ( "$B4096_LR" != 10 || -n "$B4096_WARMUP" ) ]]; then
   # in two commands (seeds 0-2, 3-4), each of which fits a session, so both workers share them
   for seeds in "0 1 2" "3 4"; do
-    queue+=("$STUDY --rows fujitsu_span32_bn_lr0.1 --seeds $seeds --extra optim.base_lr=$B4096_LR --runs runs/accuracy_study/final-90ep-b4096-lr$B4096_LR --name final_90ep_b4096_lr$B4096_LR$([[ "$seeds" == "0 1 2" ]] || echo _s3_4)")
+    queue+=("$STUDY --rows fujitsu_span32_bn_lr0.1 --seeds $seeds --extra optim.base_lr=$B4096_LR$W_EXTRA --runs runs/accuracy_study/final-90ep-b4096-lr$B4096_LR${W_TAG//_/-} --name final_90ep_b4096_lr$B4096_LR$W_TAG$([[ "$seeds" == "0 1 2" ]] || echo _s3_4)")
   done
-  ABLATION_RUNS=runs/accuracy_study/ablation-90ep-lr$B4096_LR ABLATION_EXTRA="--extra optim.base_lr=$B4096_LR"
+  ABLATION_RUNS=runs/accuracy_study/ablation-90ep-lr$B4096_LR${W_TAG//_/-} ABLATION_EXTRA="--extra optim.base_lr=$B4096_LR$W_EXTRA"
 fi
 # batch 4,096's warmup too, as batch 8,192's (the recipe's 40% was chosen at 30 epochs; a reviewer
 # asks why one large batch had the warmup tuned and the other not): 20% and 30%, the decay still
@@ -118,7 +130,8 @@ fi
 # (B4096_WARMUP_SEEDS="27": the 30% warmup's seed 0 ended at 93.62%, above the three seeds of the
 # recipe's 40% at LR 20); while one is, the ablation waits (its rows are one change from the recipe
 # as chosen, and a new warmup would be part of it)
-for w in ${B4096_WARMUP_SEEDS:-}; do
+# (a warmup chosen, B4096_WARMUP below, was chosen on its 3 seeds: they are listed with it)
+for w in $(printf '%s\n' ${B4096_WARMUP_SEEDS:-} ${B4096_WARMUP:-} | sort -un); do
   [[ -n "$B4096_LR" ]] || { echo "issue52_runs: B4096_WARMUP_SEEDS needs B4096_LR (the warmups ran at it)" >&2; exit 2; }
   decay=$(decay_for B4096_WARMUP_SEEDS "$w") || exit 2
   for seed in 1 2; do
@@ -138,15 +151,28 @@ fi
 # item 4: one change at a time from the chosen recipe, held-out, 3 seeds, each row as two commands
 # (seeds 0-1, then 2: two workers share them, and a session's end cuts fewer runs; bench/ablation.py
 # reads the reports together); waits for B4096_LR, and for batch 4,096's warmup (B4096_WARMUP_SEEDS)
-if [[ -n "$B4096_LR" && -z "${B4096_WARMUP_SEEDS:-}" ]]; then
-  # the chosen row's 3 seeds are its LR tuning's, read from this checkout's reports (the
-  # worktree's docs/ are 541f812's): a report, nothing trained
-  queue+=("$STUDY --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 0 1 2 $ABLATION_EXTRA --runs $(b4096_runs "$B4096_LR") --name ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1 --reuse $REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000.json $REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000_s1_2.json")
+# (the warmup chosen with B4096_WARMUP settles it)
+if [[ -n "$B4096_LR" && ( -z "${B4096_WARMUP_SEEDS:-}" || -n "$B4096_WARMUP" ) ]]; then
+  # the chosen row's 3 seeds are its tuning's, read from this checkout's reports (the worktree's
+  # docs/ are 541f812's): a report, nothing trained
+  if [[ -n "$B4096_WARMUP" ]]; then  # the warmup's seeds 0, 1 and 2, a report each
+    chosen_runs=runs/accuracy_study/tune-b4096-90ep-lr$B4096_LR-warmup$B4096_WARMUP
+    chosen_reports=""
+    for s in "" _s1 _s2; do
+      chosen_reports+="${chosen_reports:+ }$REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_warmup${B4096_WARMUP}_90ep_holdout6000$s.json"
+    done
+  else
+    chosen_runs=$(b4096_runs "$B4096_LR")
+    chosen_reports="$REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000.json $REPO/docs/results/tuning/chosen_b4096_lr${B4096_LR}_90ep_holdout6000_s1_2.json"
+  fi
+  queue+=("$STUDY --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 0 1 2 $ABLATION_EXTRA --runs $chosen_runs --name ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1$W_TAG --reuse $chosen_reports")
+  # the ramp is half the batch through the warmup: through the chosen one
+  ramp_extra() { [[ "$1" != chosen_ramp || -z "$B4096_WARMUP" ]] || echo " batch.ramp=[[$B4096_WARMUP,4096]]"; }
   for row in chosen_no_ls chosen_no_tail chosen_ramp; do
-    queue+=("$STUDY --holdout 6000 --rows $row --seeds 0 1 $ABLATION_EXTRA --runs $ABLATION_RUNS --name ablation_90ep_holdout6000_$row")
+    queue+=("$STUDY --holdout 6000 --rows $row --seeds 0 1 $ABLATION_EXTRA$(ramp_extra $row) --runs $ABLATION_RUNS --name ablation_90ep_holdout6000_$row$W_TAG")
   done
   for row in chosen_no_ls chosen_no_tail chosen_ramp; do
-    queue+=("$STUDY --holdout 6000 --rows $row --seeds 2 $ABLATION_EXTRA --runs $ABLATION_RUNS --name ablation_90ep_holdout6000_${row}_s2")
+    queue+=("$STUDY --holdout 6000 --rows $row --seeds 2 $ABLATION_EXTRA$(ramp_extra $row) --runs $ABLATION_RUNS --name ablation_90ep_holdout6000_$row${W_TAG}_s2")
   done
 fi
 # item 3: epochs to target with each batch's peak LR tuned, held-out, seed 0: the chosen recipe at
@@ -218,7 +244,8 @@ worker() {  # NAME
     fits "${queue[$i]}" || continue
     mkdir "$CLAIMS/$i" 2>/dev/null || continue
     echo "[issue52 worker $name] $(date -u +%H:%M) ${queue[$i]} --out $REPORTS"
-    (cd "$WORKTREE" && ${queue[$i]} --out "$REPORTS") ||
+    # split into words, never globbed (batch.ramp=[[27,4096]] is a bracket pattern to bash)
+    (set -f && cd "$WORKTREE" && ${queue[$i]} --out "$REPORTS") ||
       { echo "[issue52 worker $name] stopped" >&2; return 1; }
   done
 }

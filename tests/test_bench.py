@@ -1585,7 +1585,8 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     8,192's test-set seeds at its chosen LR (20); batch 4,096's LR ladder at 90 epochs, seed 0,
     then seeds 1-2 of the LRs named (B4096_LR_SEEDS); the ablation waits for 4,096's LR
     (B4096_LR) and is made at it, after its 5 test-set seeds when it is not the recipe's 10;
-    each large batch's warmup tried at 20% and 30%; LAMB's seeds 1-2 join once its LR is chosen
+    each large batch's warmup tried at 20% and 30%, and batch 4,096's test-set seeds and ablation
+    made with the warmup chosen (B4096_WARMUP); LAMB's seeds 1-2 join once its LR is chosen
     (B8192_LAMB_LR); each batch of the target grid has an LR ladder (4,096's and 8,192's are
     their tunings)."""
     study = load("accuracy_study")
@@ -1656,6 +1657,39 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     ]
     assert any("ablation_90ep_holdout6000_chosen" in " ".join(a) for a in twenty)
     assert not any("ablation_90ep_holdout6000_chosen" in " ".join(a) for a in open_warmup)
+    # once that warmup is chosen (B4096_WARMUP), the test-set seeds and the ablation are made with
+    # it, under names of their own; the ramp is half the batch through the chosen warmup
+    chosen_w = commands(B4096_LR="20", B4096_WARMUP_SEEDS="27", B4096_WARMUP="27")
+    assert chosen_w == commands(B4096_LR="20", B4096_WARMUP="27")
+    w27 = ["optim.base_lr=20", "optim.warmup_epochs=27", "optim.decay_epochs=61"]
+    by_name = {a[a.index("--name") + 1]: study.parse_args(a[2:]) for a in chosen_w}
+    assert by_name["final_90ep_b4096_lr20_warmup27"].seeds == [0, 1, 2]
+    assert by_name["final_90ep_b4096_lr20_warmup27_s3_4"].seeds == [3, 4]
+    assert "final_90ep_b4096_lr20" not in by_name  # the 40% warmup's: not this recipe's
+    abl = {n: p for n, p in by_name.items() if n.startswith("ablation_90ep")}
+    assert len(abl) == 7 and all(n.endswith(("_warmup27", "_warmup27_s2")) for n in abl)
+    assert all(p.extra[:3] == w27 for p in abl.values())
+    assert {str(p.runs) for n, p in abl.items() if "fujitsu" not in n} == {
+        "runs/accuracy_study/ablation-90ep-lr20-warmup27"
+    }
+    assert [p.extra[3:] for n, p in abl.items() if "chosen_ramp" in n] == [
+        ["batch.ramp=[[27,4096]]"]
+    ] * 2
+    assert all(p.extra == w27 for n, p in abl.items() if "chosen_ramp" not in n)
+    chosen_report = abl["ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1_warmup27"]
+    assert str(chosen_report.runs) == "runs/accuracy_study/tune-b4096-90ep-lr20-warmup27"
+    assert chosen_report.reuse == [
+        str(REPO / f"docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000{s}.json")
+        for s in ("", "_s1", "_s2")
+    ]
+    for env, needs in (
+        ({"B4096_WARMUP": "27"}, "needs B4096_LR"),
+        ({"B4096_LR": "20", "B4096_WARMUP": "30"}, "30 is not a warmup tried"),
+    ):
+        refused = subprocess.run(
+            [str(script), "--print"], capture_output=True, text=True, env={**os.environ, **env}
+        )
+        assert refused.returncode == 2 and needs in refused.stderr
     bad = subprocess.run(
         [str(script), "--print"],
         capture_output=True,
