@@ -181,10 +181,12 @@ fi
 # ladders are their tunings above (FILE:ROW for bench/epochs_tuned.py). Then bench/epochs_tuned.py
 # picks each batch's LR by its epochs to each level (--reference: the tuned baseline's held-out run,
 # queued earlier).
-TARGET="python bench/accuracy_study.py --epochs 90 --grid target --holdout 6000 --seeds 0 --target 0.9 --runs runs/accuracy_study/target-90ep-holdout6000"
+# Each LR has a runs directory of its own: a row's run there is named by row and seed, not LR, and
+# the study refuses a kept run of other settings
+TARGET="python bench/accuracy_study.py --epochs 90 --grid target --holdout 6000 --seeds 0 --target 0.9"
 for pair in 128:0.5 128:1 128:2 512:1.25 512:2.5 512:5 1024:2.5 1024:5 1024:10 2048:2.5 2048:5 2048:10; do
   b=${pair%%:*} lr=${pair##*:}
-  queue+=("$TARGET --rows target_b$b --extra optim.base_lr=$lr --name target_b${b}_lr${lr}_90ep_holdout6000")
+  queue+=("$TARGET --rows target_b$b --extra optim.base_lr=$lr --runs runs/accuracy_study/target-90ep-holdout6000-lr$lr --name target_b${b}_lr${lr}_90ep_holdout6000")
 done
 reported() {  # COMMAND: its report (--name) is committed
   local name

@@ -1790,6 +1790,16 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     assert len(final) == 1 and "optim.base_lr=20" in final[0]
     names = [a[a.index("--name") + 1] for a in plain]
     assert len(names) == len(set(names))  # one report each
+    # a run lives at runs/ROW-SEED: two commands that would keep runs of one row and seed in one
+    # directory define them alike (the study refuses a kept run of other settings: the target
+    # grid's LRs had shared one)
+    for env in ({}, {"B4096_LR": "20"}, {"B4096_LR": "20", "B4096_WARMUP": "27"}):
+        kept: dict[tuple[str, str, int], list[str]] = {}
+        for a in commands(B8192_LAMB_LR="0.064", **env):
+            p = study.parse_args(a[2:])
+            for row in p.rows:
+                for seed in p.seeds:
+                    assert kept.setdefault((str(p.runs), row, seed), p.extra) == p.extra, a
     # item 2's comparisons come first: the queue is drained in order
     assert names[:3] == ["final_90ep_b128", "final_90ep_b4096", "final_90ep_b8192"]
     for argv in lamb:
