@@ -44,8 +44,10 @@ Grid ``study`` (rows; K = the last 5/90 of the epochs, W = the first 40%):
                    (0.1 / 0.2 / 0.4 / 0.8), plain, with a linear warmup over 5/90 of the epochs, with
                    label smoothing 0.1, with the last K epochs un-augmented, or all three; each ends
                    with the BN refit (its *_no_refit twin: the same run before it)
-  chosen_b4096     the chosen batch-4,096 row at the peak LR its 90-epoch held-out tuning chose (20;
-                   issue 52, item 2)
+  chosen_b4096     the chosen batch-4,096 row at the peak LR its 90-epoch held-out tuning chose (20),
+                   the recipe's 40% warmup
+  chosen_b4096_warmup27  the same with the warmup that tuning chose, 30% of the epochs (27 of 90;
+                   issue 52, item 2's batch-4,096 row)
   chosen_<change>  one change each from the chosen batch-4,096 row (issue 52, item 4): no_ls, no_tail,
                    ramp (2,048 through the warmup, then 4,096), b8192 (LARS at 8,192), b8192_lamb
                    (LAMB at 8,192); chosen_no_refit reads the chosen row's runs before the refit

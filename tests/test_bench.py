@@ -1241,6 +1241,9 @@ def test_the_ablation_and_baseline_tuning_rows_change_what_they_name(tmp_path):
         "batch.global_size: 4096 -> 8192, optim.base_lr: 10.0 -> 20.0"
     )
     assert changes("chosen_b4096", study_rows.CHOSEN) == "optim.base_lr: 10.0 -> 20.0"
+    assert changes("chosen_b4096_warmup27", "chosen_b4096") == (
+        "optim.decay_epochs: 52.0 -> 61.0, optim.warmup_epochs: 36.0 -> 27.0"
+    )
     assert changes("chosen_b8192", "chosen_b4096") == "batch.global_size: 4096 -> 8192"
     lamb = changes("chosen_b8192_lamb", "chosen_b8192")
     assert "deepspeed_config.optimizer.type: LARS -> Lamb" in lamb and "optim.base_lr: 20" in lamb

@@ -175,6 +175,20 @@ B8192_LR = {"lars": 20.0, "lamb": 0.032}
 # against 2.5, 5 and 10): the chosen row at it is ``chosen_b4096``, item 2's batch-4,096 row. The
 # ablation's rows keep the chosen row's own LR; bench/issue52_runs.sh runs them at this one
 B4096_LR = 20.0
+# and its warmup, chosen the same way at LR 20 (issue 52): 30% of the epochs (worst of 3 held-out
+# seeds 93.30% against the recipe's 40%'s 93.17%; 20% out on its seed 0), the decay still ending at
+# 88/90 of the epochs as the recipe's 40% + 52/90 does. ``chosen_b4096_warmup27`` is item 2's row;
+# ``chosen_b4096`` (the recipe's 40%) is kept for the reports made with it
+B4096_WARMUP_SHARE = 0.3
+
+
+def b4096_warmup(epochs: int) -> list[str]:
+    """The warmup batch 4,096's 90-epoch tuning chose, at this epoch budget (27 + 61 at 90)."""
+    warmup = round(B4096_WARMUP_SHARE * epochs, 6)
+    return [
+        f"optim.warmup_epochs={warmup:g}",
+        f"optim.decay_epochs={round(88 / 90 * epochs, 6) - warmup:g}",
+    ]
 
 
 def ablation(epochs: int) -> dict[str, tuple[str, str, list[str]]]:
@@ -186,6 +200,11 @@ def ablation(epochs: int) -> dict[str, tuple[str, str, list[str]]]:
     b8192 = ["batch.global_size=8192"]
     return {
         "chosen_b4096": (recipe, stem, [*base, f"optim.base_lr={B4096_LR:g}"]),
+        "chosen_b4096_warmup27": (
+            recipe,
+            stem,
+            [*base, f"optim.base_lr={B4096_LR:g}", *b4096_warmup(epochs)],
+        ),
         "chosen_no_ls": (recipe, stem, [*base, "optim.label_smoothing=0"]),
         "chosen_no_tail": (recipe, stem, [*base, "polish.last_epochs_without_augmentation=0"]),
         "chosen_ramp": (

@@ -718,6 +718,49 @@ RESULTS = [
            "chosen_b4096_lr20_warmup27_90ep_holdout6000_s1",
            "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000_s1.json", _study,
            rerun=False),
+    Result("b4096_warmup27_90ep_holdout_s2",
+           "issue 52, item 2: batch 4,096 at LR 20 with the 30% warmup, 6,000 held-out images, seed 2",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 2 "
+           "--extra optim.base_lr=20 optim.warmup_epochs=27 optim.decay_epochs=61 --runs "
+           "runs/accuracy_study/tune-b4096-90ep-lr20-warmup27 --out docs/results/tuning --name "
+           "chosen_b4096_lr20_warmup27_90ep_holdout6000_s2",
+           "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000_s2.json", _study,
+           rerun=False),
+    Result("b8192_lamb_lr0.128_90ep_holdout",
+           "issue 52, item 4: LAMB in place of LARS at batch 8,192, peak LR 0.128 (the rung above "
+           "0.064, best of the first three), 6,000 held-out images, 90 epochs, seed 0",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows chosen_b8192_lamb --seeds 0 "
+           "--extra optim.base_lr=0.128 --runs runs/accuracy_study/tune-b8192-lamb-90ep-lr0.128 "
+           "--out docs/results/tuning --name chosen_b8192_lamb_lr0.128_90ep_holdout6000",
+           "docs/results/tuning/chosen_b8192_lamb_lr0.128_90ep_holdout6000.json", _study,
+           rerun=False),
+    Result("warmup_b4096_90ep_holdout",
+           "issue 52, item 2: batch 4,096's warmup at its chosen LR 20, the recipe's 40% "
+           "(chosen_b4096) against 30% (chosen_b4096_warmup27), 6,000 held-out images, 90 epochs, "
+           "3 seeds each (read from the tuning's reports), chosen by the worst seed",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows chosen_b4096 chosen_b4096_warmup27 "
+           "--seeds 0 1 2 --finished-only --runs runs/accuracy_study/warmup-b4096-90ep --name "
+           "warmup_b4096_90ep_holdout6000 --reuse "
+           "docs/results/tuning/chosen_b4096_lr20_90ep_holdout6000.json "
+           "docs/results/tuning/chosen_b4096_lr20_90ep_holdout6000_s1_2.json "
+           "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000.json "
+           "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000_s1.json "
+           "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000_s2.json "
+           "--out docs/results/tuning",
+           "docs/results/tuning/warmup_b4096_90ep_holdout6000.json", _study, rerun=False),
+    Result("ablation_90ep_holdout_chosen_warmup27",
+           "issue 52, item 4: the ablation's chosen row once batch 4,096's warmup was chosen (LR 20, "
+           "30% warmup), 6,000 held-out images, 90 epochs, 3 seeds (read from the warmup's "
+           "reports), and the same runs before the BN refit (chosen_no_refit)",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows fujitsu_span32_bn_lr0.1 --seeds 0 1 "
+           "2 --extra optim.base_lr=20 optim.warmup_epochs=27 optim.decay_epochs=61 --runs "
+           "runs/accuracy_study/tune-b4096-90ep-lr20-warmup27 --reuse "
+           "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000.json "
+           "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000_s1.json "
+           "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000_s2.json --out "
+           "docs/results/tuning --name ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1_warmup27",
+           "docs/results/tuning/ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1_warmup27.json",
+           _study, rerun=False),
     Result("b128_tail_90ep_holdout",
            "issue 52, item 3's base: the tuned baseline (batch 128, SGD, LR 0.4, the un-augmented "
            "tail and the refit), 6,000 held-out images, 90 epochs, seed 0",
