@@ -204,6 +204,33 @@ def compare(rows: dict[str, list[dict]], changes=CHANGES) -> tuple[list[dict], l
     return out, pending
 
 
+# what a base row's runs set that its tuning chose (the table's caption names them: the chosen recipe
+# is its row at the LR and warmup its held-out tuning chose, given as overrides to the row)
+SCHEDULE = ("optim.base_lr", "optim.warmup_epochs", "optim.decay_epochs")
+
+
+def bases(rows: dict[str, list[dict]], changes=CHANGES) -> dict[str, dict]:
+    """Each base row with runs: its batch and schedule as its runs resolve them."""
+    out = {}
+    for name in dict.fromkeys(c.base for c in changes):
+        if rows.get(name):
+            settings = one_run_each(rows[name])
+            out[name] = {k: settings.get(k) for k in ("batch.global_size", *SCHEDULE)}
+    return out
+
+
+def base_words(name: str, settings: dict) -> str:
+    """``ROW at batch B (peak LR L, warmup W and decay D epochs)``: a base row as the caption
+    names it."""
+    lr, warmup, decay = (
+        "unset" if settings.get(k) is None else f"{settings[k]:g}" for k in SCHEDULE
+    )
+    return (
+        f"{name} at batch {settings['batch.global_size']:,} (peak LR {lr}, warmup {warmup} "
+        f"and decay {decay} epochs)"
+    )
+
+
 def table(entries: list[dict], pending: list[str]) -> list[str]:
     lines = [
         "| change from the chosen recipe | row (seeds) | top-1 % (mean ± sample sd) | worst seed % "
@@ -270,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         if refuse_mixed_code(code, args.across_commits, prog="ablation"):
             return 2
         entries, pending = compare(rows)
+        based = bases(rows)
     except ValueError as e:
         p.error(str(e))
     holdout = reports[0].get("holdout", 0)
@@ -281,16 +309,18 @@ def main(argv: list[str] | None = None) -> int:
         "epochs": reports[0].get("epochs"),
         "sd": "sample standard deviation (n - 1)",
         "code_between_runs": code,
+        "bases": based,
         "entries": entries,
         "pending": pending,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(meta, indent=2) + "\n")
+    named = " or ".join(base_words(n, v) for n, v in based.items()) or f"{CHOSEN} at batch 4,096"
     head = (
         f"What each technique earns at the large batch: {meta['epochs']} epochs, top-1 on "
-        f"{images}; each row one change from the chosen recipe ({CHOSEN} at batch 4,096, or "
-        "chosen_b8192 at 8,192); ± is the sample standard deviation."
+        f"{images}; each row one change from the chosen recipe ({named}, as its runs set "
+        "them); ± is the sample standard deviation."
     )
     md = [
         "# Ablation of the seeds' techniques (Fashion-MNIST)",

@@ -1539,6 +1539,16 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     md = (out / "t.md").read_text()
     assert "| without label smoothing (Mikami) | chosen_no_ls (3) | 91.50 ± 0.20 | 91.30 |" in md
     assert "chosen_ramp: pending" in md
+    # the caption names the chosen recipe's batch and schedule as its runs set them
+    assert made["bases"]["fujitsu_span32_bn_lr0.1"] == {
+        "batch.global_size": 4096,
+        "optim.base_lr": 10.0,
+        "optim.warmup_epochs": 36.0,
+        "optim.decay_epochs": 52.0,
+    }
+    assert (
+        "(fujitsu_span32_bn_lr0.1 at batch 4,096 (peak LR 10, warmup 36 and decay 52 epochs)" in md
+    )
     # the ramp touches the batch and the ramp, a second report adds it
     ramp = [
         run("chosen_ramp", s, 0.92, "batch.global_size=2048 batch.ramp=[[2,4096]]")
