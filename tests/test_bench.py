@@ -1751,8 +1751,25 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         committed = any(
             (REPO / "docs" / "results" / sub / f"{name}.json").is_file() for sub in ("", "tuning")
         )
-        assert kind == ("reported" if committed else "queue"), line
+        # "running": a study of that name in flight on this machine (the queue's own runs)
+        assert kind in (("reported",) if committed else ("queue", "running")), line
     assert any(line.startswith("reported: ") for line in out)
+    # a command in flight (a queue started again beside its runs) is not started a second time
+    name = "target_b2048_lr10_90ep_holdout6000"
+    fake = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "bench/accuracy_study.py"]
+        + ["--name", name, "--out", "x"]
+    )
+    try:
+        time.sleep(0.5)
+        out = subprocess.run(
+            [str(script), "--print"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    finally:
+        fake.kill()
+        fake.wait()
+    (line,) = [line for line in out if line.endswith(f"--name {name}")]
+    assert line.startswith("running: ")
     # with DEADLINE, a command whose runs cannot end before it waits for the next session
     env = {**os.environ, "B4096_LR": "20", "DEADLINE": "now + 40 min", "RUN_MINUTES": "35"}
     out = subprocess.run(
@@ -1760,10 +1777,11 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     ).stdout.splitlines()
     for line in out:
         kind, cmd = line.split(": ", 1)
-        if kind != "reported":
-            assert kind == (
-                "queue" if len(study.parse_args(shlex.split(cmd)[2:]).seeds) == 1 else "later"
-            ), line
+        if kind not in ("reported", "running"):
+            parsed = study.parse_args(shlex.split(cmd)[2:])
+            # batch 128 counts half as long again: 52 min a run
+            minutes = 52 if parsed.rows[0].removeprefix("target_").startswith("b128") else 35
+            assert kind == ("queue" if len(parsed.seeds) * minutes <= 40 else "later"), line
     assert any(line.startswith("later: ") for line in out)
     env["DEADLINE"] = "yesterday"
     late = subprocess.run([str(script), "--print"], capture_output=True, text=True, env=env)
@@ -1799,6 +1817,12 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         row: [0, 1, 2]
         for row in ("fujitsu_span32_bn_lr0.1", "chosen_no_ls", "chosen_no_tail", "chosen_ramp")
     }
+    # the baseline's LR at the goal's length too: 0.2 and 0.8 beside the 0.4 its 30-epoch budget chose
+    b128 = [
+        study.parse_args(a[2:]) for a in plain if "b128_lr0.4_tail" not in a and "--holdout" in a
+    ]
+    b128 = [(p.rows, p.seeds, p.holdout) for p in b128 if p.rows[0].startswith("b128_lr")]
+    assert b128 == [(["b128_lr0.2_tail"], [0], 6000), (["b128_lr0.8_tail"], [0], 6000)]
     final = [a for a in plain if "final_90ep_b8192" in a]
     assert len(final) == 1 and "optim.base_lr=20" in final[0]
     names = [a[a.index("--name") + 1] for a in plain]
