@@ -259,15 +259,29 @@ export PATH="$REPO/.venv/bin:$PATH" OMP_NUM_THREADS=1
 
 CLAIMS=$(mktemp -d)  # command i is taken by the worker that makes $CLAIMS/i (mkdir is atomic)
 trap 'rm -rf "$CLAIMS"' EXIT
+# one study a core: studies already running on this machine (an earlier queue's, left going when
+# its workers were stopped) hold theirs, so a worker waits for a free one before it starts a command
+CORES=${CORES:-2} POLL_S=${POLL_S:-15}
+studies() { pgrep -fc 'bench/accuracy_study\.py' || true; }
 worker() {  # NAME
-  local name=$1 i
+  local name=$1 i pid lock
+  exec {lock}>"$CLAIMS/cores.lock"
   for i in "${!queue[@]}"; do
     fits "${queue[$i]}" || continue
+    running "${queue[$i]}" && continue
     mkdir "$CLAIMS/$i" 2>/dev/null || continue
+    flock "$lock"  # one worker at a time looks for a free core and starts its command
+    while (( $(studies) >= CORES )); do sleep "$POLL_S"; done
+    if ! fits "${queue[$i]}"; then flock -u "$lock"; continue; fi  # the wait took too long
     echo "[issue52 worker $name] $(date -u +%H:%M) ${queue[$i]} --out $REPORTS"
     # split into words, never globbed (batch.ramp=[[27,4096]] is a bracket pattern to bash)
-    (set -f && cd "$WORKTREE" && ${queue[$i]} --out "$REPORTS") ||
-      { echo "[issue52 worker $name] stopped" >&2; return 1; }
+    (set -f && cd "$WORKTREE" && exec ${queue[$i]} --out "$REPORTS") &
+    pid=$!
+    # hold the lock until its study shows in the process list (or has already ended), so the
+    # next worker counts it
+    for _ in $(seq 50); do running "${queue[$i]}" || ! kill -0 "$pid" 2>/dev/null && break; sleep 0.2; done
+    flock -u "$lock"
+    wait "$pid" || { echo "[issue52 worker $name] stopped" >&2; return 1; }
   done
 }
 worker 1 &

@@ -1591,6 +1591,82 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     assert "dstrain/ changed between them" in (out / "x.md").read_text()
 
 
+def test_issue52_runs_workers_leave_a_core_to_each_study_in_flight(tmp_path):
+    """bench/issue52_runs.sh's workers, played with a stand-in study in a checkout of its commit:
+    a command whose study is already running (a queue started again beside its own runs) is not
+    started twice; while a study started elsewhere holds one of the 2 cores, one command runs at a
+    time; every other command runs once."""
+    script = REPO / "bench" / "issue52_runs.sh"
+    commit = re.search(r"^COMMIT=(\w+)", script.read_text(), re.M).group(1)
+    git = ["git", "-C", str(REPO)]
+    if subprocess.run([*git, "cat-file", "-e", f"{commit}^{{commit}}"]).returncode:
+        pytest.skip(f"{commit} is not in this clone (a shallow one)")
+    tree = tmp_path / "tree"  # a checkout of the commit holding only the stand-in study
+    subprocess.run(
+        [*git[:1], "clone", "-q", "--shared", "--no-checkout", str(REPO), str(tree)], check=True
+    )
+    sha = subprocess.run([*git, "rev-parse", commit], capture_output=True, text=True, check=True)
+    subprocess.run(
+        ["git", "-C", str(tree), "update-ref", "--no-deref", "HEAD", sha.stdout.strip()], check=True
+    )
+    (tree / "bench").mkdir()
+    (tree / "bench" / "accuracy_study.py").write_text(
+        "import os, sys, time\n"
+        "name = sys.argv[sys.argv.index('--name') + 1]\n"
+        "log = os.environ['STUDY_LOG']\n"
+        "open(log, 'a').write(f'start {name} {time.time()}\\n')\n"
+        "time.sleep(1)\n"
+        "open(log, 'a').write(f'end {name} {time.time()}\\n')\n"
+    )
+    queued = [
+        line.split("--name ")[1].split()[0]
+        for line in subprocess.run(
+            [str(script), "--print"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        if line.startswith("queue: ")
+    ]
+    assert len(queued) > 3
+    log = tmp_path / "studies.log"
+    # a study of the first queued command, started elsewhere, runs 3 s
+    t0 = time.time()
+    elsewhere = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(3)", "bench/accuracy_study.py"]
+        + ["--name", queued[0], "--out", str(tmp_path)]
+    )
+    time.sleep(0.5)
+    # this machine's own studies (a session's queue) hold cores too: leave them theirs
+    held = int(
+        subprocess.run(
+            ["pgrep", "-fc", r"bench/accuracy_study\.py"], capture_output=True, text=True
+        ).stdout
+        or 0
+    )
+    env = {
+        **os.environ,
+        "WORKTREE": str(tree),
+        "REPORTS": str(tmp_path / "reports"),
+        "STUDY_LOG": str(log),
+        "CORES": str(held + 1),  # the one started elsewhere holds one of two
+        "POLL_S": "0.2",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    try:
+        subprocess.run([str(script)], env=env, check=True, capture_output=True, timeout=300)
+    finally:
+        elsewhere.kill()
+        elsewhere.wait()
+    events = [line.split() for line in log.read_text().splitlines()]
+    started = [name for kind, name, _ in events if kind == "start"]
+    assert sorted(started) == sorted(queued[1:])  # the one in flight elsewhere is left to it
+    # one at a time while it ran, two at once after
+    busy, most = 0, {True: 0, False: 0}
+    for kind, _, at in sorted(events, key=lambda e: float(e[2])):
+        busy += 1 if kind == "start" else -1
+        while_there = float(at) < t0 + 2.9
+        most[while_there] = max(most[while_there], busy)
+    assert most == {True: 1, False: 2}
+
+
 def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     """bench/issue52_runs.sh (the issue's remaining runs; the machine starts bare each session, so a
     command whose report is committed is skipped and earlier sessions' runs are read from their
