@@ -518,6 +518,14 @@ RESULTS = [
            "optim.base_lr=20 --runs runs/accuracy_study/final-90ep-b4096-lr20 --out docs/results "
            "--name final_90ep_b4096_lr20_s3_4",
            "docs/results/final_90ep_b4096_lr20_s3_4.json", _study, rerun=False),
+    Result("final_90ep_b4096_lr20_warmup27_s3_4",
+           "issue 52, item 2: batch 4,096 (the chosen row) at the peak LR (20) and warmup (30%, 27 "
+           "of 90 epochs) its 90-epoch held-out tuning chose, test set, seeds 3 and 4, at 541f812",
+           R + "accuracy_study.py --epochs 90 --rows fujitsu_span32_bn_lr0.1 --seeds 3 4 --extra "
+           "optim.base_lr=20 optim.warmup_epochs=27 optim.decay_epochs=61 --runs "
+           "runs/accuracy_study/final-90ep-b4096-lr20-warmup27 --out docs/results --name "
+           "final_90ep_b4096_lr20_warmup27_s3_4",
+           "docs/results/final_90ep_b4096_lr20_warmup27_s3_4.json", _study, rerun=False),
     Result("final_90ep",
            "issue 52, item 2: the goal's comparison, the tuned batch 128 against batch 4,096 and "
            "8,192 (each at the peak LR its 90-epoch held-out tuning chose: 20), 90 epochs, test "
