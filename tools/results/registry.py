@@ -518,6 +518,17 @@ RESULTS = [
            "optim.base_lr=20 --runs runs/accuracy_study/final-90ep-b4096-lr20 --out docs/results "
            "--name final_90ep_b4096_lr20_s3_4",
            "docs/results/final_90ep_b4096_lr20_s3_4.json", _study, rerun=False),
+    Result("final_90ep_b4096_lr20_warmup27",
+           "issue 52, item 2: batch 4,096 (chosen_b4096_warmup27: the chosen row at the peak LR, 20, "
+           "and warmup, 30%, its 90-epoch held-out tuning chose) at 90 epochs on the test set, 5 "
+           "seeds at 541f812 (seeds 0-2 trained by this command's first run, seeds 3-4 read from "
+           "their report)",
+           R + "accuracy_study.py --epochs 90 --rows chosen_b4096_warmup27 --seeds 0 1 2 3 4 "
+           "--finished-only --reuse docs/results/final_90ep_b4096_lr20_warmup27.json "
+           "docs/results/final_90ep_b4096_lr20_warmup27_s3_4.json --runs "
+           "runs/accuracy_study/final-90ep-b4096-lr20-warmup27 --out docs/results --name "
+           "final_90ep_b4096_lr20_warmup27",
+           "docs/results/final_90ep_b4096_lr20_warmup27.json", _study, rerun=False),
     Result("final_90ep_b4096_lr20_warmup27_s3_4",
            "issue 52, item 2: batch 4,096 (the chosen row) at the peak LR (20) and warmup (30%, 27 "
            "of 90 epochs) its 90-epoch held-out tuning chose, test set, seeds 3 and 4, at 541f812",
@@ -528,14 +539,14 @@ RESULTS = [
            "docs/results/final_90ep_b4096_lr20_warmup27_s3_4.json", _study, rerun=False),
     Result("final_90ep",
            "issue 52, item 2: the goal's comparison, the tuned batch 128 against batch 4,096 and "
-           "8,192 (each at the peak LR its 90-epoch held-out tuning chose: 20), 90 epochs, test "
-           "set, every run at 541f812; each gap with its 95% interval (Welch), read from the three "
-           "rows' reports (5 seeds each)",
-           R + "accuracy_study.py --epochs 90 --rows b128_lr0.4_tail chosen_b4096 chosen_b8192 "
-           "--seeds 0 1 2 3 4 --baseline b128_lr0.4_tail --reuse docs/results/final_90ep_b128.json "
-           "docs/results/final_90ep_b4096_lr20.json docs/results/final_90ep_b8192.json "
-           "--finished-only --runs runs/accuracy_study/final-90ep --out docs/results --name "
-           "final_90ep",
+           "8,192 (each at the peak LR, 20, and warmup its 90-epoch held-out tuning chose: 30% at "
+           "4,096, 40% at 8,192), 90 epochs, test set, every run at 541f812; each gap with its 95% "
+           "interval (Welch), read from the three rows' reports (5 seeds each)",
+           R + "accuracy_study.py --epochs 90 --rows b128_lr0.4_tail chosen_b4096_warmup27 "
+           "chosen_b8192 --seeds 0 1 2 3 4 --baseline b128_lr0.4_tail --reuse "
+           "docs/results/final_90ep_b128.json docs/results/final_90ep_b4096_lr20_warmup27.json "
+           "docs/results/final_90ep_b8192.json --finished-only --runs "
+           "runs/accuracy_study/final-90ep --out docs/results --name final_90ep",
            "docs/results/final_90ep.json", _study, rerun=False),
     Result("final_90ep_warmup40",
            "issue 52, item 2: the goal's comparison with batch 4,096 at its tuned LR 20 but the "
@@ -780,6 +791,13 @@ RESULTS = [
            "docs/results/tuning --name ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1_warmup27",
            "docs/results/tuning/ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1_warmup27.json",
            _study, rerun=False),
+    Result("b128_lr0.2_tail_90ep_holdout",
+           "issue 52, item 1 at the goal's length: the tuned baseline's row at peak LR 0.2 (half "
+           "its 30-epoch choice), 90 epochs, 6,000 held-out images, seed 0",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows b128_lr0.2_tail --seeds 0 --runs "
+           "runs/accuracy_study/target-90ep-holdout6000 --out docs/results/tuning --name "
+           "b128_lr0.2_tail_90ep_holdout6000",
+           "docs/results/tuning/b128_lr0.2_tail_90ep_holdout6000.json", _study, rerun=False),
     Result("b128_tail_90ep_holdout",
            "issue 52, item 3's base: the tuned baseline (batch 128, SGD, LR 0.4, the un-augmented "
            "tail and the refit), 6,000 held-out images, 90 epochs, seed 0",
