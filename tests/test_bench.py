@@ -1855,9 +1855,7 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         kind, cmd = line.split(": ", 1)
         if kind not in ("reported", "running"):
             parsed = study.parse_args(shlex.split(cmd)[2:])
-            # batch 128 counts half as long again: 52 min a run
-            minutes = 52 if parsed.rows[0].removeprefix("target_").startswith("b128") else 35
-            assert kind == ("queue" if len(parsed.seeds) * minutes <= 40 else "later"), line
+            assert kind == ("queue" if len(parsed.seeds) == 1 else "later"), line
     assert any(line.startswith("later: ") for line in out)
     env["DEADLINE"] = "yesterday"
     late = subprocess.run([str(script), "--print"], capture_output=True, text=True, env=env)
@@ -1899,6 +1897,17 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     ]
     b128 = [(p.rows, p.seeds, p.holdout) for p in b128 if p.rows[0].startswith("b128_lr")]
     assert b128 == [(["b128_lr0.2_tail"], [0], 6000), (["b128_lr0.8_tail"], [0], 6000)]
+    # then seeds 1-2 of the LRs named (B128_LR_SEEDS), and a chosen LR's 5 test-set seeds (B128_LR)
+    more = [a for a in commands(B128_LR_SEEDS="0.2 0.4", B128_LR="0.2") if a not in plain]
+    assert [
+        (p.rows, p.seeds, p.holdout, p.name) for p in (study.parse_args(a[2:]) for a in more)
+    ] == [
+        (["b128_lr0.2_tail"], [1, 2], 6000, "b128_lr0.2_tail_90ep_holdout6000_s1_2"),
+        (["b128_lr0.4_tail"], [1, 2], 6000, "b128_lr0.4_tail_90ep_holdout6000_s1_2"),
+        (["b128_lr0.2_tail"], [0, 1, 2], 0, "final_90ep_b128_lr0.2"),
+        (["b128_lr0.2_tail"], [3, 4], 0, "final_90ep_b128_lr0.2_s3_4"),
+    ]
+    assert not [a for a in commands(B128_LR="0.4") if a not in plain]  # 0.4's seeds are made
     final = [a for a in plain if "final_90ep_b8192" in a]
     assert len(final) == 1 and "optim.base_lr=20" in final[0]
     names = [a[a.index("--name") + 1] for a in plain]
