@@ -227,7 +227,9 @@ def plot(rows: list[dict], path: Path) -> None:
     axes[0].set_ylabel("ms per all-reduce (ResNet-50, model)")
     fig.suptitle("Alpha-beta model, ABCI-like: NVLink 100 GB/s in a node, 2x100 Gb/s IB per node")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from bench.common import save_png
+
+    save_png(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -1967,3 +1967,27 @@ def test_startup_bench_takes_each_difference_within_a_repeat_and_reads_mlflow(
     assert result["git_sha"] and result["repeats"] == 3
     with pytest.raises(SystemExit):
         startup.main(["--repeats", "0", "--out", str(out)])
+
+
+def test_figures_are_written_as_palette_pngs_a_third_the_bytes(tmp_path):
+    """The work tree travels to the GPU node whole, so a report's figures are 256-colour palette
+    PNGs (bench/common.save_png): the same pixels' size, far fewer bytes than matplotlib's RGBA."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from bench.common import save_png
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    for k in range(5):
+        ax.plot([i * (k + 1) % 7 for i in range(50)], label=f"seed {k}")
+    ax.legend()
+    fig.savefig(tmp_path / "rgba.png", dpi=120)
+    save_png(fig, tmp_path / "p.png", dpi=120)
+    plt.close(fig)
+    rgba, pal = Image.open(tmp_path / "rgba.png"), Image.open(tmp_path / "p.png")
+    assert pal.mode == "P" and pal.size == rgba.size
+    assert (tmp_path / "p.png").stat().st_size < 0.6 * (tmp_path / "rgba.png").stat().st_size
+    assert not list(tmp_path.glob("*.tmp"))

@@ -9,6 +9,7 @@ import json
 import statistics
 from pathlib import Path
 
+from bench.common import save_png
 from bench.study.commits import code_lines
 from bench.study.rows import DERIVED, EMA_DERIVED
 from bench.study.stats import (
@@ -262,7 +263,7 @@ def plots(records: list[dict], out: Path, name: str, rows: list[str]) -> None:
     axes[0].legend(fontsize=7)
     fig.suptitle("Fashion-MNIST: one line per seed", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / f"{name}_curves.png", dpi=120)
+    save_png(fig, out / f"{name}_curves.png", dpi=120)
     plt.close(fig)
 
     present = [r for r in rows if any(x["row"] == r for x in records)]
@@ -280,7 +281,7 @@ def plots(records: list[dict], out: Path, name: str, rows: list[str]) -> None:
     ax.set_ylabel("final test top-1 (%)")
     ax.set_title("Rows and ablations (mean ± sd over seeds; dots: each seed)")
     fig.tight_layout()
-    fig.savefig(out / f"{name}_ablation.png", dpi=120)
+    save_png(fig, out / f"{name}_ablation.png", dpi=120)
     plt.close(fig)
 
 
