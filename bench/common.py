@@ -69,8 +69,24 @@ def save_png(fig, path: Path, dpi: int) -> None:
     raw = io.BytesIO()
     fig.savefig(raw, dpi=dpi, format="png")
     raw.seek(0)
-    palette = Image.open(raw).convert("RGB").quantize(256)
-    path = Path(path)
+    _write_palette(Image.open(raw), Path(path))
+
+
+def palette_png(path: Path) -> bool:
+    """Re-encode a PNG as :func:`save_png` writes one, unless it is a palette PNG already; whether
+    it was (a report made by an older checkout, e.g. the issue-52 worktree's, writes RGBA)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        if image.mode == "P":
+            return False
+        image.load()
+        _write_palette(image, Path(path))
+    return True
+
+
+def _write_palette(image, path: Path) -> None:
+    palette = image.convert("RGB").quantize(256)
     tmp = path.with_name(path.name + ".tmp")
     palette.save(tmp, format="PNG", optimize=True)
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # atomic: a reader never sees half a figure

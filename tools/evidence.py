@@ -80,7 +80,33 @@ def run(keys: list[str]) -> None:
     write_tables()
 
 
+def figures() -> list[Path]:
+    """The result figures the docs show (docs/ and bench/results/)."""
+    return sorted([*(REPO / "docs").rglob("*.png"), *(REPO / "bench" / "results").rglob("*.png")])
+
+
+def figure_problems() -> list[str]:
+    """A figure that is not a palette PNG (bench/common.save_png): the tree travels to the GPU node
+    whole, and an RGBA figure is three times the bytes (a report copied from an older checkout)."""
+    from PIL import Image
+
+    out = []
+    for path in figures():
+        with Image.open(path) as image:
+            if image.mode != "P":
+                out.append(
+                    f"{path.relative_to(REPO)}: a {image.mode} figure, not a palette PNG "
+                    "(run python tools/evidence.py index: it re-encodes it)"
+                )
+    return out
+
+
 def write_tables() -> None:
+    from bench.common import palette_png
+
+    for path in figures():
+        if palette_png(path):
+            print(f"re-encoded {path.relative_to(REPO)} as a palette PNG")
     INDEX.write_text(render_index(INDEX.read_text()))
     README.write_text(render_readme(README.read_text()))
     print(f"wrote {INDEX.relative_to(REPO)} and the results table of {README.relative_to(REPO)}")
@@ -110,7 +136,7 @@ def main() -> int:
     elif args.what == "run":
         run(args.keys)
     else:
-        problems = check()
+        problems = check() + figure_problems()
         print("\n".join(problems) or "evidence: every quoted number matches its result file")
         return 1 if problems else 0
     return 0
