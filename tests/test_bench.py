@@ -1896,7 +1896,9 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         study.parse_args(a[2:]) for a in plain if "b128_lr0.4_tail" not in a and "--holdout" in a
     ]
     b128 = [(p.rows, p.seeds, p.holdout) for p in b128 if p.rows[0].startswith("b128_lr")]
-    assert b128 == [(["b128_lr0.2_tail"], [0], 6000), (["b128_lr0.8_tail"], [0], 6000)]
+    assert b128 == [([f"b128_lr{lr}_tail"], [0], 6000) for lr in ("0.2", "0.8", "0.8")]
+    (rung,) = [a for a in plain if "b128_lr1.6_tail_90ep_holdout6000" in a]
+    assert study.parse_args(rung[2:]).extra == ["optim.base_lr=1.6"]
     # then seeds 1-2 of the LRs named (B128_LR_SEEDS), and a chosen LR's 5 test-set seeds (B128_LR)
     more = [a for a in commands(B128_LR_SEEDS="0.2 0.4", B128_LR="0.2") if a not in plain]
     assert [
