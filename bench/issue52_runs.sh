@@ -100,6 +100,10 @@ for w in ${B8192_WARMUP_SEEDS:-}; do
 done
 # once chosen (B4096_LR=L): at another LR than 10, its 5 test-set seeds (item 2) come first of what
 # is left, and the ablation below is made at L (one change from the recipe as chosen)
+test_set_seeds() {  # NAME ROWS REST: a row's 5 test-set seeds (item 2) in two commands, seeds 0-2
+  # (report NAME) and 3-4 (NAME_s3_4), each of which fits a session, so both workers share them
+  queue+=("$STUDY $2 --seeds 0 1 2 $3 --name $1" "$STUDY $2 --seeds 3 4 $3 --name ${1}_s3_4")
+}
 B4096_LR=${B4096_LR:-}
 # and once batch 4,096's warmup is chosen too (B4096_WARMUP=W, one of the warmups tried, which needs
 # B4096_LR): its test-set seeds and the ablation are made with it, under names and runs directories
@@ -113,10 +117,7 @@ if [[ -n "$B4096_WARMUP" ]]; then
 fi
 ABLATION_RUNS=runs/accuracy_study/ablation-90ep ABLATION_EXTRA=""
 if [[ -n "$B4096_LR" && ( "$B4096_LR" != 10 || -n "$B4096_WARMUP" ) ]]; then
-  # in two commands (seeds 0-2, 3-4), each of which fits a session, so both workers share them
-  for seeds in "0 1 2" "3 4"; do
-    queue+=("$STUDY --rows fujitsu_span32_bn_lr0.1 --seeds $seeds --extra optim.base_lr=$B4096_LR$W_EXTRA --runs runs/accuracy_study/final-90ep-b4096-lr$B4096_LR${W_TAG//_/-} --name final_90ep_b4096_lr$B4096_LR$W_TAG$([[ "$seeds" == "0 1 2" ]] || echo _s3_4)")
-  done
+  test_set_seeds final_90ep_b4096_lr$B4096_LR$W_TAG "--rows fujitsu_span32_bn_lr0.1" "--extra optim.base_lr=$B4096_LR$W_EXTRA --runs runs/accuracy_study/final-90ep-b4096-lr$B4096_LR${W_TAG//_/-}"
   ABLATION_RUNS=runs/accuracy_study/ablation-90ep-lr$B4096_LR${W_TAG//_/-} ABLATION_EXTRA="--extra optim.base_lr=$B4096_LR$W_EXTRA"
 fi
 # item 1 at the goal's length: batch 128's peak LR at 90 epochs too (held-out, seed 0), a factor 2
@@ -136,9 +137,7 @@ for lr in ${B128_LR_SEEDS:-}; do
   queue+=("$STUDY --holdout 6000 --rows b128_lr${lr}_tail --seeds 1 2 --runs runs/accuracy_study/target-90ep-holdout6000 --name b128_lr${lr}_tail_90ep_holdout6000_s1_2")
 done
 if [[ -n "${B128_LR:-}" && "$B128_LR" != 0.4 ]]; then
-  for seeds in "0 1 2" "3 4"; do
-    queue+=("$STUDY --rows b128_lr${B128_LR}_tail --seeds $seeds --runs runs/accuracy_study/final-90ep-b128-lr$B128_LR --name final_90ep_b128_lr$B128_LR$([[ "$seeds" == "0 1 2" ]] || echo _s3_4)")
-  done
+  test_set_seeds final_90ep_b128_lr$B128_LR "--rows b128_lr${B128_LR}_tail" "--runs runs/accuracy_study/final-90ep-b128-lr$B128_LR"
 fi
 # batch 4,096's warmup too, as batch 8,192's (the recipe's 40% was chosen at 30 epochs; a reviewer
 # asks why one large batch had the warmup tuned and the other not): 20% and 30%, the decay still
