@@ -349,3 +349,22 @@ def test_staleness_names_what_changed_since_the_result(tmp_path):
     assert stale([sha], code=("bench/*.py",)) == "stale: bench/suite.py changed since"
     assert stale(["0" * 40]) == "commit 0000000 not in this history"
     assert stale([]) == "no commit recorded"
+
+
+def test_check_names_a_figure_that_is_not_a_palette_png_and_index_re_encodes_it(
+    tmp_path, monkeypatch
+):
+    """A report copied from an older checkout writes RGBA figures: the check names each (the tree
+    travels to the GPU node whole) and `index` re-encodes it as bench/common.save_png would."""
+    from PIL import Image
+
+    from bench.common import palette_png
+
+    rgba, pal = tmp_path / "a.png", tmp_path / "b.png"
+    Image.new("RGBA", (8, 8), (255, 0, 0, 255)).save(rgba)
+    Image.new("RGB", (8, 8)).quantize(256).save(pal)
+    monkeypatch.setattr(evidence, "REPO", tmp_path)
+    monkeypatch.setattr(evidence, "figures", lambda: [rgba, pal])
+    (problem,) = evidence.figure_problems()
+    assert problem.startswith("a.png: a RGBA figure") and "evidence.py index" in problem
+    assert palette_png(rgba) and not evidence.figure_problems()
