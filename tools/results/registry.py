@@ -814,6 +814,14 @@ RESULTS = [
            "runs/accuracy_study/target-90ep-holdout6000 --out docs/results/tuning --name "
            "b128_lr0.8_tail_90ep_holdout6000",
            "docs/results/tuning/b128_lr0.8_tail_90ep_holdout6000.json", _study, rerun=False),
+    Result("b128_lr1.6_tail_90ep_holdout",
+           "issue 52, item 1 at the goal's length: the tuned baseline's row at peak LR 1.6 (the rung "
+           "above 0.8, whose seed 0 came out best), 90 epochs, 6,000 held-out images, seed 0 (the "
+           "0.8 row with optim.base_lr=1.6: 541f812 has no b128_lr1.6 row)",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows b128_lr0.8_tail --seeds 0 --extra "
+           "optim.base_lr=1.6 --runs runs/accuracy_study/target-90ep-holdout6000-lr1.6 --out "
+           "docs/results/tuning --name b128_lr1.6_tail_90ep_holdout6000",
+           "docs/results/tuning/b128_lr1.6_tail_90ep_holdout6000.json", _study, rerun=False),
     Result("b128_tail_90ep_holdout",
            "issue 52, item 3's base: the tuned baseline (batch 128, SGD, LR 0.4, the un-augmented "
            "tail and the refit), 6,000 held-out images, 90 epochs, seed 0",
