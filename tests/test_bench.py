@@ -1250,6 +1250,7 @@ def test_the_ablation_and_baseline_tuning_rows_change_what_they_name(tmp_path):
     assert study_rows.DERIVED["chosen_no_refit"] == study_rows.CHOSEN
     assert changes("b128_lr0.4", "baseline") == "polish.enabled: False -> True"
     assert changes("b128_lr0.1", "b128_lr0.4") == "optim.base_lr: 0.4 -> 0.1"
+    assert changes("b128_lr1.6_tail", "b128_lr0.8_tail") == "optim.base_lr: 0.8 -> 1.6"
     assert changes("b128_lr0.8_ls", "b128_lr0.8") == "optim.label_smoothing: 0.0 -> 0.1"
     assert changes("b128_lr0.2_tail", "b128_lr0.2") == (
         "polish.last_epochs_without_augmentation: 0 -> 5"
