@@ -822,6 +822,26 @@ RESULTS = [
            "optim.base_lr=1.6 --runs runs/accuracy_study/target-90ep-holdout6000-lr1.6 --out "
            "docs/results/tuning --name b128_lr1.6_tail_90ep_holdout6000",
            "docs/results/tuning/b128_lr1.6_tail_90ep_holdout6000.json", _study, rerun=False),
+    Result("b128_lr0.8_tail_90ep_holdout_s1_2",
+           "issue 52, item 1 at the goal's length: the tuned baseline's row at peak LR 0.8, 90 "
+           "epochs, 6,000 held-out images, seeds 1 and 2",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows b128_lr0.8_tail --seeds 1 2 --runs "
+           "runs/accuracy_study/target-90ep-holdout6000 --out docs/results/tuning --name "
+           "b128_lr0.8_tail_90ep_holdout6000_s1_2",
+           "docs/results/tuning/b128_lr0.8_tail_90ep_holdout6000_s1_2.json", _study, rerun=False),
+    Result("lr_b128_90ep_holdout",
+           "issue 52, item 1 at the goal's length: batch 128's peak LR ladder (0.2, 0.4, 0.8, 1.6) "
+           "at 90 epochs, 6,000 held-out images, read from its reports, chosen by the worst of 3 "
+           "seeds (an LR whose seed 0 is below the leader's worst is out without seeds 1-2)",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows b128_lr0.2_tail b128_lr0.4_tail "
+           "b128_lr0.8_tail b128_lr1.6_tail --seeds 0 1 2 --finished-only --runs "
+           "runs/accuracy_study/lr-b128-90ep --name lr_b128_90ep_holdout6000 --reuse "
+           "docs/results/tuning/b128_lr0.2_tail_90ep_holdout6000.json "
+           "docs/results/tuning/b128_lr0.4_tail_90ep_holdout6000.json "
+           "docs/results/tuning/b128_lr0.8_tail_90ep_holdout6000.json "
+           "docs/results/tuning/b128_lr0.8_tail_90ep_holdout6000_s1_2.json "
+           "docs/results/tuning/b128_lr1.6_tail_90ep_holdout6000.json --out docs/results/tuning",
+           "docs/results/tuning/lr_b128_90ep_holdout6000.json", _study, rerun=False),
     Result("b128_tail_90ep_holdout",
            "issue 52, item 3's base: the tuned baseline (batch 128, SGD, LR 0.4, the un-augmented "
            "tail and the refit), 6,000 held-out images, 90 epochs, seed 0",
