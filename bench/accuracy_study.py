@@ -395,6 +395,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from bench.common import stop_signals_forwarded
+
+    with stop_signals_forwarded():  # its trainers run from worker threads (--jobs)
+        return study(args, argv)
+
+
+def study(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Train (or read) every row's seeds, then write the report."""
     from bench.common import provenance
 
     out = Path(args.out)

@@ -6,15 +6,23 @@
 launcher or ``./launch.sh``), stops the bench with the command and the tail of its output when the
 run fails, and returns the run's ``summary.json`` with the command and its wall time added.
 ``provenance`` is the block every result file starts with: command, git SHA, date, host and versions.
+
+A bench stopped with SIGTERM (``pkill -TERM -f bench/accuracy_study.py``, a scheduler's stop) hands
+it on to the trainers it runs, which checkpoint and exit, and starts no other: its runs resume when
+the same command runs again. Without that, each trainer, a child the signal does not reach, trained
+on alone, and a bench started again beside it would train the same run directory twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,10 +38,34 @@ def run_trainer(
 ) -> dict:
     """Run ``cmd`` (which must write ``run_dir``) from the repository root; its summary.json, plus ``command``,
     ``command_wall_s`` and ``stdout``."""
+    if _stop["signal"]:
+        raise SystemExit(f"{what}: not started, this bench was stopped ({_stop['signal']})")
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {})}
-    )
+    with (
+        stop_signals_forwarded(),
+        subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        ) as child,
+    ):
+        with _children_lock:
+            _children.add(child)
+        try:
+            stdout, stderr = child.communicate()
+        finally:
+            with _children_lock:
+                _children.discard(child)
+        stopped = _stop["signal"]
+    proc = subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
+    if stopped:  # ended by the signal (a checkpoint) or just before it: the bench stops either way
+        raise SystemExit(
+            f"{what}: stopped ({stopped}, exit {proc.returncode}); what it checkpointed "
+            f"resumes when the same command runs again: {shlex.join(cmd)}"
+        )
     failed = Path(run_dir) / "failed.json"  # dstrain/run/rundir.py: no checkpoint, nothing to read
     if proc.returncode != 0 or failed.is_file():
         raise SystemExit(
@@ -45,6 +77,52 @@ def run_trainer(
         command=shlex.join(cmd), command_wall_s=time.perf_counter() - t0, stdout=proc.stdout
     )
     return summary
+
+
+_children: set[subprocess.Popen] = set()  # the trainers running now, from any thread
+_children_lock = threading.Lock()
+_stop = {"signal": None, "installed": False}
+
+
+def _on_stop(signum: int, frame) -> None:
+    """SIGTERM/SIGINT: start no trainer from now on; SIGTERM goes on to the running ones (SIGINT
+    from a terminal reached them already, as their process group's: a second one would stop them
+    without a checkpoint). With none running, the bench stops as the signal's default would."""
+    _stop["signal"] = signal.Signals(signum).name
+    with _children_lock:
+        running = [child for child in _children if child.poll() is None]
+    if not running:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if signum == signal.SIGTERM:
+        for child in running:
+            child.send_signal(signum)
+    print(
+        f"bench: {_stop['signal']}: waiting for {len(running)} trainer(s) to checkpoint and stop",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+@contextlib.contextmanager
+def stop_signals_forwarded():
+    """:func:`_on_stop` handles SIGTERM and SIGINT inside the block; the handlers before it are back
+    after it. A no-op off the main thread (handlers can only be set there, so a bench that runs
+    trainers from worker threads enters this in its main thread first) and when nested."""
+    if _stop["installed"] or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    for signum in before:
+        signal.signal(signum, _on_stop)
+    _stop.update(installed=True, signal=None)
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        _stop.update(installed=False, signal=None)
 
 
 def provenance(script: str, args: list[str] | None = None, command: str | None = None) -> dict:

@@ -28,7 +28,9 @@
 # Reports go to $REPORTS (default /work/logs/reports); copy a finished one (its .md, .json, .csv and
 # the two .png its .md shows: tests/test_docs.py checks the links) into docs/results
 # (or docs/results/tuning for held-out runs), register it in tools/results/registry.py and run
-# python tools/evidence.py index. Stop with: pkill -TERM -f bench/accuracy_study.py
+# python tools/evidence.py index. Stop with: pkill -TERM -f bench/issue52_runs.sh (the workers);
+# pkill -TERM -f bench/accuracy_study.py; pkill -TERM -f -- '-m dstrain --config' (the runs, which
+# checkpoint: 541f812's study does not hand the signal on to its trainers, bench/common.py does now)
 set -euo pipefail
 # the whole script is one block, read before any of it runs: an edit to this file while a queue
 # runs (an in-place write, which bash would otherwise read on from its old offset) cannot reach it
@@ -216,11 +218,32 @@ reported() {  # COMMAND: its report (--name) is committed
   name=${BASH_REMATCH[1]}
   [[ -f "$REPO/docs/results/$name.json" || -f "$REPO/docs/results/tuning/$name.json" ]]
 }
-running() {  # COMMAND: a study of its --name runs now (a queue started again beside one in flight)
-  local name
+# a trainer (python -m dstrain) whose study is gone: 541f812's study, stopped with SIGTERM, left its
+# trainers running (bench/common.py hands the signal on since), so one can train on with no study
+orphans() {  # the command lines of trainers whose parent is no study, one a line
+  local pid parent
+  for pid in $(pgrep -f -- '-m dstrain --config' || true); do
+    parent=$(ps -o ppid= -p "$pid" | tr -d ' ')
+    [[ $(ps -o args= -p "$parent" 2>/dev/null) == *bench/accuracy_study.py* ]] && continue
+    tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null && echo
+  done
+}
+running() {  # COMMAND: a study of its --name runs now (a queue started again beside one in flight),
+  # or a trainer of one of its runs does (run_dir=RUNS/ROW-SEED), a study's or an orphan's
+  local name runs row seed
   [[ " $1 " =~ \ --name\ ([^ ]+)\  ]] || return 1
   name=${BASH_REMATCH[1]}
-  pgrep -f -- "bench/accuracy_study\.py .*--name ${name//./\\.}( |\$)" > /dev/null
+  pgrep -f -- "bench/accuracy_study\.py .*--name ${name//./\\.}( |\$)" > /dev/null && return 0
+  [[ " $1 " =~ \ --runs\ ([^ ]+)\  ]] || return 1
+  runs=${BASH_REMATCH[1]}
+  [[ " $1 " =~ \ --rows\ ([^-][^ ]*( [^-][^ ]*)*)\  ]] || return 1
+  for row in ${BASH_REMATCH[1]}; do
+    [[ " $1 " =~ \ --seeds\ ([0-9]+( [0-9]+)*)\  ]] || return 1
+    for seed in ${BASH_REMATCH[1]}; do
+      pgrep -f -- "-m dstrain --config .* run_dir=${runs//./\\.}/${row//./\\.}-$seed( |\$)" > /dev/null && return 0
+    done
+  done
+  return 1
 }
 everything=("${queue[@]}")
 todo=()
@@ -272,9 +295,10 @@ export PATH="$REPO/.venv/bin:$PATH" OMP_NUM_THREADS=1
 CLAIMS=$(mktemp -d)  # command i is taken by the worker that makes $CLAIMS/i (mkdir is atomic)
 trap 'rm -rf "$CLAIMS"' EXIT
 # one study a core: studies already running on this machine (an earlier queue's, left going when
-# its workers were stopped) hold theirs, so a worker waits for a free one before it starts a command
+# its workers were stopped) hold theirs, and so does an orphaned trainer, so a worker waits for a
+# free one before it starts a command
 CORES=${CORES:-2} POLL_S=${POLL_S:-15}
-studies() { pgrep -fc 'bench/accuracy_study\.py' || true; }
+studies() { echo $(( $(pgrep -fc 'bench/accuracy_study\.py' || true) + $(orphans | grep -c . || true) )); }
 worker() {  # NAME
   local name=$1 i pid lock
   exec {lock}>"$CLAIMS/cores.lock"

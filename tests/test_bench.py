@@ -1847,6 +1847,23 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         fake.wait()
     (line,) = [line for line in out if line.endswith(f"--name {name}")]
     assert line.startswith("running: ")
+    # so is one whose trainer trains on with no study (541f812's study, stopped, left it going)
+    queued = [line.split(": ", 1)[1] for line in out if line.startswith("queue: ")]
+    parsed = study.parse_args(shlex.split(queued[0])[2:])
+    run_dir = f"{parsed.runs}/{parsed.rows[0]}-{parsed.seeds[-1]}"
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "dstrain", "--config", "x"]
+        + ["epochs=90", f"run_dir={run_dir}", "batch.global_size=128"]
+    )
+    try:
+        time.sleep(0.5)
+        out = subprocess.run(
+            [str(script), "--print"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    finally:
+        orphan.kill()
+        orphan.wait()
+    assert f"running: {queued[0]}" in out and f"queue: {queued[1]}" in out
     # with DEADLINE, a command whose runs cannot end before it waits for the next session
     env = {**os.environ, "B4096_LR": "20", "DEADLINE": "now + 40 min", "RUN_MINUTES": "35"}
     out = subprocess.run(
