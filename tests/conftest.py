@@ -90,6 +90,17 @@ def process_env_restored():
 
 
 @pytest.fixture(autouse=True)
+def run_dirs_unlocked():
+    """A trainer built in pytest's process (tests/test_trainer.py) holds its run directory's lock as
+    a run's rank 0 does (dstrain/run/rundir.py hold) until the process ends: released after each
+    test, as a run that ends releases it, so a later run in the directory is not refused."""
+    yield
+    rundir = sys.modules.get("dstrain.run.rundir")
+    if rundir is not None:
+        rundir.release_all()
+
+
+@pytest.fixture(autouse=True)
 def fresh_compiler_state():
     """Each test compiles as a fresh process would: dynamo's caches and its per-function record
     of which dimensions changed between calls (which makes later compiles symbolic) are reset."""

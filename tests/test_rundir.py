@@ -1,12 +1,16 @@
 """The failed-start rule (dstrain/run/rundir.py): a run with no checkpoint is marked failed and started over."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from dstrain.core.errors import ConfigError
 from dstrain.run import rundir
 from dstrain.settings.config import load_config
+from tests.conftest import REPO
 
 
 def test_a_run_without_a_checkpoint_is_marked_failed_and_reused(tmp_path):
@@ -20,7 +24,8 @@ def test_a_run_without_a_checkpoint_is_marked_failed_and_reused(tmp_path):
     assert json.loads((run / rundir.FAILED).read_text())["message"] == "corrupt image: x.JPEG"
     assert rundir.choose(cfg) == run  # marked: nothing to continue, a new run may start there
     rundir.create(run)
-    assert list(run.iterdir()) == []  # emptied: no stale records or TensorBoard events
+    # emptied: no stale records or TensorBoard events; its lock, held by this run, kept
+    assert [p.name for p in run.iterdir()] == [rundir.LOCK]
 
 
 def test_a_run_with_a_checkpoint_is_never_marked_failed(tmp_path):
@@ -81,3 +86,77 @@ def test_every_record_names_the_cpu_it_ran_on():
     cpu = provenance.record("x")["cpu"]
     assert set(cpu) == {"model", "cpu_capability"}
     assert cpu["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
+HOLDER = (
+    "import sys, time; from pathlib import Path; from dstrain.run import rundir; "
+    "rundir.hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)"
+)
+
+
+def _held_elsewhere(run: Path) -> subprocess.Popen:
+    """A process holding ``run`` as a live run's rank 0 does, until it is killed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _tree(path: Path) -> dict:
+    return {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+def test_a_run_dir_another_live_run_holds_is_refused_and_left_as_it_was(tmp_path):
+    """A second run started in a directory a live run holds (a resume launched twice; a bench
+    started again beside its own runs) is refused, naming the holder, before it changes anything:
+    here even a failed start's files, which a run alone would clear. Once the holder is gone (killed:
+    the lock goes with the process), the directory is free."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("epochs: 1\n")
+    assert rundir.mark_failed(run, "bad_input", 2, "corrupt image: x.JPEG")
+    holder = _held_elsewhere(run)
+    try:
+        before = _tree(run)
+        why = rundir.in_use(run)
+        assert why and f"pid {holder.pid}" in why and "another dstrain process" in why
+        assert "run_dir=" in why and "choose another run_dir" in why
+        with pytest.raises(ConfigError, match="is in use"):
+            rundir.create(run)
+        assert _tree(run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rundir.in_use(run) is None
+    rundir.create(run)  # now this process holds it, and the failed start is cleared
+    assert [p.name for p in run.iterdir()] == [rundir.LOCK]
+    assert rundir.in_use(run) is None  # this process's own hold is no refusal
+    rundir.create(run)  # nor is holding it again
+    rundir.release_all()
+
+
+@pytest.mark.slow  # two trainer processes (~6 s beside load)
+def test_check_and_the_run_refuse_a_held_run_dir_in_one_line(fake_fmnist, tmp_path):
+    """``--check`` and the run say the same line and exit 2, and the directory keeps its files."""
+    from tests.conftest import TINY, run_cli
+    from tests.test_cli_errors import check_one_clear_line
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("epochs: 1\n")
+    (run / "meta.json").write_text("{}\n")
+    holder = _held_elsewhere(run)
+    try:
+        before = _tree(run)
+        args = ["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}"]
+        args += [f"run_dir={run}", "resume=auto"]
+        for extra in (["--check"], []):
+            proc = run_cli([*args, *extra], timeout=120)
+            assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+            line = check_one_clear_line(proc, "is in use")
+            assert f"pid {holder.pid}" in line
+            assert _tree(run) == before
+    finally:
+        holder.kill()
+        holder.wait()

@@ -3,15 +3,20 @@
 Layout of ``RUN_DIR``: ``config.yaml`` (the resolved trainer config), ``ds_config.json`` (the dict
 DeepSpeed was given), ``meta.json`` (git SHA, world size, versions, command), ``checkpoints/``
 (dstrain/loop/checkpoint.py), ``ranks/`` (dstrain/loop/fault.py), ``tb/`` (TensorBoard), ``summary.json`` and,
-with Final Polishing, ``polished/``.
+with Final Polishing, ``polished/``; ``.lock``, which rank 0 holds locked while the run lives
+(:func:`hold`): a second run started in the directory meanwhile (a resume launched twice, a bench
+started again beside its own runs) is refused before it writes anything, not left to interleave
+its checkpoints with the first's. The lock goes with the process, however it ends.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -32,6 +37,86 @@ CHECKPOINTS = "checkpoints"
 FAILED = "failed.json"
 # the model settings a checkpoint's tensors depend on
 MODEL_KEYS = ("name", "num_classes", "in_channels", "width", "blocks_per_stage")
+LOCK = ".lock"  # locked (flock) by the live run's rank 0; it holds who that is
+_held: dict[Path, int] = {}  # run directories this process holds: their lock file's descriptor
+
+
+def _holder(path: Path) -> str:
+    """Who holds ``path``'s lock, in words, from what the holder wrote into it."""
+    try:
+        rec = json.loads((path / LOCK).read_text())
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["time"]))
+        return f"pid {rec['pid']} on {rec['host']}, since {since}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its lock is held"
+
+
+def _refusal(path: Path) -> str:
+    return (
+        f"run_dir={str(path)!r} is in use: another dstrain process is running in it "
+        f"({_holder(path)}). Wait for it to end, stop it (SIGTERM: it checkpoints), or choose "
+        "another run_dir"
+    )
+
+
+def in_use(path: Path) -> str | None:
+    """Why ``path`` cannot be run in now (another live process holds its lock), or None. Reads
+    only, for the start-up checks and ``--check``: the run takes the lock in :func:`create`."""
+    lock = path / LOCK
+    if path.resolve() in _held or not lock.is_file():
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _refusal(path)
+    except OSError:  # a file system without locks: nothing to know
+        return None
+    finally:
+        os.close(fd)  # and with it the lock this probe took
+    return None
+
+
+def hold(path: Path) -> None:
+    """Lock ``path`` for this process's life (rank 0, once the directory exists), or refuse it when
+    another process holds it. A file system that cannot lock gets a warning, not a refusal."""
+    key = path.resolve()
+    if key in _held:
+        return
+    fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(_refusal(path)) from None
+    except OSError as err:
+        os.close(fd)
+        log.warning(
+            "run_dir %s: its file system cannot lock (%s): a second run started in it would not "
+            "be refused",
+            path,
+            err.strerror,
+        )
+        return
+    os.ftruncate(fd, 0)
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
+    os.write(fd, (json.dumps(record) + "\n").encode())
+    _held[key] = fd
+
+
+def release_all() -> None:
+    """Unlock every run directory this process holds (the end of a run in a process that goes on,
+    as a test's; a process that ends releases them anyway)."""
+    while _held:
+        os.close(_held.popitem()[1])
+
+
+def contents(path: Path) -> list[Path]:
+    """What ``path`` holds, its lock file left out."""
+    return [child for child in path.iterdir() if child.name != LOCK]
 
 
 def resolve_seed(cfg: TrainConfig, run_dir: Path, draw: bool = True) -> None:
@@ -68,7 +153,7 @@ def choose(cfg: TrainConfig) -> Path:
             FAILED,
             failed.get("message", "?"),
         )
-    elif path.exists() and any(path.iterdir()):
+    elif path.exists() and contents(path):
         if cfg.resume != "auto":
             raise ConfigError(
                 f"run_dir={str(path)!r} already holds a run. Pass resume=auto to continue it, "
@@ -120,18 +205,21 @@ def create(path: Path) -> None:
     checked at start-up: :func:`disk_shortfall`). A failure removes what it created."""
     error = ""
     if dist.is_main():
-        if failed_start(path) is not None:  # nothing in it can be continued: start from empty
-            clear(path)
         created = not path.exists()
         try:
             path.mkdir(parents=True, exist_ok=True)
+            hold(path)  # before anything in it changes: another live run there is refused
             probe = path / ".write_probe"
             probe.write_text("ok")
             probe.unlink()
         except OSError as err:
             error = f"run_dir={str(path)!r}: not writable ({err.strerror}); choose another run_dir"
-        if error and created:
-            shutil.rmtree(path, ignore_errors=True)
+            if created:
+                shutil.rmtree(path, ignore_errors=True)
+        except ConfigError as err:  # another live run holds it: nothing here is touched
+            error = str(err)
+        if not error and failed_start(path) is not None:  # nothing to continue: start from empty
+            clear(path)
     error = dist.broadcast_object(error)
     if error:
         raise ConfigError(error)
@@ -241,8 +329,9 @@ def mark_failed(path: Path, state: str, exit_code: int, message: str) -> bool:
 
 
 def clear(path: Path) -> None:
-    """Empty a run directory that holds only a failed start (see :func:`failed_start`)."""
-    for child in path.iterdir():
+    """Empty a run directory that holds only a failed start (see :func:`failed_start`), its lock
+    kept (this process holds it)."""
+    for child in contents(path):
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
         else:

@@ -4,8 +4,9 @@
 and before it builds anything, and what ``python -m dstrain --check`` (dstrain/run/preflight.py) calls
 for the job it is asked about; :func:`stage_lines` is the batch plan both print. In order:
 
-1. the run directory: a file, a used directory without ``resume=auto``, a foreign one, or one that
-   cannot be created is refused (:func:`dstrain.run.rundir.choose`);
+1. the run directory: a file, a used directory without ``resume=auto``, a foreign one, one another
+   live run holds, or one that cannot be created is refused (:func:`dstrain.run.rundir.choose`,
+   :func:`dstrain.run.rundir.in_use`);
 2. with ``resume=auto``, a checkpoint this config cannot continue (dstrain/run/compat.py);
 3. the model, built once: what the precision needs of the device (bf16 weight casts with
    BatchNorm on a CPU), the optimizer's arguments (built on it once: what torch or our optimizers
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from dstrain.core import dist
 from dstrain.core.errors import ConfigError
 from dstrain.data import ImageCounts, count_images
 from dstrain.loop import checkpoint, mlperf
@@ -71,7 +73,7 @@ def run_dir_use(run_dir: Path, tag: str | None) -> str:
     if tag:
         return f"{run_dir} (resume=auto: continues from {tag})"
     if run_dir.is_dir():
-        held = "no complete checkpoint, starts fresh" if any(run_dir.iterdir()) else "empty"
+        held = "no complete checkpoint, starts fresh" if rundir.contents(run_dir) else "empty"
         return f"{run_dir} (exists; {held})"
     return f"{run_dir} (new)"
 
@@ -81,6 +83,9 @@ def check(plan: Plan, device: torch.device, draw_seed: bool = True) -> Start:
     is resolved first: ``draw_seed`` False for ``--check``, which starts nothing)."""
     cfg = plan.cfg
     run_dir = rundir.choose(cfg)
+    # rank 0 alone probes the lock (a probe on another rank could meet rank 0's own hold)
+    if busy := dist.broadcast_object(rundir.in_use(run_dir) if dist.is_main() else None):
+        raise ConfigError(busy)
     rundir.resolve_seed(cfg, run_dir, draw=draw_seed)
     tag = resume_tag(plan, run_dir)
     if not run_dir.exists():

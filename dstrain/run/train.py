@@ -60,6 +60,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         summary = fit_and_summarise(trainer, plan, run_dir)
     finally:
         signals.restore()
+        rundir.release_all()
     dist.shutdown()
     return summary
 
