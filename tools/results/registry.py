@@ -537,17 +537,47 @@ RESULTS = [
            "runs/accuracy_study/final-90ep-b4096-lr20-warmup27 --out docs/results --name "
            "final_90ep_b4096_lr20_warmup27_s3_4",
            "docs/results/final_90ep_b4096_lr20_warmup27_s3_4.json", _study, rerun=False),
+    Result("final_90ep_b128_lr0.8",
+           "issue 52, item 2: the tuned baseline at the peak LR its 90-epoch held-out ladder chose "
+           "(b128_lr0.8_tail: SGD, LR 0.8, the un-augmented tail, the BN refit), 90 epochs, test "
+           "set, 5 seeds at 541f812 (seeds 0-2 trained by this command's first run, seeds 3-4 read "
+           "from their report)",
+           R + "accuracy_study.py --epochs 90 --rows b128_lr0.8_tail --seeds 0 1 2 3 4 "
+           "--finished-only --reuse docs/results/final_90ep_b128_lr0.8.json "
+           "docs/results/final_90ep_b128_lr0.8_s3_4.json --runs "
+           "runs/accuracy_study/final-90ep-b128-lr0.8 --out docs/results --name "
+           "final_90ep_b128_lr0.8",
+           "docs/results/final_90ep_b128_lr0.8.json", _study, rerun=False),
+    Result("final_90ep_b128_lr0.8_s3_4",
+           "issue 52, item 2: the tuned baseline at LR 0.8, 90 epochs, test set, seeds 3 and 4, at "
+           "541f812",
+           R + "accuracy_study.py --epochs 90 --rows b128_lr0.8_tail --seeds 3 4 --runs "
+           "runs/accuracy_study/final-90ep-b128-lr0.8 --out docs/results --name "
+           "final_90ep_b128_lr0.8_s3_4",
+           "docs/results/final_90ep_b128_lr0.8_s3_4.json", _study, rerun=False),
     Result("final_90ep",
-           "issue 52, item 2: the goal's comparison, the tuned batch 128 against batch 4,096 and "
-           "8,192 (each at the peak LR, 20, and warmup its 90-epoch held-out tuning chose: 30% at "
-           "4,096, 40% at 8,192), 90 epochs, test set, every run at 541f812; each gap with its 95% "
-           "interval (Welch), read from the three rows' reports (5 seeds each)",
+           "issue 52, item 2: the goal's comparison, the tuned batch 128 (at the LR its 90-epoch "
+           "ladder chose, 0.8) against batch 4,096 and 8,192 (each at the peak LR, 20, and warmup "
+           "its 90-epoch held-out tuning chose: 30% at 4,096, 40% at 8,192), 90 epochs, test set, "
+           "every run at 541f812; each gap with its 95% interval (Welch), read from the three "
+           "rows' reports (5 seeds each)",
+           R + "accuracy_study.py --epochs 90 --rows b128_lr0.8_tail chosen_b4096_warmup27 "
+           "chosen_b8192 --seeds 0 1 2 3 4 --baseline b128_lr0.8_tail --reuse "
+           "docs/results/final_90ep_b128_lr0.8.json "
+           "docs/results/final_90ep_b4096_lr20_warmup27.json "
+           "docs/results/final_90ep_b8192.json --finished-only --runs "
+           "runs/accuracy_study/final-90ep --out docs/results --name final_90ep",
+           "docs/results/final_90ep.json", _study, rerun=False),
+    Result("final_90ep_baseline_lr0.4",
+           "issue 52, item 2: the same comparison against the baseline at the LR its 30-epoch "
+           "budget chose (b128_lr0.4_tail), before its LR was tuned at 90 epochs too, 5 seeds a "
+           "row, test set, every run at 541f812",
            R + "accuracy_study.py --epochs 90 --rows b128_lr0.4_tail chosen_b4096_warmup27 "
            "chosen_b8192 --seeds 0 1 2 3 4 --baseline b128_lr0.4_tail --reuse "
            "docs/results/final_90ep_b128.json docs/results/final_90ep_b4096_lr20_warmup27.json "
            "docs/results/final_90ep_b8192.json --finished-only --runs "
-           "runs/accuracy_study/final-90ep --out docs/results --name final_90ep",
-           "docs/results/final_90ep.json", _study, rerun=False),
+           "runs/accuracy_study/final-90ep --out docs/results --name final_90ep_baseline_lr0.4",
+           "docs/results/final_90ep_baseline_lr0.4.json", _study, rerun=False),
     Result("final_90ep_warmup40",
            "issue 52, item 2: the goal's comparison with batch 4,096 at its tuned LR 20 but the "
            "recipe's 40% warmup (chosen_b4096; its tuning then chose 30%: final_90ep has that row), "
