@@ -154,9 +154,9 @@ sys.exit(gpu_run.main(["smoke", "--tiny", "--state", {str(state)!r}, "--slug", "
         [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True
     )
     pid_file = tmp_path / "child.pid"
-    for _ in range(200):
-        if pid_file.is_file() and pid_file.read_text().strip():
-            break
+    deadline = time.monotonic() + 120  # the job's start imports torch: slow on a loaded machine
+    while not (pid_file.is_file() and pid_file.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, "the part's command never ran"
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     stdout, _ = proc.communicate(timeout=60)
