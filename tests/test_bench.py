@@ -1833,36 +1833,26 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     assert any(line.startswith("reported: ") for line in out)
     # a command in flight (a queue started again beside its runs) is not started a second time
     name = "target_b2048_lr10_90ep_holdout6000"
-    fake = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "bench/accuracy_study.py"]
-        + ["--name", name, "--out", "x"]
-    )
-    try:
-        time.sleep(0.5)
-        out = subprocess.run(
-            [str(script), "--print"], capture_output=True, text=True, check=True
-        ).stdout.splitlines()
-    finally:
-        fake.kill()
-        fake.wait()
+
+    def printed_beside(*argv: str) -> list[str]:  # --print while a stand-in process lives
+        fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv])
+        try:
+            time.sleep(0.5)
+            return subprocess.run(
+                [str(script), "--print"], capture_output=True, text=True, check=True
+            ).stdout.splitlines()
+        finally:
+            fake.kill()
+            fake.wait()
+
+    out = printed_beside("bench/accuracy_study.py", "--name", name, "--out", "x")
     (line,) = [line for line in out if line.endswith(f"--name {name}")]
     assert line.startswith("running: ")
     # so is one whose trainer trains on with no study (541f812's study, stopped, left it going)
     queued = [line.split(": ", 1)[1] for line in out if line.startswith("queue: ")]
     parsed = study.parse_args(shlex.split(queued[0])[2:])
     run_dir = f"{parsed.runs}/{parsed.rows[0]}-{parsed.seeds[-1]}"
-    orphan = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "dstrain", "--config", "x"]
-        + ["epochs=90", f"run_dir={run_dir}", "batch.global_size=128"]
-    )
-    try:
-        time.sleep(0.5)
-        out = subprocess.run(
-            [str(script), "--print"], capture_output=True, text=True, check=True
-        ).stdout.splitlines()
-    finally:
-        orphan.kill()
-        orphan.wait()
+    out = printed_beside("-m", "dstrain", "--config", "x", f"run_dir={run_dir}", "epochs=90")
     assert f"running: {queued[0]}" in out and f"queue: {queued[1]}" in out
     # with DEADLINE, a command whose runs cannot end before it waits for the next session
     env = {**os.environ, "B4096_LR": "20", "DEADLINE": "now + 40 min", "RUN_MINUTES": "35"}
