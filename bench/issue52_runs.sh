@@ -231,16 +231,18 @@ orphans() {  # the command lines of trainers whose parent is no study, one a lin
 }
 running() {  # COMMAND: a study of its --name runs now (a queue started again beside one in flight),
   # or a trainer of one of its runs does (run_dir=RUNS/ROW-SEED), a study's or an orphan's
-  local name runs row seed
+  local name runs rows seeds row seed
   [[ " $1 " =~ \ --name\ ([^ ]+)\  ]] || return 1
   name=${BASH_REMATCH[1]}
   pgrep -f -- "bench/accuracy_study\.py .*--name ${name//./\\.}( |\$)" > /dev/null && return 0
   [[ " $1 " =~ \ --runs\ ([^ ]+)\  ]] || return 1
   runs=${BASH_REMATCH[1]}
   [[ " $1 " =~ \ --rows\ ([^-][^ ]*( [^-][^ ]*)*)\  ]] || return 1
-  for row in ${BASH_REMATCH[1]}; do
-    [[ " $1 " =~ \ --seeds\ ([0-9]+( [0-9]+)*)\  ]] || return 1
-    for seed in ${BASH_REMATCH[1]}; do
+  rows=${BASH_REMATCH[1]}
+  [[ " $1 " =~ \ --seeds\ ([0-9]+( [0-9]+)*)\  ]] || return 1
+  seeds=${BASH_REMATCH[1]}
+  for row in $rows; do
+    for seed in $seeds; do
       pgrep -f -- "-m dstrain --config .* run_dir=${runs//./\\.}/${row//./\\.}-$seed( |\$)" > /dev/null && return 0
     done
   done
