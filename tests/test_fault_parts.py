@@ -74,6 +74,9 @@ def test_params_finite():
             "[/x/gloo/unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to complete",
             True,
         ),
+        # no source-file prefix: what a rank whose link was cut got in CI (gloo's
+        # context->signalException after another pair's recv timed out)
+        ("Application timeout caused pair closure", True),
         ("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)", False),
     ],
 )

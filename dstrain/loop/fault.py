@@ -254,8 +254,10 @@ class StepChecks:
 
 
 # ---------------------------------------------------------------- lost ranks
+# gloo's own messages carry its source file ("[.../gloo/...cc:N] ..."), except the one a timed-out
+# recv signals to every other pair of its context: "Application timeout caused pair closure"
 COLLECTIVE_FAILURE = re.compile(
-    r"gloo|nccl|connection (reset|closed|refused)|timed out|broken pipe|"
+    r"gloo|nccl|connection (reset|closed|refused)|timed out|timeout|pair closure|broken pipe|"
     r"processgroup|watchdog|socket",
     re.IGNORECASE,
 )
