@@ -1592,6 +1592,10 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     assert "dstrain/ changed between them" in (out / "x.md").read_text()
 
 
+# a stand-in process that lives until the file named by its first argument exists
+WAIT_FOR_FILE = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)"
+
+
 def test_issue52_runs_workers_leave_a_core_to_each_study_in_flight(tmp_path):
     """bench/issue52_runs.sh's workers, played with a stand-in study in a checkout of its commit:
     a command whose study is already running (a queue started again beside its own runs) is not
@@ -1628,10 +1632,11 @@ def test_issue52_runs_workers_leave_a_core_to_each_study_in_flight(tmp_path):
     ]
     assert len(queued) > 3
     log = tmp_path / "studies.log"
-    # a study of the first queued command, started elsewhere, runs 3 s
-    t0 = time.time()
+    release = tmp_path / "release"
+    # a study of the first queued command, started elsewhere: it runs until the queue has run two
+    # commands beside it (a fixed time failed on a loaded CI machine, where the queue started late)
     elsewhere = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(3)", "bench/accuracy_study.py"]
+        [sys.executable, "-c", WAIT_FOR_FILE, str(release), "bench/accuracy_study.py"]
         + ["--name", queued[0], "--out", str(tmp_path)]
     )
     time.sleep(0.5)
@@ -1651,20 +1656,33 @@ def test_issue52_runs_workers_leave_a_core_to_each_study_in_flight(tmp_path):
         "POLL_S": "0.2",
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
+    queue = subprocess.Popen(
+        [str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
-        subprocess.run([str(script)], env=env, check=True, capture_output=True, timeout=300)
+        deadline = time.time() + 120
+        while not (log.exists() and log.read_text().count("end ") >= 2):
+            assert time.time() < deadline and queue.poll() is None, "the queue ran nothing"
+            time.sleep(0.1)
+        released = time.time()
+        release.touch()
+        elsewhere.wait(timeout=30)
+        gone = time.time()
+        assert queue.wait(timeout=300) == 0
     finally:
-        elsewhere.kill()
-        elsewhere.wait()
+        for proc in (elsewhere, queue):
+            proc.kill()
+            proc.wait()
     events = [line.split() for line in log.read_text().splitlines()]
     started = [name for kind, name, _ in events if kind == "start"]
     assert sorted(started) == sorted(queued[1:])  # the one in flight elsewhere is left to it
-    # one at a time while it ran, two at once after
+    # one at a time while it ran, two at once after (a start between the release and its exit
+    # counts for neither)
     busy, most = 0, {True: 0, False: 0}
     for kind, _, at in sorted(events, key=lambda e: float(e[2])):
         busy += 1 if kind == "start" else -1
-        while_there = float(at) < t0 + 2.9
-        most[while_there] = max(most[while_there], busy)
+        if float(at) < released or float(at) > gone:
+            most[float(at) < released] = max(most[float(at) < released], busy)
     assert most == {True: 1, False: 2}
 
 
