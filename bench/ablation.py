@@ -151,6 +151,13 @@ def paired_interval(row: list[dict], base: list[dict]) -> tuple[float, float, fl
     return gap, gap - half, gap + half
 
 
+def _mean_pm(summary: dict) -> str:
+    """'mean ± sd', or the mean alone for one seed (it has no spread to print)."""
+    if len(summary["seeds"]) < 2:
+        return f"{summary['mean']:.2f} (one seed)"
+    return f"{summary['mean']:.2f} ± {summary['sd']:.2f}"
+
+
 def _summary(runs: list[dict]) -> dict:
     values = [100 * r["final_top1"] for r in runs]
     mean, sd = mean_sd(values)
@@ -246,9 +253,9 @@ def table(entries: list[dict], pending: list[str]) -> list[str]:
             else "-"
         )
         lines.append(
-            f"| {e['change']} | {e['row']} ({len(c['seeds'])}) | {c['mean']:.2f} ± {c['sd']:.2f} "
-            f"| {c['worst']:.2f} | {e['base']} ({len(b['seeds'])}) | {b['mean']:.2f} ± "
-            f"{b['sd']:.2f} | {b['worst']:.2f} | {e['gap_pt']:+.2f} | {interval} | "
+            f"| {e['change']} | {e['row']} ({len(c['seeds'])}) | {_mean_pm(c)} "
+            f"| {c['worst']:.2f} | {e['base']} ({len(b['seeds'])}) | {_mean_pm(b)} "
+            f"| {b['worst']:.2f} | {e['gap_pt']:+.2f} | {interval} | "
             f"{e['earns_pt']:+.2f} | {'; '.join(e['differs'])} |"
         )
     lines += [f"| {name}: pending | | | | | | | | | | |" for name in pending]

@@ -1561,6 +1561,9 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
         "batch.global_size: 4096 -> 2048",
         "batch.ramp: [] -> [[2, 4096]]",
     ]
+    # a row of one seed prints its mean alone: no spread, no interval
+    made = main(a, report("b1", ramp[:1]))
+    assert "| chosen_ramp (1) | 92.00 (one seed) | 92.00 |" in (out / "t.md").read_text()
     # refused: a pair that differs in more than its change (named), a row whose runs differ,
     # runs on other images, runs at code with dstrain/ commits between them (unless named)
     more = [
