@@ -864,6 +864,15 @@ RESULTS = [
            "ablation_90ep_holdout6000_chosen_no_ls_warmup27 --out docs/results/tuning",
            "docs/results/tuning/ablation_90ep_holdout6000_chosen_no_ls_warmup27.json", _study,
            rerun=False),
+    Result("ablation_90ep_holdout_no_tail_warmup27",
+           "issue 52, item 4: the ablation's row without the un-augmented tail, one change from batch "
+           "4,096's recipe as chosen (LR 20, 30% warmup), 6,000 held-out images, 90 epochs, seeds 0-1",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows chosen_no_tail --seeds 0 1 --extra "
+           "optim.base_lr=20 optim.warmup_epochs=27 optim.decay_epochs=61 --runs "
+           "runs/accuracy_study/ablation-90ep-lr20-warmup27 --name "
+           "ablation_90ep_holdout6000_chosen_no_tail_warmup27 --out docs/results/tuning",
+           "docs/results/tuning/ablation_90ep_holdout6000_chosen_no_tail_warmup27.json", _study,
+           rerun=False),
     Result("b128_lr0.8_tail_90ep_holdout",
            "issue 52, item 1 at the goal's length: the tuned baseline's row at peak LR 0.8 (twice "
            "its 30-epoch choice), 90 epochs, 6,000 held-out images, seed 0",
