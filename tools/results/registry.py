@@ -208,6 +208,18 @@ def _epochs_tuned(d: dict) -> str:
     return "; ".join(parts)
 
 
+def _ablation(d: dict) -> str:
+    """bench/ablation.py: what each technique earns (positive: it helps), with its 95% interval."""
+    parts = []
+    for e in d["entries"]:
+        ci = e["earns_ci95_pt"]
+        parts.append(
+            f"{e['row']}: {e['earns_pt']:+.2f} pt"
+            + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+        )
+    return "the technique earns: " + "; ".join(parts)
+
+
 def _lars_tensors(d: dict) -> str:
     rises = [b["loss"] - a["loss"] for a, b in zip(d["steps"], d["steps"][1:])]
     lars = max(r["max_step_lars"] for r in d["steps"][20:])
@@ -872,6 +884,16 @@ RESULTS = [
            "runs/accuracy_study/ablation-90ep-lr20-warmup27 --name "
            "ablation_90ep_holdout6000_chosen_no_tail_warmup27 --out docs/results/tuning",
            "docs/results/tuning/ablation_90ep_holdout6000_chosen_no_tail_warmup27.json", _study,
+           rerun=False),
+    Result("ablation_90ep_holdout_ramp_warmup27",
+           "issue 52, item 4: the ablation's row with the batch ramp (half the batch through the "
+           "warmup), one change from batch 4,096's recipe as chosen (LR 20, 30% warmup), 6,000 "
+           "held-out images, 90 epochs, seeds 0-1",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows chosen_ramp --seeds 0 1 --extra "
+           "optim.base_lr=20 optim.warmup_epochs=27 optim.decay_epochs=61 'batch.ramp=[[27,4096]]' "
+           "--runs runs/accuracy_study/ablation-90ep-lr20-warmup27 --name "
+           "ablation_90ep_holdout6000_chosen_ramp_warmup27 --out docs/results/tuning",
+           "docs/results/tuning/ablation_90ep_holdout6000_chosen_ramp_warmup27.json", _study,
            rerun=False),
     Result("b128_lr0.8_tail_90ep_holdout",
            "issue 52, item 1 at the goal's length: the tuned baseline's row at peak LR 0.8 (twice "
