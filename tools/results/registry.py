@@ -895,6 +895,16 @@ RESULTS = [
            "ablation_90ep_holdout6000_chosen_ramp_warmup27 --out docs/results/tuning",
            "docs/results/tuning/ablation_90ep_holdout6000_chosen_ramp_warmup27.json", _study,
            rerun=False),
+    Result("ablation_90ep_holdout_ramp_warmup27_s2",
+           "issue 52, item 4: the ablation's row with the batch ramp (half the batch through the "
+           "warmup), one change from batch 4,096's recipe as chosen (LR 20, 30% warmup), 6,000 "
+           "held-out images, 90 epochs, seed 2",
+           R + "accuracy_study.py --epochs 90 --holdout 6000 --rows chosen_ramp --seeds 2 --extra "
+           "optim.base_lr=20 optim.warmup_epochs=27 optim.decay_epochs=61 'batch.ramp=[[27,4096]]' "
+           "--runs runs/accuracy_study/ablation-90ep-lr20-warmup27 --name "
+           "ablation_90ep_holdout6000_chosen_ramp_warmup27_s2 --out docs/results/tuning",
+           "docs/results/tuning/ablation_90ep_holdout6000_chosen_ramp_warmup27_s2.json", _study,
+           rerun=False),
     Result("b128_lr0.8_tail_90ep_holdout",
            "issue 52, item 1 at the goal's length: the tuned baseline's row at peak LR 0.8 (twice "
            "its 30-epoch choice), 90 epochs, 6,000 held-out images, seed 0",
@@ -973,6 +983,24 @@ RESULTS = [
            "epochs_to_target_b4096_b8192_90ep_holdout6000",
            "docs/results/tuning/epochs_to_target_b4096_b8192_90ep_holdout6000.json", _epochs_tuned,
            rerun=False),
+    Result("ablation_90ep_holdout",
+           "issue 52, item 4: what each technique of the seeds earns at the large batch, 90 epochs, "
+           "6,000 held-out images, 3 seeds a row: each row one change from batch 4,096's recipe as "
+           "chosen (LR 20, 30% warmup), and LAMB against LARS at 8,192, each at its held-out LR",
+           "python bench/ablation.py --reports "
+           "docs/results/tuning/ablation_90ep_holdout6000_fujitsu_span32_bn_lr0.1_warmup27.json "
+           "docs/results/tuning/ablation_90ep_holdout6000_chosen_no_ls_warmup27.json "
+           "docs/results/tuning/ablation_90ep_holdout6000_chosen_no_ls_warmup27_s2.json "
+           "docs/results/tuning/ablation_90ep_holdout6000_chosen_no_tail_warmup27.json "
+           "docs/results/tuning/ablation_90ep_holdout6000_chosen_no_tail_warmup27_s2.json "
+           "docs/results/tuning/ablation_90ep_holdout6000_chosen_ramp_warmup27.json "
+           "docs/results/tuning/ablation_90ep_holdout6000_chosen_ramp_warmup27_s2.json "
+           "docs/results/tuning/chosen_b8192_lr20_90ep_holdout6000.json "
+           "docs/results/tuning/chosen_b8192_lr20_90ep_holdout6000_s1_2.json "
+           "docs/results/tuning/chosen_b8192_lamb_lr0.064_90ep_holdout6000.json "
+           "docs/results/tuning/chosen_b8192_lamb_lr0.064_90ep_holdout6000_s1_2.json "
+           "--out docs/results/tuning --name ablation_90ep_holdout6000",
+           "docs/results/tuning/ablation_90ep_holdout6000.json", _ablation, rerun=False),
     Result("epochs_to_target_b8192_length_tuned",
            "issue 52, item 3, with the schedule's length tuned too (as MLPerf's points tune the "
            "epochs): batch 8,192's LR ladders at 30 and 90 epochs against the tuned batch 128 at 30 "
