@@ -38,7 +38,7 @@ from bench.common import provenance  # noqa: E402
 from bench.study.commits import code_between, code_lines, refuse_mixed_code  # noqa: E402
 from bench.study.definition import described, differing, resolved, run_name  # noqa: E402
 from bench.study.rows import CHOSEN, DERIVED  # noqa: E402
-from bench.study.stats import gap_interval, mean_sd  # noqa: E402
+from bench.study.stats import gap_interval, mean_pm, mean_sd  # noqa: E402
 
 
 class Change(NamedTuple):
@@ -152,10 +152,7 @@ def paired_interval(row: list[dict], base: list[dict]) -> tuple[float, float, fl
 
 
 def _mean_pm(summary: dict) -> str:
-    """'mean ± sd', or the mean alone for one seed (it has no spread to print)."""
-    if len(summary["seeds"]) < 2:
-        return f"{summary['mean']:.2f} (one seed)"
-    return f"{summary['mean']:.2f} ± {summary['sd']:.2f}"
+    return mean_pm(summary["mean"], summary["sd"], len(summary["seeds"]))
 
 
 def _summary(runs: list[dict]) -> dict:

@@ -27,6 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.study.stats import mean_pm  # noqa: E402
+
 BASE = [
     "--config",
     "fashion_mnist_lars",
@@ -154,12 +156,12 @@ def main() -> int:
 
 def table(r: dict) -> str:
     s = r["summary"]
-    pct = lambda d: f"{100 * d['mean']:.2f} ± {100 * d['sd']:.2f}"  # noqa: E731
+    pct = lambda d: mean_pm(100 * d["mean"], 100 * d["sd"], len(d["values"]))  # noqa: E731
     lines = [
         f"Fashion-MNIST, fashion_mnist_lars recipe with augmentation, {r['setup']['training'].split('epochs=')[-1]}"
         f" epochs, seeds {r['setup']['seeds']}, K={r['setup']['k']} (git {r['git_sha'][:7]})",
         "",
-        "| variant | test top-1 % (mean ± sd) | per seed |",
+        "| variant | test top-1 % (mean ± sample sd) | per seed |",
         "|---|---|---|",
     ]
     names = {

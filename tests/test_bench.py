@@ -128,6 +128,29 @@ def test_study_table_mean_spread_and_reach_counts():
     assert cells[14] == "-"  # the reference row itself
 
 
+def test_every_table_prints_one_seed_as_its_mean_alone_and_more_as_mean_plus_sample_sd():
+    """A sample sd of one value is undefined: the study's, the ablation's and polish's tables print
+    a one-seed row as "(one seed)", never "± 0.00" (which would read as no spread)."""
+    from bench.study.stats import mean_pm
+
+    assert mean_pm(92.0, 0.0, 1) == "92.00 (one seed)"
+    assert mean_pm(92.004, 0.236, 3) == "92.00 ± 0.24"
+    polish = load("polish")
+    row = lambda values: polish.mean_sd(values)  # noqa: E731
+    result = {
+        "setup": {"training": "--config x epochs=5", "seeds": [0], "k": 2},
+        "git_sha": "abc1234",
+        "per_seed": [{"refit_s": 1.5}],
+        "sweep_seed0": [],
+        "summary": {k: row([0.9]) for k in ("none", "refit", "k_epochs", "both", "refit_fraction")},
+    }
+    assert "| no polishing | 90.00 (one seed) | 90.00 |" in polish.table(result)
+    result["summary"] = {
+        k: row([0.9, 0.92]) for k in ("none", "refit", "k_epochs", "both", "refit_fraction")
+    }
+    assert "| BN refit | 91.00 ± 1.41 | 90.00, 92.00 |" in polish.table(result)
+
+
 def test_a_gap_comes_with_its_welch_interval():
     """Issue 52: each gap with its 95% interval. Welch's t for two rows of 3 seeds with the 90-epoch
     study's means and spreads, checked against the formula: 92.51 ± 0.11 against 92.97 ± 0.32 gives
@@ -382,7 +405,7 @@ def test_a_finished_run_is_read_not_retrained(tmp_path):
     assert study.main([*argv, "--out", str(out), "--runs", str(tmp_path), "--name", "r"]) == 0
     assert not (tmp_path / "baseline-1").exists()
     report = (out / "r.md").read_text()
-    assert "| baseline | 60.00 ± 0.00 |" in report
+    assert "| baseline | 60.00 (one seed) |" in report
     assert "Not finished yet, left out (--finished-only): baseline seed 1." in report
     assert json.loads((out / "r.json").read_text())["pending"] == ["baseline seed 1"]
 

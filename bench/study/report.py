@@ -17,6 +17,7 @@ from bench.study.stats import (
     IMAGENET_TRAIN,
     gaps,
     largest_dip,
+    mean_pm,
     mean_sd,
     reached,
     worst_seed_choice,
@@ -53,9 +54,9 @@ def table(records: list[dict], rows: list[str], reference: str = "baseline") -> 
         trains = [100 * r["final_train_top1"] for r in rs if r.get("final_train_top1") is not None]
         train = f"{statistics.mean(trains):.2f}" if trains else "-"
         lines.append(
-            f"| {row} | {f:.2f} ± {fs:.2f} | {min(100 * r['final_top1'] for r in rs):.2f} | "
+            f"| {row} | {mean_pm(f, fs, len(rs))} | {min(100 * r['final_top1'] for r in rs):.2f} | "
             f"{max(largest_dip(r.get('top1_per_epoch') or []) for r in rs):.1f} | "
-            f"{gap} | {train} | {b:.2f} ± {bs:.2f} | {rs[0]['epochs']} | "
+            f"{gap} | {train} | {mean_pm(b, bs, len(rs))} | {rs[0]['epochs']} | "
             f"{rs[0]['steps']} | {statistics.mean(r['wall_s'] for r in rs):.0f} | "
             f"{statistics.mean(r['gpu_time_s'] for r in rs):.0f} | {reach('time_to_90')} | "
             f"{reach('time_to_92')} | {len(rs)} | {interval_cell(intervals.get(row))} |"
