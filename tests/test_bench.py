@@ -136,7 +136,7 @@ def test_every_table_prints_one_seed_as_its_mean_alone_and_more_as_mean_plus_sam
     assert mean_pm(92.0, 0.0, 1) == "92.00 (one seed)"
     assert mean_pm(92.004, 0.236, 3) == "92.00 ± 0.24"
     polish = load("polish")
-    row = lambda values: polish.mean_sd(values)  # noqa: E731
+    row = polish.mean_sd
     result = {
         "setup": {"training": "--config x epochs=5", "seeds": [0], "k": 2},
         "git_sha": "abc1234",
