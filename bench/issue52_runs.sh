@@ -229,7 +229,8 @@ orphans() {  # the command lines of trainers whose parent is no study, one a lin
   for pid in $(pgrep -f -- '-m dstrain --config' || true); do
     parent=$(ps -o ppid= -p "$pid" | tr -d ' ')
     [[ $(ps -o args= -p "$parent" 2>/dev/null) == *bench/accuracy_study.py* ]] && continue
-    tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null && echo
+    # (a trainer that ends meanwhile leaves no /proc entry: the 2> comes first to quiet that too)
+    tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline" && echo
   done
 }
 running() {  # COMMAND: a study of its --name runs now (a queue started again beside one in flight),
