@@ -1619,6 +1619,34 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     assert "dstrain/ changed between them" in (out / "x.md").read_text()
 
 
+def standin_queue(tmp_path: Path, left: int = 7) -> tuple[Path, list[str]]:
+    """A copy of bench/issue52_runs.sh in a stand-in repository whose committed reports leave the
+    last ``left`` commands of its queue to run (those in flight on this machine aside), so a test of
+    the queue does not shrink, nor start failing, as the real queue's reports are committed: the
+    copy, and the --name of each command it would run, in queue order."""
+    repo = tmp_path / "repo"  # the script finds the committed reports beside itself
+    (repo / "bench").mkdir(parents=True)
+    script = repo / "bench" / "issue52_runs.sh"
+    shutil.copy2(REPO / "bench" / "issue52_runs.sh", script)
+
+    def to_run() -> list[str]:
+        out = subprocess.run([str(script), "--print"], capture_output=True, text=True, check=True)
+        return [
+            line.split("--name ")[1].split()[0]
+            for line in out.stdout.splitlines()
+            if line.startswith("queue: ")
+        ]
+
+    results = repo / "docs" / "results" / "tuning"
+    results.mkdir(parents=True)
+    every = to_run()  # none reported here
+    assert len(every) > left
+    for name in every[:-left]:
+        (results / f"{name}.json").write_text("{}")
+    assert to_run() == every[-left:]
+    return script, every[-left:]
+
+
 # a stand-in process that lives until the file named by its first argument exists
 WAIT_FOR_FILE = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)"
 
@@ -1627,13 +1655,8 @@ def test_issue52_runs_workers_leave_a_core_to_each_study_in_flight(tmp_path):
     """bench/issue52_runs.sh's workers, played with a stand-in study in a checkout of its commit:
     a command whose study is already running (a queue started again beside its own runs) is not
     started twice; while a study started elsewhere holds one of the 2 cores, one command runs at a
-    time; every other command runs once. The queue is a copy of the script in a stand-in repository
-    whose committed reports leave 7 commands to run, so the test does not shrink as the real
-    queue's reports are committed."""
-    repo = tmp_path / "repo"  # the script finds the committed reports beside itself
-    (repo / "bench").mkdir(parents=True)
-    script = repo / "bench" / "issue52_runs.sh"
-    shutil.copy2(REPO / "bench" / "issue52_runs.sh", script)
+    time; every other command runs once (a stand-in queue of 7: standin_queue)."""
+    script, queued = standin_queue(tmp_path)
     commit = re.search(r"^COMMIT=(\w+)", script.read_text(), re.M).group(1)
     git = ["git", "-C", str(REPO)]
     if subprocess.run([*git, "cat-file", "-e", f"{commit}^{{commit}}"]).returncode:
@@ -1656,22 +1679,6 @@ def test_issue52_runs_workers_leave_a_core_to_each_study_in_flight(tmp_path):
         "open(log, 'a').write(f'end {name} {time.time()}\\n')\n"
     )
 
-    def to_run() -> list[str]:  # the --name of each command --print lists as queued
-        out = subprocess.run([str(script), "--print"], capture_output=True, text=True, check=True)
-        return [
-            line.split("--name ")[1].split()[0]
-            for line in out.stdout.splitlines()
-            if line.startswith("queue: ")
-        ]
-
-    results = repo / "docs" / "results" / "tuning"
-    results.mkdir(parents=True)
-    every = to_run()  # none reported here (those in flight on this machine are left out)
-    assert len(every) > 7
-    for name in every[:-7]:
-        (results / f"{name}.json").write_text("{}")
-    queued = to_run()
-    assert queued == every[-7:]
     log = tmp_path / "studies.log"
     release = tmp_path / "release"
     # a study of the first queued command, started elsewhere: it runs until the queue has run two
@@ -1727,7 +1734,7 @@ def test_issue52_runs_workers_leave_a_core_to_each_study_in_flight(tmp_path):
     assert most == {True: 1, False: 2}
 
 
-def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
+def test_issue52_runs_name_rows_the_study_knows_and_one_commit(tmp_path):
     """bench/issue52_runs.sh (the issue's remaining runs; the machine starts bare each session, so a
     command whose report is committed is skipped and earlier sessions' runs are read from their
     reports): every command it would run names rows and options bench/accuracy_study.py accepts, all at 541f812; batch
@@ -1891,7 +1898,8 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
         assert kind in (("reported",) if committed else ("queue", "running")), line
     assert any(line.startswith("reported: ") for line in out)
     # a command in flight (a queue started again beside its runs) is not started a second time
-    name = "target_b2048_lr10_90ep_holdout6000"
+    # (played on a stand-in queue: the real one empties as its reports are committed)
+    script, (name, *_) = standin_queue(tmp_path)
 
     def printed_beside(*argv: str) -> list[str]:  # --print while a stand-in process lives
         fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv])
@@ -1913,17 +1921,23 @@ def test_issue52_runs_name_rows_the_study_knows_and_one_commit():
     run_dir = f"{parsed.runs}/{parsed.rows[0]}-{parsed.seeds[-1]}"
     out = printed_beside("-m", "dstrain", "--config", "x", f"run_dir={run_dir}", "epochs=90")
     assert f"running: {queued[0]}" in out and f"queue: {queued[1]}" in out
-    # with DEADLINE, a command whose runs cannot end before it waits for the next session
+    # with DEADLINE, a command whose runs cannot end before it waits for the next session (every
+    # command unreported here, the multi-seed ones too)
+    for stub in (script.parents[1] / "docs" / "results" / "tuning").iterdir():
+        stub.unlink()
     env = {**os.environ, "B4096_LR": "20", "DEADLINE": "now + 40 min", "RUN_MINUTES": "35"}
     out = subprocess.run(
         [str(script), "--print"], capture_output=True, text=True, check=True, env=env
     ).stdout.splitlines()
+    kinds = set()
     for line in out:
         kind, cmd = line.split(": ", 1)
-        if kind not in ("reported", "running"):
+        assert kind != "reported", line
+        if kind != "running":
             parsed = study.parse_args(shlex.split(cmd)[2:])
             assert kind == ("queue" if len(parsed.seeds) == 1 else "later"), line
-    assert any(line.startswith("later: ") for line in out)
+            kinds.add(kind)
+    assert kinds == {"queue", "later"}
     env["DEADLINE"] = "yesterday"
     late = subprocess.run([str(script), "--print"], capture_output=True, text=True, env=env)
     assert late.returncode == 2 and "DEADLINE=yesterday has passed" in late.stderr
