@@ -212,8 +212,9 @@ TARGET="python bench/accuracy_study.py --epochs 90 --grid target --holdout 6000 
 # 128:0.25, 512:0.625 and 1024:1.25 joined once the ladder's lowest LR came out fastest to 90% at
 # each (128: epoch 26 at LR 0.5 against 47 and 58; 512: 27 at LR 1.25 against 46 and 58; 1,024: 38
 # at LR 2.5 against 45 and 50): a best LR at the ladder's edge gets the next rung below; 2048:1.25
-# so (epoch 36 at LR 2.5 against 41 and 50)
-for pair in 128:0.5 128:1 128:2 512:1.25 512:2.5 512:5 1024:2.5 1024:5 1024:10 2048:2.5 2048:5 2048:10 128:0.25 512:0.625 1024:1.25 2048:1.25; do
+# so (epoch 36 at LR 2.5 against 41 and 50), and 1024:0.625 once LR 1.25 came out faster still
+# (epoch 33); the rungs below 128's, 512's and 2,048's came out slower (epoch 29, 31, 41)
+for pair in 128:0.5 128:1 128:2 512:1.25 512:2.5 512:5 1024:2.5 1024:5 1024:10 2048:2.5 2048:5 2048:10 128:0.25 512:0.625 1024:1.25 2048:1.25 1024:0.625; do
   b=${pair%%:*} lr=${pair##*:}
   queue+=("$TARGET --rows target_b$b --extra optim.base_lr=$lr --runs runs/accuracy_study/target-90ep-holdout6000-lr$lr --name target_b${b}_lr${lr}_90ep_holdout6000")
 done

@@ -1030,6 +1030,26 @@ RESULTS = [
            "target_b512_lr0.625_90ep_holdout6000 --out docs/results/tuning",
            "docs/results/tuning/target_b512_lr0.625_90ep_holdout6000.json", _target,
            rerun=False),
+    Result("target_b1024_lr1.25_90ep_holdout",
+           "issue 52, item 3: the chosen recipe (LARS, 40% warmup, tail, refit) at batch 1,024, peak "
+           "LR 1.25 (the rung below its ladder's fastest), 90 epochs, 6,000 held-out images, seed 0: "
+           "epochs to 90%",
+           R + "accuracy_study.py --epochs 90 --grid target --holdout 6000 --seeds 0 --target 0.9 --rows "
+           "target_b1024 --extra optim.base_lr=1.25 --runs "
+           "runs/accuracy_study/target-90ep-holdout6000-lr1.25 --name "
+           "target_b1024_lr1.25_90ep_holdout6000 --out docs/results/tuning",
+           "docs/results/tuning/target_b1024_lr1.25_90ep_holdout6000.json", _target,
+           rerun=False),
+    Result("target_b2048_lr1.25_90ep_holdout",
+           "issue 52, item 3: the chosen recipe (LARS, 40% warmup, tail, refit) at batch 2,048, peak "
+           "LR 1.25 (the rung below its ladder's fastest), 90 epochs, 6,000 held-out images, seed 0: "
+           "epochs to 90%",
+           R + "accuracy_study.py --epochs 90 --grid target --holdout 6000 --seeds 0 --target 0.9 --rows "
+           "target_b2048 --extra optim.base_lr=1.25 --runs "
+           "runs/accuracy_study/target-90ep-holdout6000-lr1.25 --name "
+           "target_b2048_lr1.25_90ep_holdout6000 --out docs/results/tuning",
+           "docs/results/tuning/target_b2048_lr1.25_90ep_holdout6000.json", _target,
+           rerun=False),
     Result("b128_lr0.8_tail_90ep_holdout",
            "issue 52, item 1 at the goal's length: the tuned baseline's row at peak LR 0.8 (twice "
            "its 30-epoch choice), 90 epochs, 6,000 held-out images, seed 0",
