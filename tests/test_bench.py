@@ -1678,7 +1678,6 @@ def test_issue52_runs_workers_leave_a_core_to_each_study_in_flight(tmp_path):
         "time.sleep(1)\n"
         "open(log, 'a').write(f'end {name} {time.time()}\\n')\n"
     )
-
     log = tmp_path / "studies.log"
     release = tmp_path / "release"
     # a study of the first queued command, started elsewhere: it runs until the queue has run two
