@@ -1083,6 +1083,7 @@ RESULTS = [
            "docs/results/tuning/target_b512_lr1.25_90ep_holdout6000.json "
            "docs/results/tuning/target_b512_lr2.5_90ep_holdout6000.json "
            "docs/results/tuning/target_b512_lr5_90ep_holdout6000.json "
+           "docs/results/tuning/target_b1024_lr0.625_90ep_holdout6000.json "
            "docs/results/tuning/target_b1024_lr1.25_90ep_holdout6000.json "
            "docs/results/tuning/target_b1024_lr2.5_90ep_holdout6000.json "
            "docs/results/tuning/target_b1024_lr5_90ep_holdout6000.json "
@@ -1098,6 +1099,16 @@ RESULTS = [
            "docs/results/tuning/epochs_to_target_90ep_holdout6000.json", _epochs_tuned,
            rerun=False,
            readme="epochs to target, each batch's LR tuned, 90 epochs, held-out (issue 52)"),
+    Result("target_b1024_lr0.625_90ep_holdout",
+           "issue 52, item 3: the chosen recipe (LARS, 40% warmup, tail, refit) at batch 1,024, peak "
+           "LR 0.625 (the rung below its ladder's fastest, 1.25), 90 epochs, 6,000 held-out images, "
+           "seed 0: epochs to 90%",
+           R + "accuracy_study.py --epochs 90 --grid target --holdout 6000 --seeds 0 --target 0.9 --rows "
+           "target_b1024 --extra optim.base_lr=0.625 --runs "
+           "runs/accuracy_study/target-90ep-holdout6000-lr0.625 --name "
+           "target_b1024_lr0.625_90ep_holdout6000 --out docs/results/tuning",
+           "docs/results/tuning/target_b1024_lr0.625_90ep_holdout6000.json", _target,
+           rerun=False),
     Result("b128_lr0.8_tail_90ep_holdout",
            "issue 52, item 1 at the goal's length: the tuned baseline's row at peak LR 0.8 (twice "
            "its 30-epoch choice), 90 epochs, 6,000 held-out images, seed 0",
