@@ -284,6 +284,48 @@ OPTIMIZER_CODE = (
 )
 R = "python bench/"  # a benchmark
 T = "python tools/"  # project tooling
+# issue 52, item 3's inputs to bench/epochs_tuned.py (--reports FILE:ROW): batch 8,192's and 4,096's
+# LR and warmup tunings at 90 epochs, held-out; then the target grid's LR ladders (batch:LR) at
+# batch 128 ... 2,048; and the tuned baseline's held-out runs (--reference)
+LARGE_BATCH_TUNINGS_90EP = " ".join(
+    f"docs/results/tuning/chosen_b{name}_90ep_holdout6000{seeds}.json:{row}"
+    for name, seeds, row in (
+        ("8192_lr10", "", "chosen_b8192"),
+        ("8192_lr20", "", "chosen_b8192"),
+        ("8192_lr20", "_s1_2", "chosen_b8192"),
+        ("8192_lr40", "_s0", "chosen_b8192"),
+        ("4096_lr2.5", "", "fujitsu_span32_bn_lr0.1"),
+        ("4096_lr5", "", "fujitsu_span32_bn_lr0.1"),
+        ("4096_lr5", "_s1_2", "fujitsu_span32_bn_lr0.1"),
+        ("4096_lr10", "", "fujitsu_span32_bn_lr0.1"),
+        ("4096_lr10", "_s1_2", "fujitsu_span32_bn_lr0.1"),
+        ("4096_lr20", "", "fujitsu_span32_bn_lr0.1"),
+        ("4096_lr20", "_s1_2", "fujitsu_span32_bn_lr0.1"),
+        ("8192_lr20_warmup18", "", "chosen_b8192"),
+        ("8192_lr20_warmup27", "", "chosen_b8192"),
+        ("8192_lr20_warmup27", "_s1", "chosen_b8192"),
+        ("4096_lr20_warmup18", "", "fujitsu_span32_bn_lr0.1"),
+        ("4096_lr20_warmup27", "", "fujitsu_span32_bn_lr0.1"),
+        ("4096_lr20_warmup27", "_s1", "fujitsu_span32_bn_lr0.1"),
+        ("4096_lr20_warmup27", "_s2", "fujitsu_span32_bn_lr0.1"),
+    )
+)
+TARGET_LADDERS_90EP = " ".join(
+    f"docs/results/tuning/target_b{pair.replace(':', '_lr')}_90ep_holdout6000.json"
+    for pair in (
+        "128:0.25 128:0.5 128:1 128:2 512:0.625 512:1.25 512:2.5 512:5 1024:0.625 1024:1.25 "
+        "1024:2.5 1024:5 1024:10 2048:1.25 2048:2.5 2048:5 2048:10"
+    ).split()
+)
+BASELINE_HOLDOUT_90EP = (
+    "docs/results/tuning/b128_lr0.8_tail_90ep_holdout6000.json:b128_lr0.8_tail "
+    "docs/results/tuning/b128_lr0.8_tail_90ep_holdout6000_s1_2.json:b128_lr0.8_tail"
+)
+# the levels (the baseline's held-out final minus 0.3 pt, and 90%) and the settings tuned
+EPOCHS_TUNED_90EP = (
+    "--target 0.937389 --extra-targets 0.9 --tuned optim.base_lr optim.warmup_epochs "
+    "optim.decay_epochs --out docs/results/tuning"
+)
 # The registry, one entry per result file (bench/results, docs/results): key, what, command, file,
 # headline (a template of the file's values, or a function), then what differs from the defaults.
 # fmt: off
@@ -1056,46 +1098,9 @@ RESULTS = [
            "90 epochs, 6,000 held-out images: every LR ladder of the chosen recipe (batch 128 ... "
            "2,048, seed 0; batch 4,096's and 8,192's LR and warmup tunings, their seeds) against the "
            "tuned baseline's held-out runs (LR 0.8, 3 seeds), to its final minus 0.3 pt and to 90%",
-           R + "epochs_tuned.py --reports "
-           "docs/results/tuning/chosen_b8192_lr10_90ep_holdout6000.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b8192_lr20_90ep_holdout6000.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b8192_lr20_90ep_holdout6000_s1_2.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b8192_lr40_90ep_holdout6000_s0.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b4096_lr2.5_90ep_holdout6000.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000_s1_2.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr10_90ep_holdout6000.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr10_90ep_holdout6000_s1_2.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr20_90ep_holdout6000.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr20_90ep_holdout6000_s1_2.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b8192_lr20_warmup18_90ep_holdout6000.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b8192_lr20_warmup27_90ep_holdout6000.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b8192_lr20_warmup27_90ep_holdout6000_s1.json:chosen_b8192 docs/"
-           "results/tuning/chosen_b4096_lr20_warmup18_90ep_holdout6000.json:fujitsu_span32_bn_lr0.1 do"
-           "cs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000.json:fujitsu_span32_bn_lr0.1"
-           " docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000_s1.json:fujitsu_span32_bn"
-           "_lr0.1 docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000_s2.json:fujitsu_spa"
-           "n32_bn_lr0.1 docs/results/tuning/target_b128_lr0.25_90ep_holdout6000.json "
-           "docs/results/tuning/target_b128_lr0.5_90ep_holdout6000.json "
-           "docs/results/tuning/target_b128_lr1_90ep_holdout6000.json "
-           "docs/results/tuning/target_b128_lr2_90ep_holdout6000.json "
-           "docs/results/tuning/target_b512_lr0.625_90ep_holdout6000.json "
-           "docs/results/tuning/target_b512_lr1.25_90ep_holdout6000.json "
-           "docs/results/tuning/target_b512_lr2.5_90ep_holdout6000.json "
-           "docs/results/tuning/target_b512_lr5_90ep_holdout6000.json "
-           "docs/results/tuning/target_b1024_lr0.625_90ep_holdout6000.json "
-           "docs/results/tuning/target_b1024_lr1.25_90ep_holdout6000.json "
-           "docs/results/tuning/target_b1024_lr2.5_90ep_holdout6000.json "
-           "docs/results/tuning/target_b1024_lr5_90ep_holdout6000.json "
-           "docs/results/tuning/target_b1024_lr10_90ep_holdout6000.json "
-           "docs/results/tuning/target_b2048_lr1.25_90ep_holdout6000.json "
-           "docs/results/tuning/target_b2048_lr2.5_90ep_holdout6000.json "
-           "docs/results/tuning/target_b2048_lr5_90ep_holdout6000.json "
-           "docs/results/tuning/target_b2048_lr10_90ep_holdout6000.json --reference "
-           "docs/results/tuning/b128_lr0.8_tail_90ep_holdout6000.json:b128_lr0.8_tail "
-           "docs/results/tuning/b128_lr0.8_tail_90ep_holdout6000_s1_2.json:b128_lr0.8_tail --target "
-           "0.937389 --extra-targets 0.9 --tuned optim.base_lr optim.warmup_epochs optim.decay_epochs "
-           "--out docs/results/tuning --name epochs_to_target_90ep_holdout6000",
+           R + f"epochs_tuned.py --reports {LARGE_BATCH_TUNINGS_90EP} {TARGET_LADDERS_90EP} "
+           f"--reference {BASELINE_HOLDOUT_90EP} {EPOCHS_TUNED_90EP} "
+           "--name epochs_to_target_90ep_holdout6000",
            "docs/results/tuning/epochs_to_target_90ep_holdout6000.json", _epochs_tuned,
            rerun=False,
            readme="epochs to target, each batch's LR tuned, 90 epochs, held-out (issue 52)"),
@@ -1156,35 +1161,9 @@ RESULTS = [
            "where tried) tuned: batch 4,096's and 8,192's ladders against the tuned baseline's "
            "held-out runs (LR 0.8, the LR its 90-epoch ladder chose, 3 seeds), "
            "epochs to its final minus 0.3 pt and to 90%, 6,000 held-out images",
-           "python bench/epochs_tuned.py --reports "
-           "docs/results/tuning/chosen_b8192_lr10_90ep_holdout6000.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b8192_lr20_90ep_holdout6000.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b8192_lr20_90ep_holdout6000_s1_2.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b8192_lr40_90ep_holdout6000_s0.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b4096_lr2.5_90ep_holdout6000.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr5_90ep_holdout6000_s1_2.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr10_90ep_holdout6000.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr10_90ep_holdout6000_s1_2.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr20_90ep_holdout6000.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr20_90ep_holdout6000_s1_2.json:fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b8192_lr20_warmup18_90ep_holdout6000.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b8192_lr20_warmup27_90ep_holdout6000.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b8192_lr20_warmup27_90ep_holdout6000_s1.json:chosen_b8192 "
-           "docs/results/tuning/chosen_b4096_lr20_warmup18_90ep_holdout6000.json:"
-           "fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000.json:"
-           "fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000_s1.json:"
-           "fujitsu_span32_bn_lr0.1 "
-           "docs/results/tuning/chosen_b4096_lr20_warmup27_90ep_holdout6000_s2.json:"
-           "fujitsu_span32_bn_lr0.1 "
-           "--reference "
-           "docs/results/tuning/b128_lr0.8_tail_90ep_holdout6000.json:b128_lr0.8_tail "
-           "docs/results/tuning/b128_lr0.8_tail_90ep_holdout6000_s1_2.json:b128_lr0.8_tail "
-           "--target 0.937389 --extra-targets 0.9 --tuned optim.base_lr optim.warmup_epochs "
-           "optim.decay_epochs --out docs/results/tuning --name "
-           "epochs_to_target_b4096_b8192_90ep_holdout6000",
+           R + f"epochs_tuned.py --reports {LARGE_BATCH_TUNINGS_90EP} "
+           f"--reference {BASELINE_HOLDOUT_90EP} {EPOCHS_TUNED_90EP} "
+           "--name epochs_to_target_b4096_b8192_90ep_holdout6000",
            "docs/results/tuning/epochs_to_target_b4096_b8192_90ep_holdout6000.json", _epochs_tuned,
            rerun=False),
     Result("ablation_90ep_holdout",
