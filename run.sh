@@ -3,9 +3,9 @@
 #   ./run.sh train [--config R] [--deepspeed_config J] [key=value ...]   train (default: Fashion-MNIST recipe)
 #   ./run.sh test  [pytest args ...]                                     lint (ruff), then the test suite
 #   ./run.sh test-oldest [pytest args ...]                               the `oldest` tests on torch 2.11
-#   ./run.sh evidence                                                    fault tests -> docs/results/faults.md
-#   ./run.sh results [KEY ...] | --stale | --index                       rerun every CPU result + the index;
-#                                                                        which results are stale; the tables
+#   ./run.sh evidence                                                    fault tests -> results/bench/faults.md
+#   ./run.sh results FILE ... | --stale | --index                        rerun results' commands; which are
+#                                                                        stale; render the tables
 #   ./run.sh gpu-prepare [--python-version 3.12]                         build .gpu/ for a GPU node (here)
 #   ./run.sh gpu [PART ...] [--budget PART=S] [--status] | --receive     one GPU job, offline (on the node)
 #   ./run.sh gpu-import FILE                                             a job's gpu_state.tar.gz, here
@@ -84,8 +84,8 @@ case "$cmd" in
     test)
         setup_venv; setup_fashion_mnist; setup_multihost_tools
         say "ruff: lint and format check (pyproject.toml [tool.ruff]; fix with: $VENV/bin/ruff format . && $VENV/bin/ruff check --fix .)"
-        "$VENV/bin/ruff" check dstrain tests bench tools
-        "$VENV/bin/ruff" format --check dstrain tests bench tools
+        "$VENV/bin/ruff" check dstrain tests bench tools results
+        "$VENV/bin/ruff" format --check dstrain tests bench tools results
         # pytest-xdist: DSTRAIN_TEST_WORKERS workers (2; one per core on CI's 2 cores), tests that share
         # a session's run or the multi-host harness kept on one worker (xdist_group); `-n 0` after
         # the command runs everything in this process
@@ -101,7 +101,7 @@ case "$cmd" in
         exec "$VENV/bin/python" -m pytest -q tests/test_cli_errors.py tests/test_faults.py tests/test_watchdog.py \
             "tests/test_ds_config.py::test_bad_json_values_and_nested_keys_give_one_line_naming_file_and_key" \
             "tests/test_e2e.py::test_corrupt_image_stops_the_run_with_one_line" \
-            --evidence docs/results/faults.md "$@" ;;
+            --evidence results/bench/faults.md "$@" ;;
     gpu-prepare)
         # here, with the package index: the node's wheels, DALI in parts, Fashion-MNIST, the job list
         setup_venv; setup_fashion_mnist
@@ -128,18 +128,20 @@ case "$cmd" in
         setup_venv
         exec "$VENV/bin/python" tools/mlperf_package.py "$@" ;;
     gpu-import)
-        # here: a job's gpu_state.tar.gz -> runs/gpu (state) and bench/results (registered)
+        # here: a job's gpu_state.tar.gz -> runs/gpu (state) and results/bench (registered)
         PY="$VENV/bin/python"; [[ -x "$PY" ]] || PY=$PYTHON
         exec "$PY" tools/gpu_pack.py "$@" ;;
     results)
-        # every CPU result README and docs/results quote (tools/evidence.py: the registry), then the index
+        # the result files' tables (results/evidence.py): --index renders them, --stale says what
+        # changed since each ran; FILE ... runs the commands those files record again, then --index
         setup_venv
         case "${1:-}" in
-            --stale) exec "$VENV/bin/python" tools/evidence.py stale ;;   # a report: what changed since each result
-            --index) exec "$VENV/bin/python" tools/evidence.py index ;;   # rewrite the generated tables
+            --stale) exec "$VENV/bin/python" results/evidence.py stale ;;
+            --index) exec "$VENV/bin/python" results/evidence.py index ;;
+            "") say "name the result files to rerun, e.g. ./run.sh results results/bench/polish.json"; exit 2 ;;
         esac
         setup_fashion_mnist
-        exec "$VENV/bin/python" tools/evidence.py run "$@" ;;
+        exec "$VENV/bin/python" results/evidence.py run "$@" ;;
     *)
         sed -n '2,13p' "$0"; exit 2 ;;
 esac

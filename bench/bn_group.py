@@ -10,7 +10,7 @@ rank's own BN, and the bytes each sends beside the gradient all-reduce.
 Every rank times the same steps (forward, backward, the gradient all-reduce as DeepSpeed makes it:
 one flat buffer averaged over all ranks) for the plain model and the grouped one alternately, in
 rounds of --steps, so the ratio is taken under the same load; rank 0 writes
-bench/results/bn_group_<device>_<ranks>ranks.json with the medians, their ratio (and that of the
+results/bench/bn_group_<device>_<ranks>ranks.json with the medians, their ratio (and that of the
 group layer over a group of the rank alone: its arithmetic without waiting) and the bytes per
 step and rank: BN's (an all-gather of 2C+1 numbers per layer and chunk forward, an all-reduce of 2C
 backward, ring algorithms) against the gradient all-reduce's (2 (W-1)/W x the gradient bytes).
@@ -165,7 +165,7 @@ def main() -> int:
         "--bytes-only",
         action="store_true",
         help="write the bytes per step and rank (no ranks started, nothing timed): "
-        "bench/results/bn_group_bytes_<model>_<ranks>ranks_group<K>.json",
+        "results/bench/bn_group_bytes_<model>_<ranks>ranks_group<K>.json",
     )
     p.add_argument("--out")
     args = p.parse_args()
@@ -190,7 +190,7 @@ def main() -> int:
         "per_step_and_rank": out["bytes"],
     }
     name = f"bn_group_{args.device}_{args.ranks}ranks.json"
-    path = Path(args.out or REPO / "bench" / "results" / name)
+    path = Path(args.out or REPO / "results" / "bench" / name)
     path.write_text(json.dumps(result, indent=2) + "\n")
     b = out["bytes"]
     grouped = (
@@ -224,7 +224,7 @@ def write_bytes(args: argparse.Namespace) -> int:
         "gradient_allreduce_mib": b["gradient_allreduce_bytes"] / 2**20,
     }
     name = f"bn_group_bytes_{args.model}_{args.ranks}ranks_group{args.group}.json"
-    path = Path(args.out or REPO / "bench" / "results" / name)
+    path = Path(args.out or REPO / "results" / "bench" / name)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"{args.model} ({args.classes} classes), BN groups of {args.group} among {args.ranks} ranks: "

@@ -4,7 +4,7 @@
     .venv/bin/python bench/bn_span.py --model resnet50 --image-size 224 --batch 128 --device cuda
 
 The two models are timed alternately in one process (rounds of --steps each), so the ratio is
-taken under the same machine load; writes bench/results/bn_span_<device>.json.
+taken under the same machine load; writes results/bench/bn_span_<device>.json.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def main() -> int:
         "median_step_ms": {k: 1000 * v for k, v in med.items()},
         "span_over_plain": med["span"] / med["plain"],
     }
-    out = Path(args.out or REPO / "bench" / "results" / f"bn_span_{args.device}.json")
+    out = Path(args.out or REPO / "results" / "bench" / f"bn_span_{args.device}.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"{args.model} batch {args.batch}, span {args.span}, {args.device}: plain "

@@ -1,6 +1,6 @@
 """Accuracy cost and bytes of each gradient-communication mode: Fashion-MNIST, 2 CPU ranks, same epochs.
 
-    .venv/bin/python bench/comm_accuracy.py [--epochs 3]   # -> bench/results/comm_accuracy.{json,md}
+    .venv/bin/python bench/comm_accuracy.py [--epochs 3]   # -> results/bench/comm_accuracy.{json,md}
 
 Each mode trains the default recipe (ResNet-8, batch 256, SGD) under
 ``deepspeed --num_gpus 2`` with one shipped DeepSpeed JSON; only the
@@ -110,7 +110,7 @@ def main() -> int:
         "setup": f"--config fashion_mnist epochs={args.epochs}, deepspeed --num_gpus 2 (gloo)",
         "rows": rows,
     }
-    out = REPO / "bench" / "results"
+    out = REPO / "results" / "bench"
     (out / "comm_accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         f"Fashion-MNIST, default recipe, {args.epochs} epochs, 2 CPU ranks (git {result['git_sha'][:7]})",

@@ -1,6 +1,6 @@
 """Alpha-beta cost model of one gradient all-reduce of ResNet-50 (25.6M gradients) on an ABCI-like cluster.
 
-    .venv/bin/python bench/comm_model.py     # -> bench/results/comm_model.{json,md,png}
+    .venv/bin/python bench/comm_model.py     # -> results/bench/comm_model.{json,md,png}
 
 A model, not a measurement: it says where each algorithm should win, for
 choosing ``dstrain_communication`` before a run. Time of sending m bytes over
@@ -167,7 +167,7 @@ def main() -> int:
         "rows": rows,
         "readout": readout(rows),
     }
-    out = REPO / "bench" / "results"
+    out = REPO / "results" / "bench"
     (out / "comm_model.json").write_text(json.dumps(result, indent=2) + "\n")
     cols = COLUMNS
     lines = ["| GPUs | " + " | ".join(cols) + " | fastest |", "|---" * (len(cols) + 2) + "|"]

@@ -7,7 +7,7 @@ launcher or ``./launch.sh``), stops the bench with the command and the tail of i
 run fails, and returns the run's ``summary.json`` with the command and its wall time added.
 ``provenance`` is the block every result file starts with: command, git SHA, date, host and versions.
 
-A bench stopped with SIGTERM (``pkill -TERM -f bench/accuracy_study.py``, a scheduler's stop) hands
+A bench stopped with SIGTERM (``pkill -TERM -f results/harness/accuracy_study.py``, a scheduler's stop) hands
 it on to the trainers it runs, which checkpoint and exit, and starts no other: its runs resume when
 the same command runs again. Without that, each trainer, a child the signal does not reach, trained
 on alone, and a bench started again beside it would train the same run directory twice.
@@ -133,6 +133,22 @@ def provenance(script: str, args: list[str] | None = None, command: str | None =
     if command is None:
         command = f"python bench/{script} " + shlex.join(sys.argv[1:] if args is None else args)
     return record(command)
+
+
+def write_result(path: Path, result: dict, *, title: str, headline: str) -> Path:
+    """A result file as results/evidence.py reads one: ``title`` and ``headline`` (one line of what
+    it measured), then ``result``, which starts with :func:`provenance` (command, git SHA, date,
+    machine). Written atomically: a reader never sees half a file, a failed write leaves the old."""
+    data = {"title": title, "headline": headline, **result}
+    missing = [k for k in ("command", "git_sha", "date", "machine") if not data.get(k)]
+    if missing:
+        raise ValueError(f"{path}: a result needs its provenance; missing {', '.join(missing)}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def save_png(fig, path: Path, dpi: int) -> None:

@@ -1,8 +1,8 @@
 """Measure a recipe end to end (default: what `./run.sh train` runs): accuracy and wall time.
 
-    .venv/bin/python bench/default_recipe.py                  # -> bench/results/default_recipe.json
+    .venv/bin/python bench/default_recipe.py                  # -> results/bench/default_recipe.json
     .venv/bin/python bench/default_recipe.py --config fashion_mnist_lars [key=value ...]
-                                                              # -> bench/results/recipe_fashion_mnist_lars.json
+                                                              # -> results/bench/recipe_fashion_mnist_lars.json
 
 Runs `python -m dstrain --config RECIPE [overrides]` in a fresh run directory, then records
 the summary, the whole command's wall time (start-up included), the machine and the git SHA.
@@ -36,7 +36,7 @@ def main() -> int:
     if extra[:1] == ["--config"] and len(extra) > 1:
         recipe, extra = extra[1], extra[2:]
     name = "default_recipe" if recipe == "fashion_mnist" and not extra else f"recipe_{recipe}"
-    out = REPO / "bench" / "results" / f"{name}.json"
+    out = REPO / "results" / "bench" / f"{name}.json"
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         sys.path.insert(0, str(REPO))

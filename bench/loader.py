@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/loader.py                      # CPU (and GPU when there is one)
     .venv/bin/python bench/loader.py --batch 64 --batches-per-epoch 25 100 --threads 2 \
-        --out bench/results/loader_cpu.json
+        --out results/bench/loader_cpu.json
 
 Rows, on the same generated JPEG folder, files, threads, prefetch depth, batch and output (float16
 HWC by default, what dstrain's DaliLoader gives FP16/BF16 training with channels_last):
@@ -454,7 +454,7 @@ def main() -> int:
         "--root", default="", help="reuse this generated folder (made when missing)"
     )
     parser.add_argument(
-        "--out", default="", help="result file (default bench/results/loader_<device>.json)"
+        "--out", default="", help="result file (default results/bench/loader_<device>.json)"
     )
     parser.add_argument(
         "--stage-profile",
@@ -514,7 +514,7 @@ def main() -> int:
             Path(args.out)
             if args.out and len(results) == 1
             else (
-                REPO / "bench" / "results" / f"loader_{'gpu' if device == 'cuda' else 'cpu'}.json"
+                REPO / "results" / "bench" / f"loader_{'gpu' if device == 'cuda' else 'cpu'}.json"
             )
         )
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ DeepSpeed's FusedLamb (where its CUDA op builds); LAMB also on channels_last (NH
 
     .venv/bin/python bench/optimizer_step.py [--device cpu|cuda] [--rounds 30]
 
-Writes bench/results/optimizer_step_<device>.json. Every optimizer steps the same
+Writes results/bench/optimizer_step_<device>.json. Every optimizer steps the same
 parameters and gradients (BN/bias tensors in a second, excluded group, as the trainer
 builds them); timings are interleaved round by round (the order reversed every other round) so that machine
 noise hits all rows alike, and each row reports its median. Ratios are against
@@ -129,7 +129,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--out", default="", help="default bench/results/optimizer_step_<device>.json")
+    ap.add_argument("--out", default="", help="default results/bench/optimizer_step_<device>.json")
     args = ap.parse_args()
     device = torch.device(args.device)
     model = torchvision.models.resnet50().to(device)
@@ -179,7 +179,7 @@ def main() -> int:
         "targets": "CPU: dstrain_lars within 1.15x of sgd_foreach; GPU: within 1.3x and >= 3x faster than "
         "timm_lars_per_tensor",
     }
-    out = Path(args.out or REPO / "bench" / "results" / f"optimizer_step_{device.type}.json")
+    out = Path(args.out or REPO / "results" / "bench" / f"optimizer_step_{device.type}.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
     for k in med:
         r = result["round_ratio_vs_sgd_foreach"][k]

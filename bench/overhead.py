@@ -1,7 +1,7 @@
 """The trainer's per-step overhead against a bare DeepSpeed loop: same model, data, batch, engine.
 
-    .venv/bin/python bench/overhead.py          # 1 rank -> bench/results/overhead_cpu_1rank.json
-    .venv/bin/deepspeed --num_gpus 2 bench/overhead.py --out bench/results/overhead_cpu_2rank.json
+    .venv/bin/python bench/overhead.py          # 1 rank -> results/bench/overhead_cpu_1rank.json
+    .venv/bin/deepspeed --num_gpus 2 bench/overhead.py --out results/bench/overhead_cpu_2rank.json
 
 One engine (resnet_small, Fashion-MNIST from memory, global batch 256, ds_configs/fp32.json) runs
 alternating passes of ``--steps`` optimizer steps: a bare loop (forward, cross-entropy,
@@ -34,7 +34,7 @@ def main() -> int:
     )
     p.add_argument("--batch", type=int, default=256, help="global batch")
     p.add_argument(
-        "--out", default="", help="result file (default bench/results/overhead_cpu_<N>rank.json)"
+        "--out", default="", help="result file (default results/bench/overhead_cpu_<N>rank.json)"
     )
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -124,7 +124,7 @@ def main() -> int:
         "overhead_ratio": med["trainer"] / med["bare"],
     }
     if rank == 0:
-        out = Path(args.out or REPO / f"bench/results/overhead_cpu_{world}rank.json")
+        out = Path(args.out or REPO / f"results/bench/overhead_cpu_{world}rank.json")
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(
             f"{world} rank(s): bare {result['median_step_ms']['bare']:.1f} ms/step, trainer "

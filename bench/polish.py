@@ -1,6 +1,6 @@
 """Final Polishing evidence on Fashion-MNIST at batch 4,096 (LARS, warmup, ramp): what helps, what does not.
 
-    .venv/bin/python bench/polish.py                      # -> bench/results/polish.json and polish.md
+    .venv/bin/python bench/polish.py                      # -> results/bench/polish.json and polish.md
     .venv/bin/python bench/polish.py --seeds 0 1 2 --epochs 5 --k 1 --sweep 512 2048 10240 0
 
 Per seed, two training runs of the fashion_mnist_lars recipe (batch 1,024 -> 4,096 at epoch 3,
@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.study.stats import mean_pm  # noqa: E402
+from results.harness.study.stats import mean_pm  # noqa: E402
 
 BASE = [
     "--config",
@@ -147,7 +147,7 @@ def main() -> int:
         "summary": summary,
         "sweep_seed0": sweep,
     }
-    out_dir = REPO / "bench" / "results"
+    out_dir = REPO / "results" / "bench"
     (out_dir / "polish.json").write_text(json.dumps(result, indent=2) + "\n")
     (out_dir / "polish.md").write_text(table(result))
     print(table(result))

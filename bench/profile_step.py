@@ -141,7 +141,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--log-every", type=int, default=10, help="dstrain's log window (log.every_steps)"
     )
-    p.add_argument("--out", default="", help="default bench/results/profile_step_<device>.json")
+    p.add_argument("--out", default="", help="default results/bench/profile_step_<device>.json")
     p.add_argument(
         "--trace", default="", metavar="DIR", help="write the Chrome traces here, gzipped"
     )
@@ -745,7 +745,7 @@ def main() -> int:
         torch.backends.cudnn.benchmark = True
     result = header(args, environment(device))
     slug = re.sub(r"[^a-z0-9]+", "_", result["environment"]["device"].lower()).strip("_")
-    out = Path(args.out or REPO / f"bench/results/profile_step_{slug}.json")
+    out = Path(args.out or REPO / f"results/bench/profile_step_{slug}.json")
     print(
         f"{result['environment']['device']}: {args.model}, batch {args.batch}, "
         f"{args.image_size} px, {settings_name(args)}",

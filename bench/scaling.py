@@ -1,6 +1,6 @@
 """Multi-rank CPU scaling sanity: the real trainer under ./launch.sh with 1 and then N ranks, images/s and efficiency.
 
-    .venv/bin/python bench/scaling.py                 # 1 vs 2 CPU ranks -> bench/results/scaling_cpu.json
+    .venv/bin/python bench/scaling.py                 # 1 vs 2 CPU ranks -> results/bench/scaling_cpu.json
 
 Each configuration runs ``./launch.sh --config fashion_mnist`` (Fashion-MNIST from memory, resnet_small,
 ds_configs/fp32.json, global batch 256) for ``--epochs`` epochs with ``DSTRAIN_CPU_RANKS`` ranks, every
@@ -82,7 +82,7 @@ def main() -> int:
         default=3,
         help="alternating rounds; the median per configuration counts",
     )
-    p.add_argument("--out", default=str(REPO / "bench/results/scaling_cpu.json"))
+    p.add_argument("--out", default=str(REPO / "results/bench/scaling_cpu.json"))
     p.add_argument("extra", nargs="*", help="more trainer overrides for every run (key=value)")
     args = p.parse_args()
     if args.ranks < 2 or args.batch % args.ranks:

@@ -1,6 +1,6 @@
 """What a process pays before it trains: the imports of a rank, and what dstrain's import guard saves.
 
-    .venv/bin/python bench/startup.py --repeats 7            # -> bench/results/startup_cpu.json
+    .venv/bin/python bench/startup.py --repeats 7            # -> results/bench/startup_cpu.json
 
 Every rank of every run, and each of DeepSpeed's launcher processes, starts a Python that imports
 torch, DeepSpeed and (through torch's Optimizer constructor) torch._dynamo; the test suite starts
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(STATEMENTS),
         help="time these statements alone (default: all)",
     )
-    p.add_argument("--out", type=Path, default=REPO / "bench/results/startup_cpu.json")
+    p.add_argument("--out", type=Path, default=REPO / "results/bench/startup_cpu.json")
     p.add_argument(
         "--note", default="", help="what the machine was doing besides (kept in the file)"
     )

@@ -1,6 +1,6 @@
 """ResNet-50 training throughput on one GPU: dstrain (synthetic data, DALI) vs a bare PyTorch loop, side by side.
 
-    .venv/bin/python bench/throughput.py              # on a GPU node -> bench/results/throughput_<gpu>.{json,md}
+    .venv/bin/python bench/throughput.py              # on a GPU node -> results/bench/throughput_<gpu>.{json,md}
     .venv/bin/python bench/throughput.py --model resnet18 --batch 16 --image-size 64 --images 64 \\
         --dali-images 64 --bare-steps 4 --out /tmp/tp.json               # CPU smoke run (fp32)
 
@@ -371,7 +371,7 @@ def main() -> int:
     p.add_argument(
         "--out",
         default="",
-        help="result JSON (default bench/results/throughput_<device>.json; "
+        help="result JSON (default results/bench/throughput_<device>.json; "
         "a .md table is written next to it)",
     )
     args = p.parse_args()
@@ -402,7 +402,7 @@ def main() -> int:
         not_run.append("the DALI rows: nvidia.dali is not installed (pip install -e .[dali])")
         loaders.remove("dali")
     slug = re.sub(r"[^a-z0-9]+", "_", env["device"].lower()).strip("_")
-    out = Path(args.out or REPO / f"bench/results/throughput_{slug}.json")
+    out = Path(args.out or REPO / f"results/bench/throughput_{slug}.json")
     result = {
         "what": "training images/s per GPU, dstrain vs a bare PyTorch AMP loop, one device; each "
         "pair --repeats times, alternating (pairs: medians and ranges)",

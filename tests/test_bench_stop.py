@@ -1,6 +1,6 @@
 """A bench stopped with SIGTERM stops the trainers it runs (bench/common.py).
 
-``pkill -TERM -f bench/accuracy_study.py`` reaches the study's process only: before, its trainers
+``pkill -TERM -f results/harness/accuracy_study.py`` reaches the study's process only: before, its trainers
 (children the signal does not reach) trained on alone, and a study started again beside them
 trained the same run directory twice. Played with stand-in trainers (a Python process that
 "checkpoints" on SIGTERM and exits 75, as dstrain does) run from two worker threads, as

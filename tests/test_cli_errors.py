@@ -712,7 +712,7 @@ def test_help_config_lists_keys_with_units(entry):
 )
 def test_a_config_error_is_reported_without_importing_torch(args, expected):
     """A typo in the recipe or an override is refused before torch (1.6 s a process, quiet:
-    bench/results/startup_cpu.json) or DeepSpeed is imported: the logging set-up is torch-free."""
+    results/bench/startup_cpu.json) or DeepSpeed is imported: the logging set-up is torch-free."""
     code = (
         "import sys; from dstrain.main import main; rc = main(sys.argv[1:]); "
         "print(rc, sorted({'torch', 'deepspeed'} & set(sys.modules)))"

@@ -506,7 +506,7 @@ def test_sign_compressed_training_on_a_2x2_torus_reaches_the_uncompressed_accura
     and within SIGN_MARGIN of the uncompressed run, at a fraction of the bytes. Two broken torus
     runs show the checks can fail: one that skips the column phase trains but its rows disagree,
     and a compressor that sends nothing misses the margin. Each rank's top-1 is recorded in the
-    JUnit XML (tools/suite.py keeps it: `measured` in bench/results/suite_*.json)."""
+    JUnit XML (tools/suite.py keeps it: `measured` in results/bench/suite_*.json)."""
     world = 4
     with mp.Manager() as manager:
         out = manager.dict()

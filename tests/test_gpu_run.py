@@ -206,13 +206,16 @@ def test_import_copies_complete_parts_and_never_goes_back(tmp_path):
         return gpu_pack.pack(state, tmp_path / f"out{jobs}-{complete}")
 
     repo = tmp_path / "repo"
-    (repo / "bench/results").mkdir(parents=True)
+    (repo / "results/bench").mkdir(parents=True)
     assert gpu_pack.import_pack(pack_of(1, False), repo, index=False) == []  # not finished
     assert (repo / "runs/gpu/gpu_run_h100.json").is_file()
     copied = gpu_pack.import_pack(pack_of(2, True), repo, index=False)
-    assert copied == ["bench/results/smoke_h100.json"]
-    registry = json.loads((repo / "bench/results/gpu_imports.json").read_text())
-    assert registry["results"][0]["file"] == "bench/results/smoke_h100.json"
+    assert copied == ["results/bench/smoke_h100.json"]
+    registry = json.loads((repo / "results/gpu_imports.json").read_text())
+    assert registry["results"][0]["file"] == "results/bench/smoke_h100.json"
+    smoke = json.loads((repo / "results/bench/smoke_h100.json").read_text())  # describes itself
+    assert smoke["title"] == "GPU `smoke` part", smoke
+    assert all(smoke[k] for k in ("headline", "command", "git_sha", "date", "machine")), smoke
     gpu_pack.import_pack(pack_of(1, False), repo, index=False)  # an older pack, imported late
     assert json.loads((repo / "runs/gpu/gpu_run_h100.json").read_text())["jobs"] == 2
 
@@ -533,7 +536,7 @@ def test_the_slot_plan_fits_13_minutes_starts_and_waits_included(tmp_path):
     ]
     # so on a machine whose runs/gpu is gone, from the committed imports of this GPU's results
     imports = tmp_path / "imports.json"
-    entry = {"file": "bench/results/throughput_h100.json", "part": "throughput", "complete": True}
+    entry = {"file": "results/bench/throughput_h100.json", "part": "throughput", "complete": True}
     gpu_node.write_json(imports, {"results": [entry]})
     bare = gpu_prepare.plan(gpu, state=tmp_path / "gone", registry=imports)
     assert [j["command"] for j in bare] == [j["command"] for j in jobs]
@@ -557,14 +560,14 @@ def test_the_slot_plan_fits_13_minutes_starts_and_waits_included(tmp_path):
 
 def test_a_part_imported_complete_for_this_gpu_is_not_run_again(tmp_path, monkeypatch, capsys):
     """A machine that imported a pass keeps its state in runs/gpu, which is not committed: on the
-    next (bare) machine the committed bench/results/gpu_imports.json says what is done. A part is
+    next (bare) machine the committed results/gpu_imports.json says what is done. A part is
     done for a GPU when each of its files for that GPU was imported complete."""
     registry = tmp_path / "gpu_imports.json"
     entries = [
-        {"file": "bench/results/smoke_cpu.json", "part": "smoke", "complete": True},
-        {"file": "bench/results/suite_gpu_cpu.json", "part": "tests", "complete": True},
-        {"file": "bench/results/suite_cpu.json", "part": "tests", "complete": False},
-        {"file": "bench/results/micro_h100.json", "part": "micro", "complete": True},
+        {"file": "results/bench/smoke_cpu.json", "part": "smoke", "complete": True},
+        {"file": "results/bench/suite_gpu_cpu.json", "part": "tests", "complete": True},
+        {"file": "results/bench/suite_cpu.json", "part": "tests", "complete": False},
+        {"file": "results/bench/micro_h100.json", "part": "micro", "complete": True},
     ]
     gpu_node.write_json(registry, {"results": entries})
     assert gpu_pack.imported_complete("cpu", registry) == {"smoke"}

@@ -277,7 +277,7 @@ def test_lars_tensor_stats_give_each_tensors_trust_and_relative_step():
 def test_a_run_with_lars_tensors_logs_every_tensor_by_name(fake_fmnist, tmp_path):
     """log.lars_tensors through the trainer: per log step a trust ratio for every LARS-adapted
     weight and a relative step for every tensor, named as the model names them, and the three
-    largest steps on the console; bench/lars_tensors.py reads the run back."""
+    largest steps on the console; results/harness/lars_tensors.py reads the run back."""
     import json
     import subprocess
     import sys
@@ -304,7 +304,15 @@ def test_a_run_with_lars_tensors_logs_every_tensor_by_name(fake_fmnist, tmp_path
     assert all(len(scalars[t]) == 4 for t in step)  # 16 steps, every 4th logged
     out = tmp_path / "out"
     read = subprocess.run(
-        [sys.executable, "bench/lars_tensors.py", str(run_dir), "--out", str(out), "--name", "r"],
+        [
+            sys.executable,
+            "results/harness/lars_tensors.py",
+            str(run_dir),
+            "--out",
+            str(out),
+            "--name",
+            "r",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

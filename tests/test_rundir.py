@@ -73,11 +73,11 @@ def test_uncommitted_diff_is_the_code_a_dirty_sha_ran():
     diff = uncommitted_diff()
     assert bool(diff) == git_sha().endswith("-dirty")
     files = [line.split(" b/")[-1] for line in diff.splitlines() if line.startswith("diff --git")]
-    assert not [f for f in files if f.startswith(("bench/results/", "docs/results/"))]  # outputs
+    assert not [f for f in files if f.startswith(("results/bench/", "results/studies/"))]  # outputs
 
 
 def test_every_record_names_the_cpu_it_ran_on():
-    """The same run trains to other floats on another CPU (tools/replay.py), so meta.json and
+    """The same run trains to other floats on another CPU (results/harness/replay.py), so meta.json and
     every result file name the CPU: its model and the ISA torch's CPU kernels dispatch on."""
     import torch
 

@@ -1,6 +1,6 @@
 """The shape of the dstrain package, measured from its source: what issue 15 asked to watch.
 
-    .venv/bin/python tools/code_shape.py                        # -> bench/results/code_shape.json
+    .venv/bin/python tools/code_shape.py                        # -> results/bench/code_shape.json
     .venv/bin/python tools/code_shape.py --package /old/dstrain --out /tmp/old.json
 
 Per package: files and lines, the longest functions (lines, decorators and docstring included), the
@@ -151,7 +151,7 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--package", default=str(REPO / "dstrain"), help="a dstrain package folder")
-    p.add_argument("--out", default=str(REPO / "bench/results/code_shape.json"))
+    p.add_argument("--out", default=str(REPO / "results/bench/code_shape.json"))
     args = p.parse_args()
     from dstrain.core.provenance import record as provenance_record
 

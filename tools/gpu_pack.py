@@ -11,9 +11,10 @@ travels back to a bare node beside a DALI part.
     ./run.sh gpu-import FILE [--partial]    # here: FILE is the gpu_state.tar.gz a job brought back
 
 unpacks it into ``runs/gpu`` (unless that already holds a later job's state), copies the result
-files of every complete part into ``bench/results`` (``--partial``: of the others too), registers
-them in ``bench/results/gpu_imports.json`` (tools/evidence.py reads it) and rewrites the results
-index. The next job brings ``runs/gpu`` back: a bare node continues where the last one stopped.
+files of every complete part into ``results/bench`` (``--partial``: of the others too), registers
+them in ``results/gpu_imports.json`` (what a later pass need not measure again), fills in what a
+file does not say of itself (title, headline, machine: results/evidence.py's fields) and rewrites
+the results index. The next job brings ``runs/gpu`` back: a bare node continues where the last one stopped.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ STATE_LIMIT = 2 << 20  # unpacked: what runs/gpu may weigh when the next job bri
 NEVER = re.compile(
     r"(\.pt|\.pth|\.ckpt|\.JPEG|\.jpe?g|\.tmp|\.partial\.xml)$|/(checkpoints?|jpegs)/"
 )
-REGISTRY = REPO / "bench/results/gpu_imports.json"
+REGISTRY = REPO / "results/gpu_imports.json"
 
 
 def _members(state: Path) -> list[Path]:
@@ -136,8 +137,8 @@ def register(entries: list[dict], registry: Path = REGISTRY) -> None:
     by_file = {e["file"]: e for e in old}
     by_file.update({e["file"]: e for e in entries})
     data = {
-        "what": "GPU result files imported by ./run.sh gpu-import (tools/gpu_pack.py); "
-        "tools/results/registry.py registers each",
+        "what": "GPU result files imported by ./run.sh gpu-import (tools/gpu_pack.py): the parts a "
+        "later pass need not measure again",
         "results": sorted(by_file.values(), key=lambda e: e["file"]),
     }
     write_json(registry, data)
@@ -145,7 +146,7 @@ def register(entries: list[dict], registry: Path = REGISTRY) -> None:
 
 def imported_complete(slug: str, registry: Path | None = None) -> set[str]:
     """The parts whose result files for this GPU (``*_<slug>.json``) were all imported complete
-    (``bench/results/gpu_imports.json``, committed): what a pass need not measure again when the
+    (``results/gpu_imports.json``, committed): what a pass need not measure again when the
     ``runs/gpu`` state that imported them is gone with its machine."""
     registry = registry or REGISTRY
     if not registry.is_file():
@@ -157,12 +158,47 @@ def imported_complete(slug: str, registry: Path | None = None) -> set[str]:
     return {part for part, each in flags.items() if all(each)}
 
 
+def headline(d: dict) -> str:
+    """A one-line headline for a file of ``./run.sh gpu`` that does not carry its own, by what it holds."""
+    if "counts" in d:
+        from tools.suite import headline as suite_headline
+
+        return suite_headline(d)
+    rows = d.get("rows")
+    if isinstance(rows, dict):  # smoke: one run per shipped JSON
+        ok = sum(1 for r in rows.values() if r.get("exit") == 0)
+        return f"{ok} of {len(rows)} runs exited 0"
+    ratios = [r["vs_bare"] for r in rows or [] if isinstance(r, dict) and r.get("vs_bare")]
+    if ratios:
+        return f"dstrain vs its bare twin {min(ratios):.2f}x to {max(ratios):.2f}x ({len(ratios)} rows)"
+    if "median_step_ms" in d:
+        return f"{len(d['median_step_ms'])} optimizer steps timed"
+    return f"{len(d.get('runs') or rows or [])} rows"
+
+
+def described(data: dict, meta: dict, command: str) -> dict:
+    """``data`` with what results/evidence.py needs of a result file filled in where it is missing:
+    the part as its title, a headline, the command, and the SHA, date and GPU of its environment."""
+    env = data.get("environment") if isinstance(data.get("environment"), dict) else data
+    gpu = env.get("device") or env.get("cuda") or "GPU"
+    filled = {
+        "title": f"GPU `{meta['part']}` part" + ("" if meta["complete"] else " (partial)"),
+        "headline": headline(data),
+        "command": command,
+        "git_sha": env.get("git_sha") or "unknown",
+        "date": env.get("date") or time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": f"{gpu}, {env.get('cpu_count', '?')} CPU cores, torch {env.get('torch', '?')}",
+    }
+    head = {k: data.get(k) or v for k, v in filled.items()}
+    return {**head, **{k: v for k, v in data.items() if k not in head}}
+
+
 def import_pack(
     archive: Path, repo: Path = REPO, partial: bool = False, index: bool = True
 ) -> list[str]:
     state = repo / "runs/gpu"
     unpack(archive, state)
-    results = repo / "bench/results"
+    results = repo / "results/bench"
     entries, copied = [], []
     for path, meta in finished_results(state, partial):
         target = results / path.name
@@ -172,23 +208,23 @@ def import_pack(
             shutil.copy2(md, results / md.name)
         data = json.loads(path.read_text()) if path.suffix == ".json" else {}
         command = data.get("command") or f"./run.sh gpu {meta['part']}"
+        if path.suffix == ".json":
+            write_json(target, described(data, meta, command))
         entries.append(
             {
-                "file": f"bench/results/{path.name}",
+                "file": f"results/bench/{path.name}",
                 "part": meta["part"],
                 "complete": meta["complete"],
                 "command": command,
             }
         )
         copied.append(str(target.relative_to(repo)))
-    registry = repo / "bench/results/gpu_imports.json"
+    registry = repo / "results/gpu_imports.json"
     if entries:
         register(entries, registry)
-    if (
-        index and entries
-    ):  # the results index and README's table list them (that tree's evidence.py)
+    if index and entries:  # the results index and README's table list them (that tree's tool)
         subprocess.run(
-            [sys.executable, str(repo / "tools/evidence.py"), "index"], cwd=repo, check=True
+            [sys.executable, str(repo / "results/evidence.py"), "index"], cwd=repo, check=True
         )
     return copied
 
@@ -214,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for rel in copied:
         print(f"[gpu-import] {rel}")
-    print(f"[gpu-import] {len(copied)} result files into bench/results; state in runs/gpu")
+    print(f"[gpu-import] {len(copied)} result files into results/bench; state in runs/gpu")
     return 0
 
 

@@ -878,7 +878,7 @@ def run_part(run: Run, name: str) -> int:
     if name in run.imported and not previous:
         print(
             f"[gpu] {name}: imported complete for this GPU in an earlier slot "
-            f"(bench/results/{gpu_pack.REGISTRY.name}); --fresh redoes it"
+            f"(results/bench/{gpu_pack.REGISTRY.name}); --fresh redoes it"
         )
         return 0
     budget = run.budget(args.budgets[name])

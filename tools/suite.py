@@ -1,7 +1,7 @@
 """The test suite's outcome as a result file: counts, each skip with its reason, failures, device, SHA.
 
     python tools/suite.py                          # run the suite here (python -m pytest) and write
-                                                   #   bench/results/suite_<device>.json
+                                                   #   results/bench/suite_<device>.json
     python tools/suite.py --out F.json -- -m oldest   # pytest arguments go after --
     python tools/suite.py --junit run.xml --ran "./run.sh test -q --junitxml=run.xml"
                                                    # summarise a finished run (its junit XML) instead;
@@ -164,7 +164,7 @@ def headline(d: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", help="result file (default bench/results/suite_<device>.json)")
+    p.add_argument("--out", help="result file (default results/bench/suite_<device>.json)")
     p.add_argument(
         "--junit",
         type=Path,
@@ -181,7 +181,7 @@ def main() -> int:
     for junit in args.junit or []:
         if not junit.is_file():
             p.error(f"--junit {junit}: no such file")
-    out = Path(args.out or REPO / f"bench/results/suite_{device_slug()}.json")
+    out = Path(args.out or REPO / f"results/bench/suite_{device_slug()}.json")
     record = provenance_record(f"python tools/suite.py {shlex.join(sys.argv[1:])}")
     if args.junit:
         # what ran: as the caller says, else the XML files' names (the record never goes without)

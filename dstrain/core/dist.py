@@ -214,7 +214,7 @@ def share_cpu_cores() -> int | None:
     """CPU ranks sharing a node each take their share of its cores for torch's threads, as torchrun
     does (DeepSpeed's launcher does not, without --bind_cores_to_rank): every rank otherwise opens
     a thread per core, and OpenMP threads spinning on cores the other ranks need halve a 2-rank
-    run's speed on 2 cores, and cost more beside other work (bench/results/scaling_cpu_threads*
+    run's speed on 2 cores, and cost more beside other work (results/bench/scaling_cpu_threads*
     .json, docs/multinode.md). The threads set, or None: a GPU rank, a rank alone on its node, or
     OMP_NUM_THREADS given (the user's choice)."""
     ranks = local_ranks()

@@ -1,7 +1,7 @@
 """A process's log lines: rank 0 logs dstrain's INFO to stdout, other ranks and other libraries only
 warnings, each line prefixed with its rank. Ground floor, no torch: a bad config is reported by a
 process that never imports torch (its import alone is 1.6 s a process quiet on 2 cores:
-bench/results/startup_cpu.json)."""
+results/bench/startup_cpu.json)."""
 
 from __future__ import annotations
 

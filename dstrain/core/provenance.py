@@ -12,7 +12,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # benchmark and evidence result files are outputs, not code: rewriting one does not make the tree dirty
-CODE = ["--", ".", ":(exclude)bench/results", ":(exclude)docs/results"]
+CODE = ["--", ".", ":(exclude)results/bench", ":(exclude)results/studies"]
 
 
 def git_sha() -> str:
@@ -86,10 +86,20 @@ def record(command: str) -> dict:
     ``-dirty``), the date, and the machine and libraries it ran on. One helper for every script."""
     import time
 
+    env = environment()
     return {
         "command": command.strip(),
         "git_sha": git_sha(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        **environment(),
+        "machine": machine(env),
+        **env,
         "cpu_count": os.cpu_count(),
     }
+
+
+def machine(env: dict) -> str:
+    """One line naming what a number was measured on: the GPU (where one is), the CPU cores and
+    model, torch: the ``machine`` of a result file (results/evidence.py)."""
+    model = (env.get("cpu") or {}).get("model")
+    cores = f"{os.cpu_count()} CPU cores" + (f" ({model})" if model else "")
+    return ", ".join(x for x in (env.get("cuda"), cores, f"torch {env.get('torch')}") if x)

@@ -167,7 +167,7 @@ class LARS(GroupwiseOptimizer):
 class TensorLog(Hook):
     """``log.lars_tensors``: at every log line, the last step's trust ratio and relative step of
     every tensor, by name (TensorBoard ``lars_trust/*``, ``lars_step/*``), and the three largest
-    steps in the log; where a LARS run's instability shows (bench/lars_tensors.py reads them)."""
+    steps in the log; where a LARS run's instability shows (results/harness/lars_tensors.py reads them)."""
 
     def fit_start(self, trainer) -> bool:
         if hasattr(trainer.optimizer, "record_tensors"):  # LARS only: other optimizers keep none

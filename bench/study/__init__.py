@@ -1,3 +1,0 @@
-"""bench/accuracy_study.py's parts: the rows it trains (``rows``), the numbers it reads from their
-runs (``stats``), the code the runs ran (``commits``) and the report it writes (``report``); also read
-by bench/ablation.py and bench/epochs_tuned.py."""

@@ -1,0 +1,348 @@
+"""What each technique of the seeds earns at the large batch (issue 52, item 4): one table.
+
+    .venv/bin/python results/harness/ablation.py \\
+        --reports results/studies/ablation_90ep_holdout6000_*.json \\
+                  results/studies/tuning/chosen_b8192_lr20_90ep_holdout6000.json \\
+                  results/studies/tuning/chosen_b8192_lr20_90ep_holdout6000_s1_2.json \\
+                  results/studies/tuning/chosen_b8192_lamb_<L>_90ep_holdout6000*.json \\
+        --name ablation_90ep_holdout6000
+
+Each row of the table is one change from the chosen recipe (``CHANGES``): without label smoothing
+(Mikami), without the un-augmented tail or the BN refit (Kasagi), with Mikami's batch-size ramp, and
+LAMB in place of LARS at batch 8,192 (each optimizer at the peak LR its own held-out tuning chose;
+the LAMB row's runs are those of the reports given). For each: the changed row's and its base row's
+final top-1 over their seeds (mean, sample standard deviation, worst seed), the gap with its 95%
+interval (Welch's t; a paired t over the seeds where the changed row is the base's own runs read
+before the refit) and what the technique earns, signed so that a positive number is the technique
+helping. The settings that differ are read from the runs' recorded commands (the study's
+:func:`definition`), not assumed: a pair that differs in more than its change, a row whose runs are
+not one definition, runs on different images or lengths are refused, naming what differs; runs
+made at different trainer code are refused unless named with ``--across-commits``, as
+results/harness/accuracy_study.py does. A row whose runs are not in the reports yet is listed as pending.
+Writes <name>.json and <name>.md under --out (default results/studies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from bench.common import provenance  # noqa: E402
+from results.harness.study.commits import code_between, code_lines, refuse_mixed_code  # noqa: E402
+from results.harness.study.definition import described, differing, resolved, run_name  # noqa: E402
+from results.harness.study.rows import CHOSEN, DERIVED  # noqa: E402
+from results.harness.study.stats import gap_interval, mean_pm, mean_sd  # noqa: E402
+
+
+class Change(NamedTuple):
+    row: str  # the study's row with the change
+    base: str  # the row it is one change from
+    what: str  # the change, as the table names it
+    sign: int  # +1: the row adds the technique; -1: it removes it (or replaces the base's)
+    keys: tuple[str, ...]  # the settings the change may touch (a prefix ends with ".")
+
+
+CHANGES = (
+    Change(
+        "chosen_no_ls", CHOSEN, "without label smoothing (Mikami)", -1, ("optim.label_smoothing",)
+    ),
+    Change(
+        "chosen_no_tail",
+        CHOSEN,
+        "without the un-augmented last epochs (Kasagi)",
+        -1,
+        ("polish.last_epochs_without_augmentation",),
+    ),
+    Change("chosen_no_refit", CHOSEN, "without the BN refit (Kasagi)", -1, ()),
+    Change(
+        "chosen_ramp",
+        CHOSEN,
+        "with the batch-size ramp (Mikami): half the batch through the warmup",
+        +1,
+        ("batch.global_size", "batch.ramp"),
+    ),
+    Change(
+        "chosen_b8192_lamb",
+        "chosen_b8192",
+        "batch 8,192: LAMB in place of LARS, each at its own tuned LR",
+        -1,
+        ("optim.base_lr", "deepspeed_config.optimizer."),
+    ),
+)
+ALWAYS_FREE = {"seed"}
+
+
+def gathered(reports: list[dict]) -> dict[str, list[dict]]:
+    """Each row's runs over all the reports, one per seed: a seed two reports both hold must be the
+    same run (same command and top-1), else ValueError naming it."""
+    by: dict[tuple[str, int], dict] = {}
+    for report in reports:
+        for record in report["runs"]:
+            key = record["row"], record["seed"]
+            seen = by.setdefault(key, record)
+            if seen is not record and (
+                seen.get("command") != record.get("command")
+                or seen["final_top1"] != record["final_top1"]
+            ):
+                raise ValueError(f"{run_name(record)}: two reports hold different runs of it")
+    rows: dict[str, list[dict]] = {}
+    for (row, _), record in sorted(by.items()):
+        rows.setdefault(row, []).append(record)
+    return rows
+
+
+def one_run_each(runs: list[dict]) -> dict:
+    """A row's settings: every run of it the same definition but its seed (else ValueError)."""
+    first = resolved(runs[0])
+    for record in runs[1:]:
+        keys = differing(first, resolved(record), ALWAYS_FREE)
+        if keys:
+            raise ValueError(
+                f"{run_name(record)} differs from {run_name(runs[0])} in {', '.join(keys)}: a row's "
+                "runs are one definition, only the seed differs"
+            )
+    return first
+
+
+def allowed(key: str, keys: tuple[str, ...]) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in keys)
+
+
+def what_differs(change: Change, row_runs: list[dict], base_runs: list[dict]) -> list[str]:
+    """``key: base -> row`` for each setting the change touches; ValueError where the pair differs
+    in more than its change. A derived row (the base's own runs, read before the refit) differs in
+    nothing but when it is read."""
+    if change.row in DERIVED:
+        if DERIVED[change.row] != change.base:
+            raise ValueError(f"{change.row} is read from {DERIVED[change.row]}, not {change.base}")
+        return ["the same runs, top-1 read before the refit"]
+    mine, base = one_run_each(row_runs), one_run_each(base_runs)
+    keys = differing(base, mine, ALWAYS_FREE)
+    beyond = [k for k in keys if not allowed(k, change.keys)]
+    if beyond:
+        detail = ", ".join(described(base, mine, beyond))
+        raise ValueError(
+            f"{change.row} differs from {change.base} in more than its change ({detail}): one "
+            "change per row, or the table cannot say what the technique earns"
+        )
+    if not keys:
+        raise ValueError(f"{change.row} and {change.base} are the same definition: no change")
+    return described(base, mine, keys)
+
+
+def paired_interval(row: list[dict], base: list[dict]) -> tuple[float, float, float] | None:
+    """(gap, low, high) over the seeds both hold, paired (the same runs read twice): a 95% t
+    interval of the per-seed differences; None below two seeds."""
+    b = {r["seed"]: 100 * r["final_top1"] for r in base}
+    diffs = [100 * r["final_top1"] - b[r["seed"]] for r in row if r["seed"] in b]
+    if len(diffs) < 2:
+        return None
+    from scipy.stats import t as student_t
+
+    gap, sd = statistics.mean(diffs), statistics.stdev(diffs)
+    half = float(student_t.ppf(0.975, len(diffs) - 1)) * sd / len(diffs) ** 0.5
+    return gap, gap - half, gap + half
+
+
+def _mean_pm(summary: dict) -> str:
+    return mean_pm(summary["mean"], summary["sd"], len(summary["seeds"]))
+
+
+def _summary(runs: list[dict]) -> dict:
+    values = [100 * r["final_top1"] for r in runs]
+    mean, sd = mean_sd(values)
+    return {
+        "seeds": [r["seed"] for r in runs],
+        "top1": values,
+        "mean": mean,
+        "sd": sd,
+        "worst": min(values),
+    }
+
+
+def compare(rows: dict[str, list[dict]], changes=CHANGES) -> tuple[list[dict], list[str]]:
+    """One entry per change whose row and base both have runs; the others' names (pending)."""
+    out, pending = [], []
+    for change in changes:
+        row_runs, base_runs = rows.get(change.row, []), rows.get(change.base, [])
+        if not row_runs or not base_runs:
+            pending.append(
+                change.row if base_runs else f"{change.row} (and its base {change.base})"
+            )
+            continue
+        differs = what_differs(change, row_runs, base_runs)
+        paired = change.row in DERIVED
+        changed, reference = _summary(row_runs), _summary(base_runs)
+        found = (
+            paired_interval(row_runs, base_runs)
+            if paired
+            else gap_interval(changed["top1"], reference["top1"])
+        )
+        gap = changed["mean"] - reference["mean"]
+        interval = list(found[1:]) if found else None
+        out.append(
+            {
+                "row": change.row,
+                "base": change.base,
+                "change": change.what,
+                "differs": differs,
+                "changed": changed,
+                "reference": reference,
+                "gap_pt": gap,
+                "ci95_pt": interval,
+                "interval": "paired t" if paired else "Welch",
+                # what the technique earns: positive when it helps
+                "earns_pt": change.sign * gap,
+                "earns_ci95_pt": (
+                    sorted(change.sign * x for x in interval) if interval is not None else None
+                ),
+            }
+        )
+    return out, pending
+
+
+# what a base row's runs set that its tuning chose (the table's caption names them: the chosen recipe
+# is its row at the LR and warmup its held-out tuning chose, given as overrides to the row)
+SCHEDULE = ("optim.base_lr", "optim.warmup_epochs", "optim.decay_epochs")
+
+
+def bases(rows: dict[str, list[dict]], changes=CHANGES) -> dict[str, dict]:
+    """Each base row with runs: its batch and schedule as its runs resolve them."""
+    out = {}
+    for name in dict.fromkeys(c.base for c in changes):
+        if rows.get(name):
+            settings = one_run_each(rows[name])
+            out[name] = {k: settings.get(k) for k in ("batch.global_size", *SCHEDULE)}
+    return out
+
+
+def base_words(name: str, settings: dict) -> str:
+    """``ROW at batch B (peak LR L, warmup W and decay D epochs)``: a base row as the caption
+    names it."""
+    lr, warmup, decay = (
+        "unset" if settings.get(k) is None else f"{settings[k]:g}" for k in SCHEDULE
+    )
+    return (
+        f"{name} at batch {settings['batch.global_size']:,} (peak LR {lr}, warmup {warmup} "
+        f"and decay {decay} epochs)"
+    )
+
+
+def table(entries: list[dict], pending: list[str]) -> list[str]:
+    lines = [
+        "| change from the chosen recipe | row (seeds) | top-1 % (mean ± sample sd) | worst seed % "
+        "| its base (seeds) | base top-1 % | base worst % | changed − base (pt) | 95% interval "
+        "| the technique earns (pt) | settings that differ |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        c, b = e["changed"], e["reference"]
+        interval = (
+            f"{e['ci95_pt'][0]:+.2f} to {e['ci95_pt'][1]:+.2f} ({e['interval']})"
+            if e["ci95_pt"]
+            else "-"
+        )
+        lines.append(
+            f"| {e['change']} | {e['row']} ({len(c['seeds'])}) | {_mean_pm(c)} "
+            f"| {c['worst']:.2f} | {e['base']} ({len(b['seeds'])}) | {_mean_pm(b)} "
+            f"| {b['worst']:.2f} | {e['gap_pt']:+.2f} | {interval} | "
+            f"{e['earns_pt']:+.2f} | {'; '.join(e['differs'])} |"
+        )
+    lines += [f"| {name}: pending | | | | | | | | | | |" for name in pending]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--reports",
+        nargs="+",
+        required=True,
+        help="results/harness/accuracy_study.py reports holding the rows of CHANGES and their bases",
+    )
+    p.add_argument(
+        "--across-commits",
+        nargs="+",
+        default=[],
+        metavar="SHA",
+        help="compare runs made at these different commits anyway (each named)",
+    )
+    p.add_argument("--out", default=str(REPO / "results/studies"))
+    p.add_argument("--name", default="ablation")
+    args = p.parse_args(argv)
+    reports = []
+    for path in args.reports:
+        try:
+            data = json.loads(Path(path).read_text())
+            data["runs"]
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"--reports {path}: not a study report ({type(e).__name__}: {e})")
+        reports.append(data)
+    for field in ("holdout", "epochs"):
+        seen = {(path, r.get(field)) for path, r in zip(args.reports, reports)}
+        if len({v for _, v in seen}) > 1:
+            p.error(
+                f"--reports: runs of different {field} ("
+                + ", ".join(f"{Path(path).name}: {v}" for path, v in sorted(seen))
+                + "): one table compares runs on the same images for the same length"
+            )
+    try:
+        rows = gathered(reports)
+        wanted = {name for c in CHANGES for name in (c.row, c.base)}
+        used = [r for name, runs in rows.items() if name in wanted for r in runs]
+        code = code_between([str(r.get("git_sha")) for r in used])
+        if refuse_mixed_code(code, args.across_commits, prog="ablation"):
+            return 2
+        entries, pending = compare(rows)
+        based = bases(rows)
+    except ValueError as e:
+        p.error(str(e))
+    holdout = reports[0].get("holdout", 0)
+    images = f"{holdout} held-out training images" if holdout else "the test set"
+    meta = {
+        **provenance("ablation.py", argv),
+        "reports": args.reports,
+        "holdout": holdout,
+        "epochs": reports[0].get("epochs"),
+        "sd": "sample standard deviation (n - 1)",
+        "code_between_runs": code,
+        "bases": based,
+        "entries": entries,
+        "pending": pending,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps(meta, indent=2) + "\n")
+    named = " or ".join(base_words(n, v) for n, v in based.items()) or f"{CHOSEN} at batch 4,096"
+    head = (
+        f"What each technique earns at the large batch: {meta['epochs']} epochs, top-1 on "
+        f"{images}; each row one change from the chosen recipe ({named}, as its runs set "
+        "them); ± is the sample standard deviation."
+    )
+    md = [
+        "# Ablation of the seeds' techniques (Fashion-MNIST)",
+        "",
+        f"`{meta['command']}` at git {str(meta['git_sha'])[:7]}, {meta['date']}; runs from "
+        f"{len(args.reports)} report(s).",
+        "",
+        head,
+        "",
+        *table(entries, pending),
+        "",
+        *code_lines(code),
+        "",
+    ]
+    (out / f"{args.name}.md").write_text("\n".join(md))
+    print("\n".join([head, *table(entries, pending), *code_lines(code)]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
