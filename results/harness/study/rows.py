@@ -168,12 +168,12 @@ def differences(epochs: int) -> dict[str, tuple[str, str, list[str]]]:
 
 
 # each batch-8,192 row's peak LR, chosen on held-out images at 8,192 and 90 epochs by the worst of 3
-# seeds (issue 52; results/studies/tuning/README.md): LARS 20 (10 and 40 worse on seed 0 alone);
-# LAMB's is tuned the same way (bench/issue52_runs.sh), the fashion_mnist_lars recipe's until then
+# seeds (results/studies/tuning/README.md): LARS 20 (10 and 40 worse on seed 0 alone); LAMB's is
+# tuned the same way, the fashion_mnist_lars recipe's until then
 B8192_LR = {"lars": 20.0, "lamb": 0.032}
 # batch 4,096's peak LR at 90 epochs, chosen the same way (issue 52: 20 by the worst of 3 seeds,
 # against 2.5, 5 and 10): the chosen row at it is ``chosen_b4096``, item 2's batch-4,096 row. The
-# ablation's rows keep the chosen row's own LR; bench/issue52_runs.sh runs them at this one
+# ablation's rows keep the chosen row's own LR; the ablation runs them at this one (--extra)
 B4096_LR = 20.0
 # and its warmup, chosen the same way at LR 20 (issue 52): 30% of the epochs (worst of 3 held-out
 # seeds 93.30% against the recipe's 40%'s 93.17%; 20% out on its seed 0), the decay still ending at
