@@ -183,8 +183,9 @@ def cpu_channels_last_hazards(model: nn.Module) -> list[str]:
     """Convolutions that oneDNN's channels_last (NHWC) backward corrupts memory on, on the CPU.
 
     Seen with torch 2.15.0 (a probe's report, `git show 7d4f03e:bench/results/cpu_channels_last_crash.md`):
-    a strided 1x1 convolution with fewer than 8 input channels (resnet_small's downsampling shortcut at model.width < 8) segfaults,
-    aborts ("free(): invalid pointer", "double free") or hangs in backward. Wider layers are fine.
+    a strided 1x1 convolution with fewer than 8 input channels (resnet_small's downsampling shortcut
+    at model.width < 8) segfaults, aborts ("free(): invalid pointer", "double free") or hangs in
+    backward. Wider layers are fine.
     """
     return [
         name
