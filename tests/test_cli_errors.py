@@ -647,6 +647,86 @@ def test_a_checkpoint_that_would_run_code_is_refused_unread(
     )
 
 
+class _System:
+    """A pickle that would run a shell command: unpickling it calls os.system(command)."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.command,))
+
+
+ZERO1 = (  # ZeRO stage 1 with dstrain's SGD: its checkpoint holds zero_pp_rank_*_optim_states.pt
+    '{"optimizer": {"type": "SGD", "params": {"momentum": 0.9}}, "gradient_clipping": 0.0, '
+    '"zero_optimization": {"stage": 1}}'
+)
+
+
+@pytest.fixture(scope="module")
+def finished_zero1_run(fake_fmnist, tmp_path_factory) -> tuple[Path, Path]:
+    """A finished one-epoch ZeRO stage 1 run: (its run directory, its DeepSpeed JSON)."""
+    home = tmp_path_factory.mktemp("zero1")
+    (home / "zero1.json").write_text(ZERO1)
+    args = [JSON, str(home / "zero1.json"), *TINY, "epochs=1", f"data.root={fake_fmnist}"]
+    proc = run_cli([*args, f"run_dir={home / 'run'}"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return home / "run", home / "zero1.json"
+
+
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
+@pytest.mark.parametrize("command", ["resume", "check"])
+@pytest.mark.parametrize("planted", ["zero optimizer state", "legacy pickle"])
+def test_a_planted_file_deepspeed_would_unpickle_is_refused_unread(
+    planted, command, finished_run, finished_zero1_run, fake_fmnist, tmp_path, evidence
+):
+    """Files DeepSpeed's loader unpickles without weights_only, planted in a run from elsewhere:
+    a ZeRO optimizer-state file (zero_pp_rank_0_mp_rank_00_optim_states.pt, whose check allows three
+    DeepSpeed classes by name) that also pickles a call of os.system, and a model-state file that is
+    a plain pickle, not torch's zip format (the opcode scan cannot read it; torch.load would unpickle
+    it as a legacy file). A resume and its --check refuse each in one line naming the file, exit 2;
+    the command never runs, the run directory is unchanged."""
+    import pickle
+    import shlex
+    import shutil
+
+    source, json_file = finished_zero1_run if planted.startswith("zero") else (finished_run, None)
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    marker = tmp_path / "created-by-the-pickle"
+    payload = _System(f"touch {shlex.quote(str(marker))}")
+    (ckpt,) = (run_dir / "checkpoints").glob("epoch*[0-9]")
+    if planted.startswith("zero"):
+        (path,) = ckpt.glob("zero_pp_rank_0_*optim_states.pt")
+        state = torch.load(path, map_location="cpu", weights_only=False)  # the run's own file
+        state["planted"] = payload  # the real state, with one call beside it
+        torch.save(state, path)
+        expected = "refused: unpickling it would call posix.system"
+    else:
+        path = ckpt / "mp_rank_00_model_states.pt"
+        path.write_bytes(pickle.dumps({"module": payload}))
+        expected = "refused: not a checkpoint torch.save wrote"
+    before = tree_digest(run_dir)
+    args = [JSON, str(json_file or "ds_configs/fp32.json"), *TINY, "epochs=2"]
+    args += [f"data.root={fake_fmnist}", f"run_dir={run_dir}", "resume=auto"]
+    proc = run_cli(args + (["--check"] if command == "check" else []), timeout=240)
+    assert not marker.exists(), "the planted pickle ran"
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("dstrain: error:")]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert f"{path}: {expected}" in errors[0], errors[0]
+    assert tree_digest(run_dir) == before
+    evidence(
+        "bad input: checkpoint",
+        f"a {planted} file that would run code ({path.name}), given to {command}",
+        exit=2,
+        seen=errors[0],
+        disk="nothing written; the pickle did not run",
+    )
+
+
 def test_checkpoints_dstrain_writes_load_as_data(finished_run):
     """Everything in a dstrain checkpoint loads with torch's weights_only loader (the RNG state's
     numpy part is a tensor now); refuse_foreign_code passes it."""

@@ -35,27 +35,60 @@ def test_the_decay_is_timms_counted_in_updates():
     assert decay_at(8, gamma) == pytest.approx(1 - 3 ** (-2 / 3))
 
 
-@pytest.mark.parametrize("device", ["model", "cpu"])
-def test_the_average_matches_an_fp64_reference(device):
-    cfg = _cfg(decay=0.9, warmup=True, warmup_gamma=2.0, warmup_power=0.75)
-    model = _net()
-    ema = WeightEMA(model, cfg, "cpu")
-    reference = {k: v.double().clone() for k, v in model.state_dict().items()}
+def _run_cfg(**ema):
+    """The trainer's config with ``optim.ema`` set (what dstrain/run/train.py's weight_ema reads)."""
+    from dstrain.settings.config import TrainConfig
+
+    cfg = OmegaConf.structured(TrainConfig)
+    for key, value in ema.items():
+        cfg.optim.ema[key] = value
+    return cfg
+
+
+# the model's device: cuda where there is one (the GPU pass), else skipped with why
+MODEL_DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("model_device", MODEL_DEVICES)
+@pytest.mark.parametrize("placement", ["model", "cpu"])
+def test_the_average_matches_an_fp64_reference(placement, model_device):
+    """optim.ema.device: the average kept on the model's device or on the CPU (weights copied over
+    at each update), built by the run's own weight_ema; either way FP32 and equal to an FP64
+    reference of timm's formula."""
+    from dstrain.run.train import weight_ema
+
+    cfg = _cfg(decay=0.9, warmup=True, warmup_gamma=2.0, warmup_power=0.75, device=placement)
+    model = _net().to(model_device)
+    ema = weight_ema(_run_cfg(**cfg), model, torch.device(model_device))
+    kept = model_device if placement == "model" else "cpu"
+    assert {t.device.type for t in ema.module.state_dict().values()} == {kept}
+    reference = {k: v.double().cpu().clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(1)
     for t in range(6):
         with torch.no_grad():  # the weights and BN statistics move as training would move them
             for p in list(model.parameters()) + [model[1].running_mean, model[1].running_var]:
-                p.add_(torch.randn(p.shape, generator=g))
+                p.add_(torch.randn(p.shape, generator=g).to(model_device))
             model[1].num_batches_tracked.add_(1)
         used = ema.update(model)
         d = 0.0 if t == 0 else min(0.9, 1 - (1 + t / 2.0) ** -0.75)
         assert used == pytest.approx(d, abs=1e-15)
         for k, v in model.state_dict().items():
             if v.is_floating_point():
-                reference[k] = d * reference[k] + (1 - d) * v.double()
+                reference[k] = d * reference[k] + (1 - d) * v.double().cpu()
             else:
-                reference[k] = v.clone()  # integer buffers are copied
+                reference[k] = v.cpu().clone()  # integer buffers are copied
     got = ema.module.state_dict()
+    assert {v.device.type for v in got.values()} == {kept}  # updates keep it where it was put
+    got = {k: v.cpu() for k, v in got.items()}
     for k, v in reference.items():
         if v.is_floating_point():
             assert got[k].dtype == torch.float32
@@ -63,12 +96,25 @@ def test_the_average_matches_an_fp64_reference(device):
         else:
             assert torch.equal(got[k], v), k
     assert ema.updates == 6
-    # ema.pt's payload round-trips exactly
+    # ema.pt's payload (CPU tensors) round-trips exactly
+    assert {v.device.type for v in ema.state_dict()["module"].values()} == {"cpu"}
     again = WeightEMA(_net(), cfg, "cpu")
     again.load_state_dict(ema.state_dict())
     assert again.updates == 6
     for k, v in again.module.state_dict().items():
         assert torch.equal(v, got[k]), k
+
+
+@pytest.mark.parametrize("placement", ["model", "cpu"])
+def test_the_average_is_kept_where_optim_ema_device_says(placement):
+    """weight_ema puts the average on the model's device (``model``) or on the CPU (``cpu``). Checked
+    without a GPU: PyTorch's ``meta`` device stands for the model's accelerator."""
+    from dstrain.run.train import weight_ema
+
+    assert weight_ema(_run_cfg(decay=0.0, device=placement), _net(), torch.device("meta")) is None
+    ema = weight_ema(_run_cfg(decay=0.9, device=placement), _net(), torch.device("meta"))
+    kept = "meta" if placement == "model" else "cpu"
+    assert {t.device.type for t in ema.module.state_dict().values()} == {kept}
 
 
 def test_the_average_is_fp32_whatever_the_model_holds():

@@ -55,14 +55,67 @@ def test_the_shipped_lamb_json_runs_dstrains_lamb_on_the_gpu(fake_fmnist, tmp_pa
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
 
 
-def test_fused_lamb_builds_on_the_gpu_or_says_why():
+def lamb_reference(p, g, m, v, t, group: dict, deepspeed: bool):
+    """One LAMB step of tensor ``p`` in FP64 (moments ``m``, ``v`` updated in place), as
+    dstrain/techniques/lamb.py computes it, or (``deepspeed``) as DeepSpeed's fused_lamb_cuda_kernel.cu
+    does: its trust ratio is taken on the update before bias correction, which is applied to the
+    step size instead (lr * sqrt(1 - b2^t) / (1 - b1^t))."""
+    b1, b2 = group["betas"]
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    c1, c2 = 1 - b1**t, 1 - b2**t
+    if deepspeed:
+        update = m / (v.sqrt() + group["eps"]) + group["weight_decay"] * p
+        step_size = group["lr"] * c2**0.5 / c1
+    else:
+        update = (m / c1) / ((v / c2).sqrt() + group["eps"]) + group["weight_decay"] * p
+        step_size = group["lr"]
+    w_norm, u_norm = p.norm(), update.norm()
+    ratio = 1.0
+    if w_norm > 0 and u_norm > 0:
+        ratio = (w_norm / u_norm).clamp(group["min_coeff"], group["max_coeff"])
+    return p - step_size * ratio * update
+
+
+def test_fused_lamb_builds_on_the_gpu_or_says_why(caplog):
+    """``"type": "FusedLamb"``: DeepSpeed's CUDA op where it builds, else dstrain's LAMB with the
+    reason logged. Three steps of a layer against an FP64 reference of whichever runs, with the
+    groups dstrain gives it: the weight with weight decay and the trust ratio clamped to
+    [0.01, 10], the bias with neither (ratio 1: FusedLamb's clamp [1, 1])."""
+    import logging
+
     from dstrain.techniques.optim import build_optimizer, parse_spec
 
+    torch.manual_seed(0)
     model = torch.nn.Linear(4, 4).cuda()
-    opt = build_optimizer(model, parse_spec({"type": "FusedLamb", "params": {}}), 0.01)
-    if type(opt).__name__ == "FusedLamb":
-        model(torch.randn(2, 4, device="cuda")).sum().backward()
-        opt.step()  # the CUDA op runs
+    spec = parse_spec({"type": "FusedLamb", "params": {"weight_decay": 0.01}})
+    with caplog.at_level(logging.INFO, logger="dstrain"):
+        optimizer = build_optimizer(model, spec, 0.01)
+    deepspeed = type(optimizer).__name__ == "FusedLamb"
+    if deepspeed:
+        assert "FusedLamb: DeepSpeed's CUDA op;" in caplog.text
+    else:  # the op did not build: dstrain's LAMB, and the log says why
+        assert type(optimizer).__name__ == "LAMB", type(optimizer)
+        assert "FusedLamb: DeepSpeed's CUDA op is not usable here (" in caplog.text
+    common = {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8}
+    groups = {  # what dstrain's parameter groups must give each tensor
+        "weight": {**common, "weight_decay": 0.01, "min_coeff": 0.01, "max_coeff": 10.0},
+        "bias": {**common, "weight_decay": 0.0, "min_coeff": 1.0, "max_coeff": 1.0},
+    }
+    expected = {k: v.detach().double().cpu() for k, v in model.named_parameters()}
+    moments = {k: (torch.zeros_like(v), torch.zeros_like(v)) for k, v in expected.items()}
+    gen = torch.Generator().manual_seed(1)
+    for t in (1, 2, 3):
+        optimizer.zero_grad()
+        model(torch.randn(8, 4, generator=gen).cuda()).square().mean().backward()
+        for name, param in model.named_parameters():
+            grad = param.grad.double().cpu()
+            m, v = moments[name]
+            expected[name] = lamb_reference(expected[name], grad, m, v, t, groups[name], deepspeed)
+        optimizer.step()  # FusedLamb: the CUDA op runs
+        for name, param in model.named_parameters():
+            got = param.detach().double().cpu()
+            torch.testing.assert_close(got, expected[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_dali_mixed_decode_gives_gpu_batches_with_the_right_labels(jpeg_folder):

@@ -1,8 +1,13 @@
 """The GPU pass's tests: on the GPU node ``python -m pytest -m gpu -n 8`` runs the tests marked ``gpu``
 (pyproject.toml), those whose path differs where a CUDA device is visible, and nothing else of the
-suite (CI runs the rest, on CPUs). The node lends about 2 minutes to them: the marked set is the
-table below, each test with what it takes here; LEFT_OUT names the tests whose path also differs on
-a GPU and which are not marked, each with why."""
+suite (CI runs the rest, on CPUs). The marked set is the table below, each test with what it took
+here when it was marked; LEFT_OUT names the tests whose path also differs on a GPU and which are
+not marked, each with why.
+
+The pass's time is not checked here: the seconds below are typed, so a sum of them could fail only
+when someone edits the table. tools/gpu_run.py keeps the pass to its budget as it runs (a test cut
+by it runs again in the next job, tests/test_gpu_run.py), and the node's own times are in its
+result file (results/bench/suite_gpu_h100.json)."""
 
 from __future__ import annotations
 
@@ -15,8 +20,8 @@ import pytest
 
 from tests.conftest import REPO
 
-# Every test marked `gpu`, with its seconds on this CPU (2 cores, one pytest process, --durations):
-# what it costs the pass, which has 16 cores and 8 pytest-xdist workers. tests/test_gpu.py's are
+# Every test marked `gpu`, with its seconds on this CPU when it was marked (2 cores, one pytest
+# process, --durations): for whoever weighs the next mark, not checked. tests/test_gpu.py's are
 # skipped on a CPU: theirs are the H100's (./run.sh gpu tests at 9a9aaeb, one process).
 GPU_PASS: dict[str, float] = {
     # tests/test_gpu.py: what only a GPU shows (H100 seconds)
@@ -60,6 +65,9 @@ GPU_PASS: dict[str, float] = {
     "tests/test_e2e.py::test_image_folder_run[torchvision-1]": 4.8,
     # the EMA on cuda:0 (FP32 copy, foreach lerp, its evaluation, ema.pt bit for bit, its refit)
     "tests/test_ema.py::test_a_run_evaluates_checkpoints_resumes_and_polishes_its_ema": 40.0,
+    # the EMA's arithmetic with the model on cuda:0, the average there or on the CPU (skipped here)
+    "tests/test_ema.py::test_the_average_matches_an_fp64_reference[model-cuda]": 0.0,
+    "tests/test_ema.py::test_the_average_matches_an_fp64_reference[cpu-cuda]": 0.0,
     "tests/test_e2e.py::test_corrupt_image_stops_the_run_with_one_line": 11.5,
     "tests/test_faults.py::test_sigint_checkpoints_mid_epoch_and_resume_is_exact": 13.7,
     "tests/test_faults.py::test_a_nonfinite_loss_stops_with_the_step_and_the_last_good_checkpoint"
@@ -92,11 +100,6 @@ LEFT_OUT: dict[str, str] = {
     "tests/test_preflight.py::test_check_through_the_real_command_line": "--check plans for "
     "cuda instead of cpu; what the test reads (the refusal, nothing written) is the same",
 }
-WORKERS = 8  # the pass: python -m pytest -m gpu -n 8 on the node's 16 cores
-# about 2 minutes on the node: at most half of it for the tests' own time spread over the workers
-# (the rest: each worker's start and collection, CUDA's start in every process, the node slower
-# than this CPU where a test is not device-bound), and no one test longer than that half
-BUDGET_S = 60.0
 
 COLLECTOR = """
 import json, os
@@ -129,7 +132,7 @@ def collected_marks(tmp_path) -> dict[str, list[str]]:
 
 
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 53: the quick loop under 1 minute)
-def test_the_gpu_pass_runs_the_marked_tests_and_they_fit_its_two_minutes(tmp_path):
+def test_the_gpu_pass_runs_the_marked_tests(tmp_path):
     marks = collected_marks(tmp_path)
     gpu = {test for test, names in marks.items() if "gpu" in names}
     in_test_gpu = {test for test in marks if test.startswith("tests/test_gpu.py::")}
@@ -144,6 +147,3 @@ def test_the_gpu_pass_runs_the_marked_tests_and_they_fit_its_two_minutes(tmp_pat
         "not collected": sorted(left_out - set(marks)),
         "marked after all (move it to GPU_PASS)": sorted(left_out & gpu),
     }
-    longest = max(GPU_PASS, key=GPU_PASS.get)
-    assert GPU_PASS[longest] <= BUDGET_S, (longest, GPU_PASS[longest])
-    assert sum(GPU_PASS.values()) / WORKERS <= BUDGET_S, sum(GPU_PASS.values())

@@ -67,25 +67,82 @@ def test_meta_json_keeps_every_start_and_the_diff_of_an_uncommitted_tree(tmp_pat
     assert (run_dir / "code-2.diff").read_text() == "--- a/x\n+++ b/x\n"
 
 
-def test_uncommitted_diff_is_the_code_a_dirty_sha_ran():
-    from dstrain.core.provenance import git_sha, uncommitted_diff
-
-    diff = uncommitted_diff()
-    assert bool(diff) == git_sha().endswith("-dirty")
-    files = [line.split(" b/")[-1] for line in diff.splitlines() if line.startswith("diff --git")]
-    assert not [f for f in files if f.startswith(("results/bench/", "results/studies/"))]  # outputs
+def _git(repo: Path, *args: str) -> str:
+    cmd = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def test_every_record_names_the_cpu_it_ran_on():
-    """The same run trains to other floats on another CPU (results/harness/replay.py), so meta.json and
-    every result file name the CPU: its model and the ISA torch's CPU kernels dispatch on."""
-    import torch
-
+def test_uncommitted_diff_is_the_code_a_dirty_sha_ran(tmp_path, monkeypatch):
+    """In a checkout of its own: clean, the SHA is HEAD's and there is no diff; a result file
+    rewritten (results/bench, results/studies) or an untracked file leaves it clean; tracked code
+    changed makes it ``-dirty`` and the diff is that change; a tree without .git gives
+    $DSTRAIN_GIT_SHA and no diff."""
     from dstrain.core import provenance
 
-    cpu = provenance.record("x")["cpu"]
-    assert set(cpu) == {"model", "cpu_capability"}
-    assert cpu["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    repo = tmp_path / "repo"
+    for name in ("dstrain/x.py", "results/bench/r.json", "results/studies/f.md"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("old\n")
+    _git(repo.parent, "init", "-q", str(repo))
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "start")
+    head = _git(repo, "rev-parse", "HEAD")
+    monkeypatch.setattr(provenance, "REPO_ROOT", repo)
+    assert (provenance.git_sha(), provenance.uncommitted_diff()) == (head, "")
+    (repo / "results/bench/r.json").write_text("new result\n")
+    (repo / "results/studies/f.md").write_text("new table\n")
+    (repo / "dstrain/untracked.py").write_text("x = 1\n")
+    assert (provenance.git_sha(), provenance.uncommitted_diff()) == (head, "")  # outputs only
+    (repo / "dstrain/x.py").write_text("new code\n")
+    assert provenance.git_sha() == f"{head}-dirty"
+    diff = provenance.uncommitted_diff()
+    files = [line.split(" b/")[-1] for line in diff.splitlines() if line.startswith("diff --git")]
+    assert files == ["dstrain/x.py"]
+    assert "-old\n+new code\n" in diff
+    copied = tmp_path / "copied"  # a tree copied to a node without .git
+    copied.mkdir()
+    monkeypatch.setattr(provenance, "REPO_ROOT", copied)
+    monkeypatch.setenv("DSTRAIN_GIT_SHA", "abc123")
+    assert (provenance.git_sha(), provenance.uncommitted_diff()) == ("abc123", "")
+    monkeypatch.delenv("DSTRAIN_GIT_SHA")
+    assert provenance.git_sha() == "unknown"
+
+
+def test_every_record_names_the_cpu_it_ran_on(tmp_path, monkeypatch):
+    """The same run trains to other floats on another CPU (results/harness/replay.py), so meta.json and
+    every result file name the CPU: the model /proc/cpuinfo gives and the ISA torch's CPU kernels
+    dispatch on (both faked here, so the test sees they are read, not what this machine has)."""
+    import io
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from dstrain.core import provenance
+    from dstrain.settings.config import TrainConfig
+
+    cpuinfo = "processor\t: 0\nvendor_id\t: Made Up\nmodel name\t: Made-Up CPU 9000 @ 1.00GHz\n"
+
+    def fake_open(path, *args, **kwargs):
+        assert path == "/proc/cpuinfo"
+        return io.StringIO(cpuinfo)
+
+    monkeypatch.setattr(provenance, "open", fake_open, raising=False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "MADE_UP_ISA")
+    expected = {"model": "Made-Up CPU 9000 @ 1.00GHz", "cpu_capability": "MADE_UP_ISA"}
+    assert provenance.record("x")["cpu"] == expected
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = OmegaConf.structured(TrainConfig)
+    rundir.write_run_files(run_dir, cfg, {}, "ds_configs/fp32.json", 1, {})
+    assert json.loads((run_dir / "meta.json").read_text())["cpu"] == expected
+    cpuinfo = "processor\t: 0\nFeatures\t: fp asimd\n"  # no model name (some ARM kernels)
+    assert provenance.cpu()["model"] is None
+
+    def no_proc(path, *args, **kwargs):
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(provenance, "open", no_proc, raising=False)  # no /proc (macOS)
+    assert provenance.cpu() == {"model": None, "cpu_capability": "MADE_UP_ISA"}
 
 
 HOLDER = (

@@ -4,8 +4,10 @@ scalars, config.yaml and summary.json."""
 
 import glob
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -13,7 +15,7 @@ from omegaconf import OmegaConf
 from dstrain.core.errors import ConfigError
 from dstrain.loop import tracking
 from dstrain.settings.config import LogConfig
-from tests.conftest import TINY, run_cli
+from tests.conftest import INJECT, REPO, TINY, run_cli
 
 
 def tensorboard(run_dir, tag: str) -> dict[int, float]:
@@ -123,21 +125,36 @@ def test_the_summary_numbers_a_tracker_gets():
     assert tracking.numbers(summary) == {"final_top1": 0.9, "polish.after.val_top1": 0.91}
 
 
+def probed(stdout: str) -> list[str]:
+    """The words of a probe's ``probe ...`` lines (DeepSpeed logs to stdout too)."""
+    return [
+        w for line in stdout.splitlines() if line.startswith("probe ") for w in line.split()[1:]
+    ]
+
+
 @pytest.mark.slow  # two fresh processes importing DeepSpeed: over ~5 s on 2 cores
 def test_deepspeeds_import_leaves_mlflow_unloaded_and_mlflow_still_imports():
     """DeepSpeed's autotuner imports MLflow when it is installed (1-2 s in every rank); after
-    ``import dstrain`` it does not, and MLflow itself imports as usual for log.mlflow."""
+    ``import dstrain`` it does not (dstrain/core/import_guard.py), and MLflow itself imports as usual
+    for log.mlflow. Both processes run without tests/inject on PYTHONPATH: its sitecustomize installs
+    the same guard in every process the tests start, which would hide dstrain's own."""
     pytest.importorskip("mlflow")
-    code = (
-        "import sys, dstrain, deepspeed, deepspeed.autotuning.autotuner as tuner\n"
-        "assert 'mlflow' not in sys.modules and not tuner.has_mlflow\n"
-        "import mlflow\n"
-        "assert mlflow.set_tracking_uri\n"
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if Path(p) != INJECT)}
+    probe = (
+        "import sys, deepspeed.autotuning.autotuner as tuner\n"
+        "print('probe', 'mlflow' in sys.modules, tuner.has_mlflow)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    # a process the tests start that imports DeepSpeed before dstrain (DeepSpeed's launcher does):
-    # tests/inject/sitecustomize.py guards it
-    code = "import sys, deepspeed\nassert 'mlflow' not in sys.modules\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # the control: DeepSpeed alone loads MLflow, so what the guard is checked to prevent happens
+    alone = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO
+    )
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert probed(alone.stdout) == ["True", "True"], alone.stdout
+    code = "import dstrain\n" + probe + "import mlflow\nprint('probe', mlflow.set_tracking_uri)\n"
+    guarded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO
+    )
+    assert guarded.returncode == 0, guarded.stderr[-2000:]
+    assert probed(guarded.stdout)[:2] == ["False", "False"], guarded.stdout
+    assert "function set_tracking_uri" in guarded.stdout  # MLflow imported after all
