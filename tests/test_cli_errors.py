@@ -53,6 +53,13 @@ def case_files(tmp_path: Path) -> dict:
     files["a_file"] = tmp_path / "a_file"
     files["a_file"].write_text("not a directory")
     files["not_a_run"] = tmp_path / "not_a_run"
+    # a run whose checkpoint a newer dstrain wrote: a train-state key this one does not know
+    newer = tmp_path / "newer_run" / "checkpoints"
+    (newer / "epoch0001").mkdir(parents=True)
+    state = {"epoch": 1, "step": 16, "lr_sched": {"last": 16}}
+    (newer / "epoch0001" / "trainer_state.json").write_text(json.dumps(state))
+    (newer / "latest").write_text("epoch0001\n")
+    files["newer_run"] = newer.parent
     return {k: str(v) for k, v in files.items()}
 
 
@@ -295,6 +302,12 @@ CASES = [
         "resume=auto on a directory that is not a run",
         ["run_dir={not_a_run}", "resume=auto"],
         "is not a dstrain run",
+    ),
+    (
+        "run dir",
+        "resume=auto on a checkpoint a newer dstrain wrote",
+        ["run_dir={newer_run}", "resume=auto"],
+        "train state has keys this dstrain does not know (['lr_sched']): a newer dstrain wrote it",
     ),
 ]
 
