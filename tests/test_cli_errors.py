@@ -7,6 +7,7 @@ files ``case_files`` writes. Every case also lands in the evidence table (``./ru
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import CPU_ONLY, REPO, TINY, deepspeed_launcher, run_cli
+from tests.refusals import fence_breaches, refusal_checks
 
 BAD_JSON = '{\n  "gradient_clipping": 0.0,\n  "optimizer": {"type": "SGD" "params": {}}\n}\n'
 JSON_FILES = {
@@ -53,6 +55,13 @@ def case_files(tmp_path: Path) -> dict:
     files["a_file"] = tmp_path / "a_file"
     files["a_file"].write_text("not a directory")
     files["not_a_run"] = tmp_path / "not_a_run"
+    # a run whose checkpoint a newer dstrain wrote: a train-state key this one does not know
+    newer = tmp_path / "newer_run" / "checkpoints"
+    (newer / "epoch0001").mkdir(parents=True)
+    state = {"epoch": 1, "step": 16, "lr_sched": {"last": 16}}
+    (newer / "epoch0001" / "trainer_state.json").write_text(json.dumps(state))
+    (newer / "latest").write_text("epoch0001\n")
+    files["newer_run"] = newer.parent
     return {k: str(v) for k, v in files.items()}
 
 
@@ -296,6 +305,12 @@ CASES = [
         ["run_dir={not_a_run}", "resume=auto"],
         "is not a dstrain run",
     ),
+    (
+        "run dir",
+        "resume=auto on a checkpoint a newer dstrain wrote",
+        ["run_dir={newer_run}", "resume=auto"],
+        "train state has keys this dstrain does not know (['lr_sched']): a newer dstrain wrote it",
+    ),
 ]
 
 
@@ -360,13 +375,129 @@ def test_bad_input_gives_one_clear_line(kind, name, extra, expected, refused, ev
     assert not (tmp / "run").exists(), "a failed start must not create the run directory"
     assert tree_digest(tmp) == before, "a failed start must not write anything"
     # the fence: refused inside the start-up list, never once it has passed (the run's build)
-    assert not proc.after_startup, f"{name}: refused after the start-up checks passed"
+    assert fence_breaches(vars(proc)) == [], name
     capfd.readouterr()
     assert main([*args, "--check", "--device", "cpu"]) == 2
     checked = [e for e in capfd.readouterr().err.splitlines() if e.startswith("dstrain: error:")]
     assert checked == [line], (checked, line)  # --check's refusal is the run's own line
     assert tree_digest(tmp) == before
     evidence(f"bad input: {kind}", name, exit=proc.returncode, seen=line, disk="nothing written")
+
+
+def test_the_fence_finds_refusal_checks_and_reports_one_made_after_startup(tmp_path):
+    """The fence's own parts on stand-ins: refusal_checks finds every function whose body raises
+    ConfigError (nested functions apart) in a package; fence_breaches reports a case refused
+    after start-up, and a refusal check entered after start-up that start-up did not make first
+    (item 6's old shape: the resume refused a newer train state that --check let through)."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "mod.py").write_text(
+        "from errors import ConfigError\n"
+        "def refuses(x):\n"
+        "    if x:\n"
+        "        raise ConfigError('bad')\n"
+        "def wraps():\n"
+        "    def inner():\n"
+        "        raise ConfigError('bad')\n"
+        "    return inner\n"
+        "class State:\n"
+        "    @staticmethod\n"
+        "    def load(saved):\n"
+        "        raise ConfigError('newer')\n"
+        "def quiet():\n"
+        "    raise ValueError('not a refusal')\n"
+    )
+    found = refusal_checks(package)
+    path = str((package / "mod.py").resolve())
+    assert found == {
+        (path, 2): "pkg.mod:refuses",
+        (path, 6): "pkg.mod:wraps.inner",
+        (path, 10): "pkg.mod:State.load",  # a decorated function's code starts at its decorator
+    }
+    clean = {
+        "returncode": 0,
+        "after_startup": True,
+        "checks_in_startup": ["dstrain.run.compat:check"],
+        "checks_after_startup": ["dstrain.run.compat:check", "dstrain.loop.checkpoint:load"],
+    }
+    assert fence_breaches(clean) == []  # made first at start-up, or after it by design
+    planted = {
+        **clean,
+        "returncode": 2,
+        "checks_after_startup": ["dstrain.loop.trainer:TrainState.load_state_dict"],
+    }
+    assert fence_breaches(planted) == [
+        "refused after the start-up checks passed",
+        "dstrain.loop.trainer:TrainState.load_state_dict can refuse after the start-up checks, "
+        "which do not make it first (call it from dstrain/run/startup.py too, as the run's own check)",
+    ]
+
+
+PLANT = """
+import json, sys
+from dstrain.core.errors import ConfigError
+from dstrain.run import train
+from tests import refusals
+
+def planted(*args, **kwargs):  # a refusal the run makes once the start-up checks have passed
+    raise ConfigError("planted: refused after the start-up checks")
+
+train.resume = planted
+code = planted.__code__
+checks = {**refusals.refusal_checks(), (code.co_filename, code.co_firstlineno): "planted"}
+print(json.dumps(refusals.refuse(json.loads(sys.argv[1]), checks)))
+"""
+
+
+@pytest.mark.slow  # one process start and a run's start-up (~10 s on 2 cores)
+def test_a_refusal_planted_after_startup_breaks_the_fence(fake_fmnist, tmp_path):
+    """The positive control on a real run: a refusal planted in the run's build (its resume)
+    makes the fence fail, naming the check, and the run has written its directory by then."""
+    args = case_args([], fake_fmnist, tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", PLANT, json.dumps(args)],
+        cwd=REPO,
+        env={**os.environ, **CPU_ONLY},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shown = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert shown["returncode"] == 2 and "planted: refused" in shown["stderr"]
+    assert fence_breaches(shown) == [
+        "refused after the start-up checks passed",
+        "planted can refuse after the start-up checks, which do not make it first (call it from "
+        "dstrain/run/startup.py too, as the run's own check)",
+    ]
+    assert (tmp_path / "run").exists()  # what the fence keeps a refusal from doing
+
+
+@pytest.mark.slow  # a fresh run and its resume, each in its own process (~30 s on 2 cores)
+def test_no_refusal_check_runs_after_startup_unless_startup_made_it_first(fake_fmnist, tmp_path):
+    """The fence found, not listed: a fresh run and its resume (Final Polishing and a quality
+    target on, so their paths run too) enter every refusal check of dstrain/ they would make;
+    each one entered after the start-up checks returned was made by them first, or is one of
+    tests/refusals.py's AFTER_STARTUP_BY_DESIGN (each with its reason)."""
+    extra = ["polish.enabled=true", "target_top1=0.99"]
+    for epochs, resume in (("epochs=1", []), ("epochs=2", ["resume=auto"])):
+        spec = tmp_path / f"spec-{epochs}"
+        spec.mkdir()
+        args = [JSON, "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}", *extra]
+        args += [f"run_dir={tmp_path / 'run'}", epochs, *resume]
+        (spec / "cases.json").write_text(json.dumps([args]))
+        proc = run_cli(
+            [str(spec / "cases.json"), str(spec / "results.json")],
+            env=CPU_ONLY,
+            timeout=600,
+            module="tests.refusals",
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        (shown,) = json.loads((spec / "results.json").read_text())
+        assert shown["returncode"] == 0, shown["stderr"][-3000:]
+        assert "dstrain.run.startup:check" in shown["checks_in_startup"]
+        assert fence_breaches(shown) == [], (epochs, resume)
+    assert "dstrain.loop.trainer:refuse_newer_state" in shown["checks_after_startup"]
 
 
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)

@@ -97,6 +97,43 @@ def test_an_exact_end_lr_replaces_the_factor():
 
 
 # ---------------------------------------------------------------- MLPerf's checker on real runs
+def test_run_stop_says_success_only_where_the_target_stop_saw_the_target(tmp_path):
+    """MLPerfMarks asks the run's TargetStop (its own state, not the loop's) for run_stop's
+    status: success once it saw the target, aborted before or without one; the log's init_start
+    carries the time the run began, given when the one log object is built."""
+    from types import SimpleNamespace
+
+    from dstrain.loop.target import TargetStop
+
+    pytest.importorskip("mlperf_logging", reason="log.mlperf needs mlperf-logging")
+    trainer = SimpleNamespace()
+    for reached, status in ((2, "success"), (0, "aborted"), (None, "aborted")):
+        run_dir = tmp_path / f"r{reached}"
+        run_dir.mkdir()
+        target = None if reached is None else TargetStop(0.5)
+        log = mlperf.MLPerfLog(True, init_start_ms=1234)
+        marks = mlperf.MLPerfMarks(log, target)
+        log.open(run_dir, resumed_epoch=0)
+        marks.fit_start(trainer)
+        if target is not None:
+            target.reached = reached
+        marks.fit_end(trainer, completed=True)
+        marks.close()
+        got = events(run_dir / "mlperf.log")
+        assert got[0]["key"] == "init_start" and got[0]["time_ms"] == 1234
+        assert got[-1]["key"] == "run_stop" and got[-1]["metadata"]["status"] == status
+
+
+def test_the_rcp_judging_lives_in_its_tool_not_in_the_loop():
+    """RCP judging is for tools only: tools/rcp_check.py holds it (tools/mlperf_package.py reads
+    it there); the loop's module writes the log and judges nothing of a set of runs."""
+    rcp = tool("rcp_check")
+    assert callable(rcp.check_rcp) and callable(rcp.convergence)
+    assert not {"check_rcp", "convergence", "RCPVerdict", "refuse_repeated_seeds"} & set(
+        vars(mlperf)
+    )
+
+
 TINY_RUN = [*TINY, "log.tensorboard=false", "data.download=false", "log.mlperf=true"]
 
 
@@ -222,13 +259,11 @@ def fake_run(
 
 
 def tool(name: str):
-    """tools/<name>.py, loaded as a module (tools/ is not a package)."""
-    import importlib.util
+    """tools/<name>.py, imported as tools.<name> (as tools/mlperf_package.py imports rcp_check):
+    a module of its own in sys.modules, which its dataclasses need."""
+    import importlib
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"tools.{name}")
 
 
 def rcp_tool():

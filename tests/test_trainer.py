@@ -14,9 +14,10 @@ import torch
 from dstrain.core import dist
 from dstrain.core.errors import Preempted
 from dstrain.core.hooks import Hook, Hooks
-from dstrain.loop import fault
+from dstrain.loop import fault, final_polish
 from dstrain.loop.mlperf import events
 from dstrain.loop.monitor import StepMeter
+from dstrain.loop.target import TargetStop
 from dstrain.run import startup, train
 from dstrain.run.plan import prepare
 from dstrain.settings.config import load_config
@@ -423,7 +424,7 @@ def test_compiled_training_composes_with_ramp_eval_checkpoints_and_resume(
     assert compiled_graphs() == graphs, "a repeated epoch recompiled"
     assert epochs[-1]["val_top1"] > 0.1
     saved = {k: v.clone() for k, v in compiled.engine.module.state_dict().items()}
-    polished = compiled.polish(tmp_path / "run")  # BN refit through the compiled module
+    polished = final_polish.polish(compiled, tmp_path / "run")  # BN refit, compiled module
     assert polished["after"]["val_top1"] > 0.1 and polished["images"] > 0
     resumed, _ = make_trainer(fake_fmnist, tmp_path, "epochs=4", "resume=auto", *ramp, *common)
     assert resumed.state.epoch == 3
@@ -549,7 +550,9 @@ def test_target_top1_ends_training_and_a_resume_trains_no_more(fake_fmnist, tmp_
     over = ("target_top1=0.05", "eval_every_epochs=2", "log.mlperf=true")
     trainer, run_plan = make_trainer(fake_fmnist, tmp_path, *over)
     trainer.fit()
-    assert trainer.state.target_epoch == 2 and trainer.state.epoch == 2  # of 3: evaluated at 2
+    target = next(hook for hook in trainer.hooks if isinstance(hook, TargetStop))
+    assert target.reached == 2 and trainer.state.epoch == 2  # of 3: evaluated at 2
+    assert "target_epoch" not in trainer.state.state_dict()  # TargetStop's, not the loop's
     assert (trainer.checkpoint_root / "latest").read_text().strip() == "epoch0002"
     summary = trainer.summary(world=1, precision=run_plan.spec.precision)
     assert summary["target_epoch"] == 2 and summary["epochs"] == 2
@@ -623,10 +626,14 @@ def test_the_train_state_round_trips_through_its_state_dict_and_refuses_unknown_
     saved["history"].append({"epoch": 2})  # a copy: the live state is not changed through it
     assert len(state.history) == 1 and json.loads(json.dumps(saved)) == saved
     back = TrainState()
-    back.load_state_dict({k: v for k, v in state.state_dict().items() if k != "target_epoch"})
+    back.load_state_dict(state.state_dict())
     assert back == state
     with pytest.raises(ConfigError, match=r"\['lr_sched'\].*newer dstrain"):
         TrainState().load_state_dict({**state.state_dict(), "lr_sched": 1})
+    # a checkpoint from before TargetStop kept its own file: its key is read there, not refused
+    old = TrainState()
+    old.load_state_dict({**state.state_dict(), "target_epoch": 2})
+    assert old == state
 
 
 def test_how_the_run_uses_its_directory_is_found_before_building_creates_it(
@@ -647,3 +654,98 @@ def test_how_the_run_uses_its_directory_is_found_before_building_creates_it(
     (tmp_path / "run").mkdir()  # what building does next
     assert start.run_dir_use == f"{tmp_path / 'run'} (new)"
     assert startup.run_dir_use(tmp_path / "run", None).endswith("(exists; empty)")
+
+
+# ---------------------------------------------- the loop knows only training (issue 5)
+def test_the_hooks_are_typed_by_the_events_the_trainer_calls():
+    """LoopHook (dstrain/core/hooks.py) lists exactly the events dstrain calls on its hooks; every
+    hook dstrain builds has each of them, and a stand-in lacking some is refused when the hooks
+    are put together, naming what it lacks (not when the loop first calls it)."""
+    from types import SimpleNamespace
+
+    from dstrain.core.hooks import EVENTS, LoopHook
+    from dstrain.loop.mlperf import MLPerfLog, MLPerfMarks
+    from dstrain.techniques.ema import EMAHook
+    from dstrain.techniques.lars import LARSLog
+
+    called = set()
+    for path in (REPO / "dstrain").rglob("*.py"):
+        called |= set(re.findall(r"\b(?:self|trainer)\.hooks\.(\w+)", path.read_text()))
+    assert called == set(EVENTS)
+    built = [MLPerfMarks(MLPerfLog(False)), TargetStop(0.5), LARSLog(), EMAHook(SimpleNamespace())]
+    assert all(isinstance(hook, LoopHook) for hook in built)
+    assert list(Hooks(built)) == built
+
+    class Partial:
+        def fit_start(self, trainer) -> bool:
+            return False
+
+    with pytest.raises(TypeError, match="Partial is not a loop hook: it lacks epoch_start, "):
+        Hooks([Recorder(), Partial()])
+
+
+def test_the_loop_module_names_no_technique_that_rides_on_it():
+    """Final Polishing is dstrain/loop/final_polish.py, LARS's trust ratios its hook's, the quality
+    target TargetStop's (its own state): the Trainer and its TrainState name none of them."""
+    from dstrain.loop.trainer import Trainer, TrainState
+
+    source = (REPO / "dstrain" / "loop" / "trainer.py").read_text()
+    code = "\n".join(line.split("#")[0] for line in source.splitlines())  # comments may name them
+    assert not re.search(r"bn_refit|polish_batch|trust|target_top1|TargetStop|mlperf", code)
+    assert not {"polish", "refit", "trust_summary"} & set(vars(Trainer))
+    assert "target_epoch" not in TrainState().state_dict()
+    assert callable(final_polish.polish) and callable(final_polish.refit)
+
+
+def test_target_stop_keeps_its_own_state_and_reads_an_old_checkpoints_key(tmp_path):
+    """TargetStop's reached epoch is its own: saved as its file in each checkpoint and read back on
+    resume; a checkpoint written before that file existed holds it as the train state's
+    target_epoch, which is read too (and not refused by the train state)."""
+    from types import SimpleNamespace
+
+    from dstrain.loop.target import TARGET_FILE
+    from dstrain.loop.trainer import TrainState
+
+    trainer = SimpleNamespace(checks=SimpleNamespace(last_checkpoint=None))
+    stop = TargetStop(0.5)
+    assert stop.fit_start(trainer) is False and stop.reached == 0
+    assert not stop.eval_end(trainer, 0, {"val_top1": 0.4}) and stop.reached == 0
+    assert stop.eval_end(trainer, 1, {"val_top1": 0.6}) and stop.reached == 2
+    new = tmp_path / "checkpoints" / "epoch0002"
+    new.mkdir(parents=True)
+    for name, payload in stop.checkpoint_files(trainer).items():
+        torch.save(payload, new / name)  # as checkpoint.save writes the hooks' files
+    (new / "trainer_state.json").write_text(json.dumps(TrainState(epoch=2).state_dict()))
+    assert (new / TARGET_FILE).is_file()
+    old = tmp_path / "checkpoints" / "epoch0003"
+    old.mkdir()
+    state = {**TrainState(epoch=3).state_dict(), "target_epoch": 3}  # before issue 5
+    (old / "trainer_state.json").write_text(json.dumps(state))
+    for ckpt, epoch in ((new, 2), (old, 3)):
+        trainer.checks.last_checkpoint = ckpt
+        resumed = TargetStop(0.5)
+        assert resumed.fit_start(trainer) is True and resumed.reached == epoch  # nothing to train
+        assert resumed.summary(trainer) == {"target_top1": 0.5, "target_epoch": epoch}
+    TrainState().load_state_dict(state)  # the old key is not a newer dstrain's
+
+
+def test_lars_trust_ratios_ride_on_lars_own_hook(fake_fmnist):
+    """LARS's min/median/max trust ratios reach the log line through its hook (LARSLog's
+    window_values), which the run adds for a LARS optimizer only."""
+    from dstrain.loop.mlperf import MLPerfLog
+    from dstrain.run.train import loop_hooks
+    from dstrain.techniques.lars import LARS, LARSLog
+
+    cfg = load_config(TINY[1], [*TINY[2:], f"data.root={fake_fmnist}"])
+    weight = torch.nn.Parameter(torch.ones(3, 2))
+    lars = LARS([{"params": [weight]}], lr=0.1)
+    sgd = torch.optim.SGD([weight], lr=0.1)
+    assert not any(isinstance(h, LARSLog) for h in loop_hooks(cfg, MLPerfLog(False), sgd))
+    hooks = loop_hooks(cfg, MLPerfLog(False), lars)
+    (hook,) = [h for h in hooks if isinstance(h, LARSLog)]
+    trainer = type("T", (), {"optimizer": lars})()
+    assert hooks.window_values(trainer) == {}  # before a step: nothing to report
+    weight.grad = torch.ones(3, 2)
+    lars.step()
+    got = hooks.window_values(trainer)
+    assert set(got) == {"trust_min", "trust_median", "trust_max"} and got["trust_median"] > 0

@@ -41,7 +41,13 @@ from dstrain.core.errors import ConfigError  # noqa: E402
 from dstrain.core.files import atomic_write_text  # noqa: E402
 from dstrain.core.provenance import record as provenance_record  # noqa: E402
 from dstrain.loop import mlperf  # noqa: E402
-from tools.rcp_check import run_dirs  # noqa: E402
+from tools.rcp_check import (  # noqa: E402
+    RUNS_PER_RESNET_RESULT,
+    RunConvergence,
+    convergence,
+    refuse_repeated_seeds,
+    run_dirs,
+)
 
 # mlperf-logging 4.1.68, system_desc_checker: the fields a training system description must hold
 SYSTEM_FIELDS = (
@@ -147,7 +153,7 @@ class RunFacts(NamedTuple):
     convergence record (seed, global batch, division are read from it), the commit and command."""
 
     run_dir: Path
-    found: mlperf.RunConvergence
+    found: RunConvergence
     sha: str | None
     command: str | list[str] | None
 
@@ -165,19 +171,19 @@ class RunFacts(NamedTuple):
 
 
 def run_facts(run_dir: Path) -> RunFacts:
-    found = mlperf.convergence(run_dir)  # refuses a missing or resumed log
+    found = convergence(run_dir)  # refuses a missing or resumed log
     meta_path = run_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     return RunFacts(run_dir, found, meta.get("git_sha"), meta.get("command"))
 
 
 def check_runs(runs: list[RunFacts]) -> None:
-    if len(runs) != mlperf.RUNS_PER_RESNET_RESULT:
+    if len(runs) != RUNS_PER_RESNET_RESULT:
         raise ConfigError(
             f"{len(runs)} run(s) given: an MLPerf ResNet result is exactly "
-            f"{mlperf.RUNS_PER_RESNET_RESULT} runs with different seeds; give 5 run directories"
+            f"{RUNS_PER_RESNET_RESULT} runs with different seeds; give 5 run directories"
         )
-    mlperf.refuse_repeated_seeds([run.found for run in runs])
+    refuse_repeated_seeds([run.found for run in runs])
     for key, what in (
         ("global_batch", "global batches"),
         ("division", "divisions"),

@@ -23,14 +23,15 @@ import json
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from dstrain.core.hooks import Hook
+from dstrain.loop.target import TargetStop
 
 PACKAGE_HINT = "pip install mlperf-logging==4.1.68 (or: pip install -e '.[mlperf]')"
 BENCHMARK = "resnet"  # the MLPerf benchmark whose rules these runs follow
@@ -93,11 +94,17 @@ class _Buffered(logging.Handler):
         self.path, self.lines = path, []
 
 
+def now_ms() -> int:
+    """The time as MLPerf's lines stamp it: milliseconds since the Unix epoch."""
+    return int(time.time() * 1000)
+
+
 class MLPerfLog:
     """The MLPerf log of one run attempt; every method is a no-op when ``enabled`` is false (other
-    ranks, log.mlperf=false)."""
+    ranks, log.mlperf=false). ``init_start_ms``: when the run began (:func:`now_ms`, taken before
+    its start-up checks), stamped on ``init_start``; None: now."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, init_start_ms: int | None = None) -> None:
         self.enabled = enabled
         self.path: Path | None = None
         self.stopped = False
@@ -115,7 +122,7 @@ class MLPerfLog:
         # call sites as repository paths (dstrain/loop/trainer.py), not this machine's
         root = str(Path(__file__).resolve().parents[2])
         self.ml = mllog.MLLogger(logger=logger, default_stack_offset=2, root_dir=root)
-        self.ml.start(key=self.c.INIT_START)
+        self.ml.start(key=self.c.INIT_START, time_ms=init_start_ms)
 
     # ------------------------------------------------------------ set-up
     def open(self, run_dir: Path, resumed_epoch: int) -> None:
@@ -201,11 +208,13 @@ class MLPerfLog:
 
 class MLPerfMarks(Hook):
     """The loop's events as MLPerf's marks in ``log``: run_start, each epoch's start and stop, each
-    evaluation's start, accuracy and stop, and run_stop: success where the quality target was
-    reached (``state.target_epoch``, set by :class:`dstrain.core.hooks.TargetStop`), else aborted."""
+    evaluation's start, accuracy and stop, and run_stop: success where ``target`` (the run's
+    :class:`~dstrain.loop.target.TargetStop`, None without ``target_top1``) saw the quality target
+    reached, else aborted."""
 
-    def __init__(self, log: MLPerfLog) -> None:
+    def __init__(self, log: MLPerfLog, target: TargetStop | None = None) -> None:
         self.log = log
+        self.target = target
 
     def fit_start(self, trainer) -> bool:
         self.log.run_start()
@@ -226,7 +235,8 @@ class MLPerfMarks(Hook):
 
     def fit_end(self, trainer, completed: bool) -> None:
         # MLPerf's success: the quality target reached (the RCP checker counts these runs' epochs)
-        self.log.run_stop(success=completed and trainer.state.target_epoch > 0)
+        reached = self.target is not None and self.target.reached > 0
+        self.log.run_stop(success=completed and reached)
 
     def summary(self, trainer) -> dict:
         return {"mlperf_log": str(self.log.path)} if self.log.path else {}
@@ -348,114 +358,3 @@ def judge_values(values: dict, division: str) -> Verdict:
         log.run_stop(success=True)
         log.close()
         return check_log(Path(scratch) / LOG_NAME)
-
-
-# ---------------------------------------------------------------- the RCP checker on a set of runs
-RUNS_PER_RESNET_RESULT = 5  # MLPerf's ResNet result: 5 runs (the RCP checker drops none below it)
-
-
-@dataclass(frozen=True)
-class RunConvergence:
-    """One run's log as the RCP checker reads it: its batch, last evaluated epoch and status."""
-
-    run_dir: Path
-    global_batch: int | None
-    epochs: float | None  # epoch_num of the last eval_accuracy before run_stop
-    top1: float | None  # its value
-    status: str | None  # run_stop's status (success = the target was reached)
-    seed: int | None = None  # the seed the log names
-    division: str | None = None  # its submission_division
-
-
-def convergence(run_dir: Path) -> RunConvergence:
-    """Read ``run_dir/mlperf.log``; a run with ``mlperf-2.log`` was resumed and is refused (MLPerf
-    results come from one uninterrupted run)."""
-    from dstrain.core.errors import ConfigError
-
-    log = run_dir / LOG_NAME
-    if not log.is_file():
-        raise ConfigError(f"{run_dir}: no {LOG_NAME}; train it with log.mlperf=true")
-    if (run_dir / "mlperf-2.log").exists():
-        raise ConfigError(
-            f"{run_dir}: resumed (mlperf-2.log beside {LOG_NAME}); MLPerf results come from one "
-            "uninterrupted run: train it again from the start"
-        )
-    batch = epochs = top1 = status = seed = division = None
-    for event in events(log):
-        key, meta = event["key"], event.get("metadata") or {}
-        if key == "global_batch_size":
-            batch = event["value"]
-        elif key == "seed":
-            seed = event["value"]
-        elif key == "submission_division":
-            division = event["value"]
-        elif key == "eval_accuracy":
-            epochs, top1 = meta.get("epoch_num"), event["value"]
-        elif key == "run_stop":
-            status = meta.get("status")
-    return RunConvergence(run_dir, batch, epochs, top1, status, seed, division)
-
-
-def refuse_repeated_seeds(runs: list[RunConvergence]) -> None:
-    """Five copies of one run are one run: MLPerf's package checker refuses a result whose logs
-    repeat a seed, and so do the RCP check and the package builder, naming the two runs."""
-    from dstrain.core.errors import ConfigError
-
-    first: dict = {}
-    for run in runs:
-        if run.seed in first:
-            raise ConfigError(
-                f"{first[run.seed]} and {run.run_dir} both log seed {run.seed}: a result's runs "
-                "must differ in their seeds (MLPerf's package checker refuses repeats); train "
-                "each with its own seed=K (or seed=auto)"
-            )
-        first[run.seed] = run.run_dir
-
-
-@dataclass(frozen=True)
-class RCPVerdict:
-    passed: bool
-    message: str  # the checker's own words: "RCP found", "Insufficient convergence", ...
-    runs: list[RunConvergence]
-    output: str
-
-
-def check_rcp(run_dirs: list[Path], timeout: float = 300) -> RCPVerdict:
-    """MLPerf's RCP checker (``python -m mlperf_logging.rcp_checker --rcp_version 4.0.0``) on the
-    runs' logs, copied as result_<i>.txt into a scratch folder as the checker expects. It fails a
-    set that converges faster than MLCommons' reference runs at that batch (interpolated between
-    batches), or where more than one run did not reach the target."""
-    from dstrain.core.errors import ConfigError
-
-    if len(run_dirs) < RUNS_PER_RESNET_RESULT:
-        raise ConfigError(
-            f"{len(run_dirs)} run(s) given: an MLPerf ResNet result is {RUNS_PER_RESNET_RESULT} "
-            "runs with different seeds; give 5 run directories (or a folder holding them)"
-        )
-    runs = [convergence(d) for d in run_dirs]
-    refuse_repeated_seeds(runs)
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch) / "results"
-        folder.mkdir()
-        for i, run in enumerate(runs):
-            shutil.copyfile(run.run_dir / LOG_NAME, folder / f"result_{i}.txt")
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "mlperf_logging.rcp_checker",
-                "--rcp_version",
-                RULESET,
-                "--log_output",
-                str(Path(scratch) / "rcp_checker.log"),
-                str(folder),
-            ],
-            cwd=scratch,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    output = proc.stdout + proc.stderr
-    said = re.findall(r"(?:INFO|ERROR) - (.+?), RCP test (?:PASSED|FAILED)", output)
-    message = said[-1] if said else (output.strip().splitlines() or ["no output"])[-1]
-    return RCPVerdict(proc.returncode == 0 and "RCP test PASSED" in output, message, runs, output)

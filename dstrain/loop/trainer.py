@@ -2,15 +2,16 @@
 
 Read top to bottom: :meth:`Trainer.fit` runs the epochs from :attr:`Trainer.state` on, and each
 epoch calls :meth:`~Trainer.train_epoch`, :func:`~dstrain.core.dist.sync_bn_buffers`,
-:meth:`~Trainer.evaluate` and :meth:`~Trainer.save_checkpoint` explicitly; after the last epoch
-:meth:`~Trainer.polish` runs Final Polishing. Set-up (building the engine, the data, the run
-directory) is :func:`dstrain.run.train.run`'s job; a test can build a Trainer from its parts.
+:meth:`~Trainer.evaluate` and :meth:`~Trainer.save_checkpoint` explicitly. The Trainer knows only
+training: what rides on it (benchmark logs, the quality target, LARS's numbers, the EMA) is a hook
+(dstrain/core/hooks.py), and Final Polishing after the last epoch is dstrain/loop/final_polish.py.
+Set-up (building the engine, the data, the run directory) is :func:`dstrain.run.train.run`'s job;
+a test can build a Trainer from its parts.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import math
 import time
@@ -29,14 +30,8 @@ from dstrain.loop.evaluate import evaluate
 from dstrain.loop.fault import StepChecks
 from dstrain.loop.monitor import Monitor, Progress, StepMeter
 from dstrain.loop.watchdog import Watchdog
-from dstrain.settings.config import (
-    TrainConfig,
-    evaluates_last_epoch,
-    on_eval_grid,
-    polish_batch,
-)
+from dstrain.settings.config import TrainConfig, evaluates_last_epoch, on_eval_grid
 from dstrain.settings.ramp import BatchStage, batch_at
-from dstrain.techniques import bn_refit
 from dstrain.techniques.comm import GradientSync
 from dstrain.techniques.loss_scaling import backward_multiplier, loss_scale_of
 from dstrain.techniques.losses import smoothed_cross_entropy
@@ -67,24 +62,37 @@ class TrainState:
     epoch_step: int = 0  # optimizer steps done in the unfinished epoch (a stop part-way through it)
     epoch_sums: list = field(default_factory=list)  # its (loss*n, top1, top5, n) over all ranks
     epoch_elapsed_s: float = 0.0  # and its wall time so far
-    target_epoch: int = 0  # the epoch whose evaluation reached the quality target (0: none did)
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps (its client_state and trainer_state.json): plain JSON values."""
         return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
 
     def load_state_dict(self, saved: dict) -> None:
-        """Take the state a checkpoint kept. A key this version does not know is refused (a newer
-        dstrain wrote it); a key it lacks (an older one wrote it) keeps its default."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(saved) - known)
-        if unknown:
-            raise ConfigError(
-                f"the checkpoint's train state has keys this dstrain does not know ({unknown}): "
-                "a newer dstrain wrote it; resume with that version"
-            )
+        """Take the state a checkpoint kept (refused by :func:`refuse_newer_state` as ``--check``
+        refuses it); a key it lacks (an older dstrain wrote it) keeps its default."""
+        refuse_newer_state(saved)
         for name, value in copy.deepcopy(saved).items():
-            setattr(self, name, value)
+            if name not in RETIRED_STATE_KEYS:
+                setattr(self, name, value)
+
+
+# keys older dstrains kept in the train state and this one keeps elsewhere: read there, not refused
+RETIRED_STATE_KEYS = {
+    "target_epoch": "the quality target's own checkpoint file now (dstrain/loop/target.py reads it)",
+}
+
+
+def refuse_newer_state(saved: dict) -> None:
+    """Refuse a checkpoint's train state with keys this dstrain does not know: a newer dstrain
+    wrote it. The one check of it: the run's resume (:meth:`TrainState.load_state_dict`) and the
+    start-up checks, ``--check`` included (dstrain/run/compat.py, on trainer_state.json), call it."""
+    known = {f.name for f in fields(TrainState)} | set(RETIRED_STATE_KEYS)
+    unknown = sorted(set(saved) - known)
+    if unknown:
+        raise ConfigError(
+            f"the checkpoint's train state has keys this dstrain does not know ({unknown}): "
+            "a newer dstrain wrote it; resume with that version"
+        )
 
 
 @dataclass
@@ -108,7 +116,7 @@ class Trainer:
     )
     state: TrainState = field(default_factory=TrainState)
     # what rides on the loop: its implementers are listed in dstrain/core/hooks.py
-    hooks: Hooks = field(default_factory=Hooks)
+    hooks: Hooks[Trainer] = field(default_factory=Hooks)
     # derived from the above in __post_init__, never passed in
     device: torch.device = field(init=False)  # where the model's parameters live
     # client optimizer steps really taken: asked for - taken = steps a loss scaler skipped
@@ -350,17 +358,12 @@ class Trainer:
                 "loss_scale": loss_scale_of(self.engine),
                 "comm_bytes_per_step": sent,
                 "skipped_steps": self.checks.skips.total or None,
-                # LARS: the per-tensor trust ratios of the last step (where instability shows)
-                **(self.trust_summary() or {}),
+                **self.hooks.window_values(self),  # e.g. LARS's trust ratios of the last step
             },
         )
         self.hooks.log_window(self, self.state.step)
 
-    def trust_summary(self) -> dict | None:
-        summary = getattr(self.optimizer, "trust_summary", None)
-        return summary() if summary is not None else None
-
-    # ------------------------------------------------------------ evaluation, checkpoints, polish
+    # ------------------------------------------------------------ evaluation, checkpoints
     def evaluate(self, module: torch.nn.Module | None = None) -> dict:
         """Evaluate the engine's model, or ``module`` (an FP32 copy such as the EMA's) in FP32."""
         compiled = self.cfg.model.compile and module is None
@@ -413,70 +416,6 @@ class Trainer:
             f"stopped by {self.checks.signals.name or 'a signal on another rank'} after global step "
             f"{self.state.step} ({where} epoch {epoch + 1}); checkpoint {self.checks.last_checkpoint} written. "
             "Run again with resume=auto and the same run_dir to continue"
-        )
-
-    def polish(self, run_dir: Path) -> dict:
-        """Final Polishing after the last epoch: BN refit, evaluation, RUN_DIR/polished/ (the checkpoints stay)."""
-        done = run_dir / bn_refit.POLISHED_DIR / "polish.json"
-        if done.is_file():
-            log.info(
-                "polish: %s already exists (a resumed, finished run); not polishing again",
-                done.parent,
-            )
-            return json.loads(done.read_text())
-        self.phase("polish")
-        state = self.state
-        # the trained model as it ends: the last epoch's evaluation, made now where the grid left
-        # it out (no hook hears it)
-        before = state.history[-1] if "val_top1" in state.history[-1] else self.evaluate()
-        after = self.refit()
-        info = bn_refit.summarize(before, after, state.train_time_s)
-        self.monitor.scalars(
-            "polish",
-            {
-                "val_top1_before": before["val_top1"],
-                "val_top1_after": after["val_top1"],
-                "val_loss_before": before["val_loss"],
-                "val_loss_after": after["val_loss"],
-                "refit_s": after["refit_s"],
-            },
-            state.epoch,
-        )
-        log.info(
-            "polish: top-1 %.4f -> %.4f (%+.4f), %.1f s = %.2f%% of the training time",
-            before["val_top1"],
-            after["val_top1"],
-            info["top1_gain"],
-            after["refit_s"],
-            100 * (info["refit_fraction_of_training"] or 0),
-        )
-        self.phase("polish")
-        if dist.is_main():
-            bn_refit.save_polished(
-                run_dir, self.engine.module, {"checkpoint": f"epoch{state.epoch:04d}", **info}
-            )
-        dist.barrier()
-        self.hooks.polish_end(self, run_dir, info)
-        return info
-
-    def refit(self, module: torch.nn.Module | None = None) -> dict:
-        """Final Polishing's BN refit of the engine's model, or of ``module`` (an FP32 copy such as
-        the EMA's) in FP32, on the polish set, then its evaluation."""
-        forward = self.engine if module is None else module
-
-        def marked(x: torch.Tensor) -> torch.Tensor:
-            self.phase("polish")  # each refit batch is progress
-            return forward(x)
-
-        return bn_refit.polish_model(
-            self.engine.module if module is None else module,
-            marked,
-            self.data.polish,
-            lambda: self.evaluate(module),
-            self.cfg.polish,
-            batch_per_rank=polish_batch(self.cfg, self.stages[-1].micro),
-            dtype=self.input_dtype if module is None else torch.float32,
-            memory_format=self.memory_format,
         )
 
     # ------------------------------------------------------------ progress marks (the stall watchdog)

@@ -1,9 +1,10 @@
 """Resume compatibility: what a resumed run may change, checked before anything is built or written.
 
 A run records what its checkpoints depend on in ``meta.json`` (``"resume"``: :func:`fingerprint`).
-``resume=auto`` compares that record with the new config and DeepSpeed JSON first; a difference in
-:data:`MUST_MATCH` is refused in one line naming every difference and the way out, and the run
-directory is left byte-for-byte as it was. Everything else may change on resume (docs/faults.md
+``resume=auto`` compares that record with the new config and DeepSpeed JSON first; a checkpoint
+whose train state a newer dstrain wrote, or a difference in :data:`MUST_MATCH`, is refused in one
+line naming every difference and the way out, and the run directory is left byte-for-byte as it
+was. Everything else may change on resume (docs/faults.md
 lists it): epochs, the LR and its schedule, optimizer hyperparameters that keep the state layout
 (``lr``, ``momentum`` > 0, ``weight_decay``, ``trust_coefficient``, betas, ...), the batch size and
 ramp of epochs not yet started, the seed at an epoch boundary, gradient clipping,
@@ -20,6 +21,7 @@ import logging
 from pathlib import Path
 
 from dstrain.core.errors import ConfigError
+from dstrain.loop.trainer import refuse_newer_state
 from dstrain.run.ds_config import DeepSpeedSpec
 from dstrain.run.rundir import MODEL_KEYS, check_same_model
 from dstrain.settings.config import TrainConfig
@@ -122,6 +124,9 @@ def saved_fingerprint(run_dir: Path) -> dict | None:
 def check(run_dir: Path, cfg: TrainConfig, spec: DeepSpeedSpec, world: int, state: dict) -> None:
     """Refuse a resume that cannot continue the run in ``run_dir`` from the checkpoint whose trainer
     state is ``state``; writes nothing either way."""
+    # a newer dstrain's train state: the very check the run's resume makes, found before anything
+    # is built or written (and by --check)
+    refuse_newer_state(state)
     saved = saved_fingerprint(run_dir)
     if saved is None:
         log.warning(

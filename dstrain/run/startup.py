@@ -7,7 +7,8 @@ for the job it is asked about; :func:`stage_lines` is the batch plan both print.
 1. the run directory: a file, a used directory without ``resume=auto``, a foreign one, one another
    live run holds, or one that cannot be created is refused (:func:`dstrain.run.rundir.choose`,
    :func:`dstrain.run.rundir.in_use`);
-2. with ``resume=auto``, a checkpoint this config cannot continue (dstrain/run/compat.py);
+2. with ``resume=auto``, a checkpoint this config cannot continue, or whose train state a newer
+   dstrain wrote (dstrain/run/compat.py);
 3. the model, built once: what the precision needs of the device (bf16 weight casts with
    BatchNorm on a CPU), the optimizer's arguments (built on it once: what torch or our optimizers
    refuse, e.g. nesterov without momentum), room on the run directory's file system for two

@@ -18,9 +18,10 @@ import torch
 from dstrain.core import dist
 from dstrain.core.errors import ConfigError, PeerLost, RunStopped, first_line
 from dstrain.core.files import atomic_write_text
-from dstrain.core.hooks import Hook, Hooks, TargetStop
-from dstrain.loop import checkpoint, fault, mlperf, tracking
+from dstrain.core.hooks import Hooks, LoopHook
+from dstrain.loop import checkpoint, fault, final_polish, mlperf, tracking
 from dstrain.loop.monitor import Monitor
+from dstrain.loop.target import TargetStop
 from dstrain.loop.trainer import Trainer, TrainState
 from dstrain.run import compat, outcome, rundir, startup
 from dstrain.run.components import Components, build_components
@@ -28,7 +29,7 @@ from dstrain.run.plan import Plan, prepare
 from dstrain.settings.config import TrainConfig
 from dstrain.techniques import comm
 from dstrain.techniques.ema import EMAHook, WeightEMA
-from dstrain.techniques.lars import TensorLog
+from dstrain.techniques.lars import LARS, LARSLog
 from dstrain.techniques.models import compile_engine, keep_batchnorm_fp32
 from dstrain.techniques.optim import build_optimizer, steps_suppressed
 
@@ -42,8 +43,8 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
     signals = fault.StopSignals()
     signals.install()  # from here a SIGTERM/SIGINT stops the run after a step, with a checkpoint
     try:
-        # MLPerf's init_start: before anything is checked or built (written to RUN_DIR later)
-        mlperf_log = mlperf.MLPerfLog(cfg.log.mlperf and dist.is_main())
+        # MLPerf's init_start: before anything is checked or built (its log is opened when built)
+        began_ms = mlperf.now_ms()
         if why := dist.rank_without_gpu():
             raise ConfigError(why)
         # the checks --check makes, in its order: nothing is built or written before they pass,
@@ -52,7 +53,7 @@ def run(cfg: TrainConfig, ds_path: str) -> dict:
         run_dir = start.run_dir
         rundir.announce(run_dir)
         try:
-            trainer = build_trainer(plan, start, signals, mlperf_log)
+            trainer = build_trainer(plan, start, signals, began_ms)
             log_plan(plan, start)
         except Exception as err:  # stopped while building: the directory says so
             outcome.mark_failed_start(run_dir, err)
@@ -69,13 +70,14 @@ def build_trainer(
     plan: Plan,
     start: startup.Start,
     signals: fault.StopSignals,
-    mlperf_log: mlperf.MLPerfLog | None = None,
+    began_ms: int | None = None,
 ) -> Trainer:
     """Phase 2, after the start-up checks: model, data, optimizer, engine, run directory, and the
-    state to start from (``mlperf_log``: the run's, opened before the checks; else made here)."""
+    state to start from. ``began_ms``: when the run began (:func:`dstrain.loop.mlperf.now_ms`),
+    MLPerf's init_start; None: now."""
     cfg, spec, run_dir = plan.cfg, plan.spec, start.run_dir
-    if mlperf_log is None:
-        mlperf_log = mlperf.MLPerfLog(cfg.log.mlperf and dist.is_main())
+    # the run's one MLPerf log (a no-op with log.mlperf off and on ranks other than 0)
+    mlperf_log = mlperf.MLPerfLog(cfg.log.mlperf and dist.is_main(), began_ms)
     if cfg.resume == "auto" and not start.resume_tag:
         log.info("resume=auto: no complete checkpoint in %s, starting fresh", run_dir)
     device = dist.device()
@@ -115,7 +117,7 @@ def build_trainer(
         memory_format=parts.memory_format,
         grad_sync=grad_sync,
         state=state,
-        hooks=loop_hooks(cfg, mlperf_log, ema),
+        hooks=loop_hooks(cfg, mlperf_log, optimizer, ema),
     )
     if dist.is_main():
         rundir.write_run_files(
@@ -158,16 +160,21 @@ def weight_ema(cfg: TrainConfig, model: torch.nn.Module, device: torch.device) -
 
 
 def loop_hooks(
-    cfg: TrainConfig, mlperf_log: mlperf.MLPerfLog, ema: WeightEMA | None = None
-) -> Hooks:
+    cfg: TrainConfig,
+    mlperf_log: mlperf.MLPerfLog,
+    optimizer: torch.optim.Optimizer,
+    ema: WeightEMA | None = None,
+) -> Hooks[Trainer]:
     """What rides on this run's loop (dstrain/core/hooks.py), in the order each event reaches them."""
-    hooks: list[Hook] = [mlperf.MLPerfMarks(mlperf_log)]  # its marks are no-ops with log.mlperf off
+    target = TargetStop(cfg.target_top1) if cfg.target_top1 else None
+    # MLPerf's marks are no-ops with log.mlperf off; run_stop's status asks the target
+    hooks: list[LoopHook[Trainer]] = [mlperf.MLPerfMarks(mlperf_log, target)]
     if ema is not None:  # before TargetStop: an epoch's EMA top-1 is in the history however it ends
         hooks.append(EMAHook(ema))
-    if cfg.target_top1:
-        hooks.append(TargetStop(cfg.target_top1))
-    if cfg.log.lars_tensors:
-        hooks.append(TensorLog())
+    if target is not None:
+        hooks.append(target)
+    if isinstance(optimizer, LARS):  # its trust ratios on every log line
+        hooks.append(LARSLog(tensors=cfg.log.lars_tensors))
     return Hooks(hooks)
 
 
@@ -261,7 +268,9 @@ def fit_and_summarise(trainer: Trainer, plan: Plan, run_dir: Path) -> dict:
                 trainer.fit()
                 # trained and checkpointed: a signal during polishing just ends it
                 trainer.checks.signals.restore()
-                polished = trainer.polish(run_dir) if plan.cfg.polish.enabled else None
+                polished = (
+                    final_polish.polish(trainer, run_dir) if plan.cfg.polish.enabled else None
+                )
         except (RunStopped, ConfigError):  # ConfigError found only while training: a corrupt image
             raise
         except Exception as err:

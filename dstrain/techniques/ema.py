@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from dstrain.core import dist
-from dstrain.core.hooks import Hook
+from dstrain.core.hooks import Hook, Refit
 from dstrain.core.safe_load import load_data
 from dstrain.settings.config import EMAConfig
 from dstrain.techniques import bn_refit
@@ -112,8 +112,8 @@ class WeightEMA:
 class EMAHook(Hook):
     """``optim.ema`` on the loop: update, evaluate beside the trained model, checkpoint, polish.
 
-    The trainer evaluates the average (``trainer.evaluate(module)``) and refits it
-    (``trainer.refit(module)``) as it does its own model."""
+    The trainer evaluates the average (``trainer.evaluate(module)``) and Final Polishing refits it
+    (the ``refit`` its ``polish_end`` hands on) as it does the trained model."""
 
     def __init__(self, ema: WeightEMA) -> None:
         self.ema = ema
@@ -161,12 +161,12 @@ class EMAHook(Hook):
     def checkpoint_files(self, trainer: Any) -> dict:
         return {EMA_FILE: self.ema.state_dict()}
 
-    def polish_end(self, trainer: Any, run_dir: Path, info: dict) -> None:
+    def polish_end(self, trainer: Any, run_dir: Path, info: dict, refit: Refit) -> None:
         """Final Polishing of the EMA: its BN statistics refit on the trained model's polish set."""
         before = next(h for h in reversed(trainer.state.history) if "val_top1_ema" in h)
         before = {k[: -len("_ema")]: v for k, v in before.items() if k.endswith("_ema")}
         module = self.on_device(trainer)
-        after = trainer.refit(module)
+        after = refit(module)
         if module is not self.ema.module:  # refit on the device, kept on the CPU
             self.ema.module.load_state_dict(module.state_dict())
         self.polished = bn_refit.summarize(before, after, trainer.state.train_time_s)

@@ -164,19 +164,27 @@ class LARS(GroupwiseOptimizer):
         return trust
 
 
-class TensorLog(Hook):
-    """``log.lars_tensors``: at every log line, the last step's trust ratio and relative step of
-    every tensor, by name (TensorBoard ``lars_trust/*``, ``lars_step/*``), and the three largest
-    steps in the log; where a LARS run's instability shows (results/harness/lars_tensors.py reads them)."""
+class LARSLog(Hook):
+    """LARS's numbers on the loop's log lines: at every log line the last step's trust ratios,
+    min / median / max over the tensors (``train/trust_*`` and the console's ``trust`` column);
+    with ``tensors`` (``log.lars_tensors``) also every tensor's trust ratio and relative step, by
+    name (TensorBoard ``lars_trust/*``, ``lars_step/*``), and the three largest steps in the log:
+    where a LARS run's instability shows (results/harness/lars_tensors.py reads them)."""
+
+    def __init__(self, tensors: bool = False) -> None:
+        self.tensors = tensors
 
     def fit_start(self, trainer) -> bool:
-        if hasattr(trainer.optimizer, "record_tensors"):  # LARS only: other optimizers keep none
-            trainer.optimizer.record_tensors = True
+        trainer.optimizer.record_tensors = self.tensors
         return False
+
+    def window_values(self, trainer) -> dict:
+        # a device-to-host copy: the loop calls it where it syncs anyway, for the log line
+        return trainer.optimizer.trust_summary() or {}
 
     def log_window(self, trainer, step: int) -> None:
         optimizer = trainer.optimizer
-        stats = optimizer.tensor_stats() if getattr(optimizer, "record_tensors", False) else []
+        stats = optimizer.tensor_stats() if self.tensors else []
         if not stats:
             return
         names = {id(p): name for name, p in trainer.engine.module.named_parameters()}
