@@ -21,7 +21,8 @@ SHA``, so uncommitted edits count and a change made and reverted does not).
 A number in prose that links a result file (``[0.994x](../results/bench/throughput_h100.json)``) must
 be found in that file: printed in its report or headline, or one of its values at the precision shown
 (a share as a percentage, a sign dropped where the prose says "behind" or "short"). A number that
-links nothing is prose; the tables are rendered, never typed.
+links nothing is prose; the tables are rendered, never typed: a doc's table under
+``<!-- rows of REPORT -->`` is the report's rows, each found by its first cell.
 """
 
 from __future__ import annotations
@@ -228,8 +229,13 @@ def number_in(number: str, unit: str | None, path: Path) -> bool:
 
 
 def doc_problems(doc: Path) -> list[str]:
-    """Each number that links a result file and is not in it."""
-    problems = []
+    """Each number that links a result file and is not in it; a table that is not its report's rows."""
+    text = doc.read_text()
+    problems = (
+        []
+        if render_rows(doc, text) == text
+        else [f"{rel(doc)}: a table differs from its report; run python results/evidence.py index"]
+    )
     for m in LINK.finditer(doc.read_text()):
         target = (doc.parent / m[2]).resolve()
         if RESULTS not in target.parents or not target.is_file():
@@ -242,6 +248,31 @@ def doc_problems(doc: Path) -> list[str]:
                     f"{rel(doc)}: {n[0].strip()} links {rel(target)}, which does not hold it"
                 )
     return problems
+
+
+ROWS = re.compile(r"<!-- rows of (\S+) -->\n((?:\|.*\n?)+)")
+
+
+def render_rows(doc: Path, text: str) -> str:
+    """A doc's table under ``<!-- rows of REPORT -->``: each row (the header too) is the report's
+    line that starts with the same first cell, so the table shows what the report says, rendered."""
+
+    def table(m: re.Match) -> str:
+        report = (doc.parent / m[1]).resolve()
+        if not report.is_file():
+            raise SystemExit(f"{rel(doc)}: <!-- rows of {m[1]} -->: no such report")
+        lines = report.read_text().splitlines()
+        out = []
+        for row in m[2].rstrip("\n").split("\n"):
+            if re.fullmatch(r"\|[-:| ]+\|", row):
+                out.append(row)  # the header's rule
+                continue
+            first = row.split("|")[1] if row.count("|") > 1 else row
+            same = [x for x in lines if x.startswith("|") and x.split("|")[1] == first]
+            out.append(same[0] if same else row + "  <!-- not in the report -->")
+        return f"<!-- rows of {m[1]} -->\n" + "\n".join(out) + "\n"
+
+    return ROWS.sub(table, text)
 
 
 def docs() -> list[Path]:
@@ -296,6 +327,11 @@ def write_tables() -> None:
     INDEX.write_text(render_index(INDEX.read_text()))
     README.write_text(render_readme(README.read_text()))
     print(f"wrote {rel(INDEX)}'s index and {rel(README)}'s results table")
+    for doc in docs():
+        text = doc.read_text()
+        if render_rows(doc, text) != text:
+            doc.write_text(render_rows(doc, text))
+            print(f"rendered the tables of {rel(doc)} from their reports")
 
 
 def rerun(paths: list[str]) -> None:

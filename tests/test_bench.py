@@ -1679,7 +1679,7 @@ def test_figures_are_written_as_palette_pngs_a_third_the_bytes(tmp_path):
     assert pal.mode == "P" and pal.size == rgba.size
     assert (tmp_path / "p.png").stat().st_size < 0.6 * (tmp_path / "rgba.png").stat().st_size
     assert not list(tmp_path.glob("*.tmp"))
-    # a report copied from an older checkout (RGBA) is re-encoded by `tools/evidence.py index`
+    # a report copied from an older checkout (RGBA) is re-encoded by `results/evidence.py index`
     from bench.common import palette_png
 
     assert palette_png(tmp_path / "rgba.png") and Image.open(tmp_path / "rgba.png").mode == "P"

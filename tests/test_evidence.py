@@ -218,3 +218,25 @@ def test_the_command_line_check_exits_1_on_a_problem(tree):
     proc = subprocess.run([sys.executable, script, "check"], capture_output=True, text=True)
     assert proc.returncode == 0  # the script checks its own tree, not the stand-in
     assert evidence.main(["check"]) == 1
+
+
+def test_a_table_of_a_reports_rows_is_rendered_from_the_report(tree):
+    """A doc's table under <!-- rows of REPORT --> shows the report's rows: edited, or left behind
+    when the report changed, the check names it; `index` renders it again."""
+    doc = tree / "docs/page.md"
+    table = (
+        "<!-- rows of ../results/bench/recipe.md -->\n| row | top-1 |\n|---|---|\n| a | 93.20% |\n"
+    )
+    doc.write_text(f"# Page\n\n{table}\nAfter.\n")
+    assert evidence.check() == []
+    doc.write_text(doc.read_text().replace("93.20%", "93.30%"))
+    (problem,) = evidence.check()
+    assert (
+        problem
+        == "docs/page.md: a table differs from its report; run python results/evidence.py index"
+    )
+    evidence.write_tables()
+    assert "| a | 93.20% |" in doc.read_text() and evidence.check() == []
+    report = tree / "results/bench/recipe.md"
+    report.write_text(report.read_text().replace("93.20%", "92.10%"))  # the report rerun
+    assert evidence.check() and (evidence.write_tables() or "| a | 92.10% |" in doc.read_text())

@@ -223,8 +223,8 @@ def configure_grad_sync(
     """Who averages the gradients: our comm layer (returned), DeepSpeed's backward all-reduce, or nobody.
 
     With one rank (ZeRO 0) DeepSpeed would still flatten every gradient, "all-reduce" it over a group of
-    one and copy it back each step: an identity that made a resnet18 CPU step 1.28x slower
-    (bench/single_rank_allreduce.py)."""
+    one and copy it back each step: an identity that made a resnet18 CPU step 1.28x slower (a probe,
+    `git show 7d4f03e:bench/single_rank_allreduce.py`)."""
     if spec is not None:  # our gradient sync replaces the engine's backward all-reduce
         engine.enable_backward_allreduce = False
         return comm.GradientSync(
