@@ -91,9 +91,9 @@ SMOKE = (
 )
 PRIORITY_ROWS = ("bf16:nhwc:on", "bf16:nhwc:off", "bf16:nchw:on")
 REPEATS = 3  # each priority pair, bare twin and dstrain alternating: a median and a range
-# the GPU pass times 50 steps of each loop: dstrain's second epoch of 12,800 images, the bare
-# loop's 50 steps after 15 untimed ones (compilation and cuDNN autotuning in those)
-GPU_TIMING = ("--images", "12800", "--epochs", "2", "--bare-steps", "50", "--bare-warmup", "15")
+# both loops of a pair: 50 untimed steps (compilation and cuDNN autotuning in those; dstrain's first
+# epoch of 50 x 256 images), then 50 timed ones (dstrain's second epoch)
+GPU_TIMING = ("--warmup-steps", "50", "--epochs", "2")
 FP16_ROWS = ("fp16:nhwc:on", "fp16:nhwc:off", "fp16_native:nhwc:off")
 CUDA_GRAPH_ROWS = ("bf16:nhwc:on",)
 # the smoke's loss must fall from the first epoch's mean to the second's by this much (the H100 at
@@ -507,8 +507,8 @@ class Run:
         if not self.args.tiny:
             return []
         return [
-            *("--model", "resnet18", "--batch", "4", "--image-size", "32", "--images", "16"),
-            *("--dali-images", "16", "--bare-steps", "2", "--bare-warmup", "1", "--epochs", "2"),
+            *("--model", "resnet18", "--batch", "4", "--image-size", "32", "--warmup-steps", "2"),
+            *("--dali-images", "16", "--epochs", "2"),
         ]
 
     def _bench_file(self, cmd: list[str], budget: Budget, out: Path, name: str) -> dict:
