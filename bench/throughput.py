@@ -1,8 +1,8 @@
 """ResNet-50 training throughput on one GPU: dstrain (synthetic data, DALI) vs a bare PyTorch loop, side by side.
 
     .venv/bin/python bench/throughput.py              # on a GPU node -> results/bench/throughput_<gpu>.{json,md}
-    .venv/bin/python bench/throughput.py --model resnet18 --batch 16 --image-size 64 --images 64 \\
-        --dali-images 64 --bare-steps 4 --out /tmp/tp.json               # CPU smoke run (fp32)
+    .venv/bin/python bench/throughput.py --model resnet18 --batch 16 --image-size 64 --warmup-steps 4 \\
+        --epochs 2 --dali-images 64 --out /tmp/tp.json                    # CPU smoke run (fp32)
 
 One run measures every combination on the same device, one after the other:
   bare     torchvision resnet50 + torch.autocast (fp16 with a GradScaler, or bf16; none for fp32) + torch.optim.SGD
@@ -12,9 +12,15 @@ One run measures every combination on the same device, one after the other:
            bf16.json, either ``data.loader=synthetic`` (random device batches) or ``data.loader=dali``
            (GPU JPEG decode + random-resized crop + flip from a generated folder of ImageNet-like 500x375 JPEGs)
 for precision fp16 and bf16 and channels_last on and off. dstrain's images/s come from the run's own
-summary.json: images of the timed epochs / their training time (``train_s``, evaluation excluded); the
-first epoch (cuDNN autotuning, DALI start-up) is not timed. The bare loop times ``--bare-steps`` steps
-after ``--bare-warmup`` steps. Every number is images/s per GPU (one process, one GPU).
+summary.json: images of the timed epochs / their training time (``train_s``, evaluation excluded).
+
+A pair is measured alike on both sides: ``--warmup-steps`` untimed steps (compilation, cuDNN
+autotuning, DALI start-up), then ``(--epochs - 1) x --warmup-steps`` timed steps: dstrain's
+untimed first epoch is that many steps (its synthetic epoch is ``--warmup-steps x --batch``
+images), the bare loop runs the same counts. With ``--repeats`` the order within a pair alternates:
+bare twin first in repeats 0, 2, ..., dstrain first in 1, 3, ... (each row records its
+``order``); the DALI rows' epoch is their JPEG folder (``--dali-images``). Each row records the
+steps it warmed up and timed. Every number is images/s per GPU (one process, one GPU).
 
 References (METHODS.md): 2,470 img/s on one A100 (NVIDIA's PyTorch example, AMP), ~7,160 img/s per H100
 (NVIDIA's MLPerf MXNet stack). On a CPU the default is fp32 only; fp16_native needs a GPU.
@@ -167,7 +173,8 @@ def dstrain_run(
     data = (
         [
             "data.loader=synthetic",
-            f"data.synthetic_train_size={args.images}",
+            # the untimed first epoch is the pair's warm-up
+            f"data.synthetic_train_size={args.warmup_steps * args.batch}",
             f"data.synthetic_val_size={args.batch}",
         ]
         if loader == "synthetic"
@@ -192,13 +199,16 @@ def dstrain_run(
     ]
     from bench.common import run_trainer
 
-    hist = run_trainer(cmd, run_dir, what=f"dstrain {loader} {precision} compile={compiled}")[
+    history = run_trainer(cmd, run_dir, what=f"dstrain {loader} {precision} compile={compiled}")[
         "history"
-    ][1:]  # epoch 1 untimed
+    ]
+    hist = history[1:]  # epoch 1 untimed: the warm-up
     images = sum(h["steps_per_epoch"] * h["global_batch"] for h in hist)
     return {
         "images_per_s": images / sum(h["train_s"] for h in hist),
         "timed_images": images,
+        "warmup_steps": history[0]["steps_per_epoch"],
+        "timed_steps": sum(h["steps_per_epoch"] for h in hist),
         "command": shlex.join(cmd[1:]).replace(str(tmp), "$TMP"),
     }
 
@@ -240,11 +250,17 @@ def markdown(result: dict) -> str:
         f"{result['batch']} per GPU, {result['image_size']} px. Images/s per GPU.",
         "",
     ]
+    if result.get("warmup_steps"):
+        lines += [
+            f"Both loops of a pair: {result['warmup_steps']} untimed warm-up steps, then "
+            f"{result['timed_steps']} timed steps (each row's own counts in the JSON).",
+            "",
+        ]
     if any(p["repeats"] > 1 for p in result.get("pairs", [])):
         lines += [
-            "Each pair measured repeatedly, bare twin and dstrain row alternating: the median of the "
-            "per-repeat ratios (each dstrain run against the twin measured just before it) and "
-            "their range.",
+            "Each pair measured repeatedly, its order alternating (bare twin first in even repeats, "
+            "dstrain first in odd ones): the median of the per-repeat ratios (each dstrain run "
+            "against the twin of its repeat, measured next to it) and their range.",
             "",
             "| data | precision | channels_last | torch.compile | repeats | bare images/s (median) "
             "| dstrain images/s (median) | vs bare twin (median) | range |",
@@ -260,8 +276,8 @@ def markdown(result: dict) -> str:
         lines += ["", "Every run:", ""]
     lines += [
         "| loop | data | precision | channels_last | torch.compile | repeat | images/s | vs bare twin "
-        "(same precision, layout, compile) | DALI vs synthetic data (same settings) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "(same precision, layout, compile) | DALI vs synthetic data (same settings) | order |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = f"{r['vs_bare']:.2f}x" if r.get("vs_bare") else "-"
@@ -269,7 +285,8 @@ def markdown(result: dict) -> str:
         lines.append(
             f"| {r['loop']} | {r['data']} | {PRECISIONS[r['precision']][0]} | "
             f"{'on' if r['channels_last'] else 'off'} | {'on' if r['compile'] else 'off'} | "
-            f"{r.get('repeat', 0)} | {r['images_per_s']:.0f} | {ratio} | {fed} |"
+            f"{r.get('repeat', 0)} | {r['images_per_s']:.0f} | {ratio} | {fed} | "
+            f"{r.get('order', '-')} |"
         )
     lines += ["", *(f"Not run: {n}" for n in result.get("not_run", []))]
     lines += [
@@ -292,7 +309,8 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The settings, checked; ``timed_steps`` and the ``--rows`` grid (or None) derived."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet50", help="torchvision model name")
     p.add_argument("--batch", type=int, default=256, help="images per step per GPU")
@@ -322,7 +340,6 @@ def main() -> int:
         default="default",
         choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     )
-    p.add_argument("--images", type=int, default=25600, help="dstrain synthetic: images per epoch")
     p.add_argument(
         "--dali-images", type=int, default=6400, help="JPEGs generated for the DALI runs"
     )
@@ -335,19 +352,30 @@ def main() -> int:
         "--dali-threads", type=int, default=8, help="DALI CPU threads (data.num_workers)"
     )
     p.add_argument(
-        "--epochs", type=int, default=3, help="dstrain epochs; all but the first are timed"
+        "--warmup-steps",
+        type=int,
+        default=50,
+        help="untimed steps before the timed ones, the same on both sides of a pair: the bare "
+        "loop's first steps and dstrain's first epoch (--warmup-steps x --batch synthetic images); "
+        "compilation and cuDNN autotuning happen in them",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=3,
+        help="dstrain epochs; all but the first are timed, and the bare loop times as many steps: "
+        "(--epochs - 1) x --warmup-steps",
     )
     p.add_argument(
         "--repeats",
         type=int,
         default=1,
-        help="measure each pair this many times, bare twin and dstrain row alternating (the table "
-        "gives each pair's median ratio and its range: one run each cannot tell 0.94x from 0.96x)",
+        help="measure each pair this many times, the order alternating: bare twin first in repeat "
+        "0, dstrain first in repeat 1, ... (the table gives each pair's median ratio and its range: "
+        "one run each cannot tell 0.94x from 0.96x)",
     )
-    p.add_argument("--bare-steps", type=int, default=60)
-    p.add_argument(
-        "--bare-warmup", type=int, default=15, help="untimed bare steps (compilation included)"
-    )
+    for gone in ("--images", "--bare-steps", "--bare-warmup"):
+        p.add_argument(gone, help=argparse.SUPPRESS)
     p.add_argument(
         "--budget-s",
         type=float,
@@ -374,11 +402,25 @@ def main() -> int:
         help="result JSON (default results/bench/throughput_<device>.json; "
         "a .md table is written next to it)",
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if any(v is not None for v in (args.images, args.bare_steps, args.bare_warmup)):
+        p.error(
+            "--images, --bare-steps and --bare-warmup are gone: both loops of a pair warm up "
+            "--warmup-steps steps and time (--epochs - 1) x --warmup-steps steps"
+        )
     if args.epochs < 2:
         raise SystemExit("--epochs must be >= 2: the first epoch is not timed")
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
+    if args.warmup_steps < 1:
+        raise SystemExit(f"--warmup-steps must be >= 1, got {args.warmup_steps}")
+    args.timed_steps = (args.epochs - 1) * args.warmup_steps
+    args.grid = [parse_row(row, p) for row in args.rows] if args.rows else None
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -393,7 +435,6 @@ def main() -> int:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     env = environment(device)
-    args.git_sha = env.get("git_sha")
     print(f"{env['device']}: {args.model}, batch {args.batch}, {args.image_size} px", flush=True)
     layouts = [c == "on" for c in args.channels_last]
     compiles = [c == "on" for c in args.compile]
@@ -405,12 +446,14 @@ def main() -> int:
     out = Path(args.out or REPO / f"results/bench/throughput_{slug}.json")
     result = {
         "what": "training images/s per GPU, dstrain vs a bare PyTorch AMP loop, one device; each "
-        "pair --repeats times, alternating (pairs: medians and ranges)",
+        "pair --repeats times, its order alternating (pairs: medians and ranges)",
         "command": "python bench/throughput.py " + " ".join(sys.argv[1:]),
         "model": args.model,
         "batch": args.batch,
         "image_size": args.image_size,
         "compile_mode": args.compile_mode,
+        "warmup_steps": args.warmup_steps,  # untimed, both loops of a pair
+        "timed_steps": args.timed_steps,
         "environment": env,
         "references": REFERENCES,
         "total_s": 0.0,
@@ -421,15 +464,8 @@ def main() -> int:
     }
     if args.resume and out.is_file():
         result = resume_from(out, result)
-    grid = [(pr, cl, co) for pr in precisions for cl in layouts for co in compiles]
-    if args.rows:
-        grid = [parse_row(row, p) for row in args.rows]
-    jobs = []  # in priority order: each dstrain row right after its bare twin, repeat by repeat
-    for precision, cl, compiled in grid:
-        for repeat in range(args.repeats):
-            twin = ("bare PyTorch", "synthetic", PRECISIONS[precision][2], cl, compiled, repeat)
-            jobs += [twin] if twin not in jobs else []
-            jobs += [("dstrain", loader, precision, cl, compiled, repeat) for loader in loaders]
+    grid = args.grid or [(pr, cl, co) for pr in precisions for cl in layouts for co in compiles]
+    jobs = plan_jobs(grid, loaders, args.repeats)
     t_start, slowest = time.perf_counter(), 0.0
     with tempfile.TemporaryDirectory(prefix="dstrain-throughput-") as tmp:
         folder = None
@@ -456,12 +492,14 @@ def main() -> int:
                 print(f"generated {args.dali_images} JPEGs in {time.perf_counter() - t0:.0f} s")
             t0 = time.perf_counter()
             try:
-                row = measure_row(job, args, device, folder, Path(tmp), result["rows"])
+                row = measure_row(job, args, device, folder, Path(tmp))
             except (SystemExit, RuntimeError) as err:  # a failed run: recorded, the grid goes on
                 result["failed"].append({"row": label(job), "error": str(err)[-3000:]})
                 print(f"FAILED   {label(job)}: {str(err)[-500:]}", flush=True)
             else:
                 result["rows"].append({**row, "git_sha": env.get("git_sha")})
+                link_twins(result["rows"])
+                report(result["rows"][-1], result["rows"])
             slowest = max(slowest, time.perf_counter() - t0)
             result["total_s"] = result.get("total_s", 0.0) + time.perf_counter() - t0
             write(out, result)  # every row ends in the file
@@ -507,6 +545,63 @@ def done(job: tuple, jobs: list[tuple], rows: list[dict], sha: str | None) -> bo
 KEY = ("loop", "data", "precision", "channels_last", "compile", "repeat")
 
 
+def order_in_pair(repeat: int) -> str:
+    """Which side of a pair runs first in ``repeat``: it alternates, so neither side always gets
+    the device (clocks, caches, the allocator) as the other left it."""
+    return "bare first" if repeat % 2 == 0 else "dstrain first"
+
+
+def plan_jobs(grid: list[tuple[str, bool, bool]], loaders: list[str], repeats: int) -> list[tuple]:
+    """The rows in priority order: per bare twin (the autocast, layout and compile its dstrain rows
+    share: fp16 and fp16_native share one), repeat by repeat, the twin next to its dstrain rows:
+    the twin first in even repeats, last in odd ones (the dstrain rows then in reverse order, so
+    each stays as near its twin both ways)."""
+    twins: dict[tuple, list[str]] = {}
+    for precision, cl, compiled in grid:
+        precisions = twins.setdefault((PRECISIONS[precision][2], cl, compiled), [])
+        precisions += [] if precision in precisions else [precision]
+    jobs = []
+    for (autocast, cl, compiled), precisions in twins.items():
+        for repeat in range(repeats):
+            bare = [("bare PyTorch", "synthetic", autocast, cl, compiled, repeat)]
+            ours = [
+                ("dstrain", loader, precision, cl, compiled, repeat)
+                for precision in precisions
+                for loader in loaders
+            ]
+            jobs += bare + ours if order_in_pair(repeat) == "bare first" else ours[::-1] + bare
+    return jobs
+
+
+def twin_key(row: dict) -> tuple:
+    """The bare twin a dstrain row is compared with: same autocast, layout, compile and repeat."""
+    return (
+        "bare PyTorch",
+        "synthetic",
+        PRECISIONS[row["precision"]][2],
+        row["channels_last"],
+        row["compile"],
+        row.get("repeat", 0),
+    )
+
+
+def link_twins(rows: list[dict]) -> None:
+    """Each dstrain row's ratio to the twin of its repeat measured at the same commit (before or
+    after it: the order alternates), once both are measured; None until then."""
+    for r in rows:
+        if r["loop"] != "dstrain":
+            continue
+        bare = next(
+            (
+                b["images_per_s"]
+                for b in reversed(rows)
+                if row_key(b) == twin_key(r) and b.get("git_sha") == r.get("git_sha")
+            ),
+            None,
+        )
+        r["vs_bare"] = r["images_per_s"] / bare if bare else None
+
+
 def row_key(row: dict) -> tuple:
     return (*(row[k] for k in KEY[:-1]), row.get("repeat", 0))  # rows before --repeats: repeat 0
 
@@ -525,6 +620,7 @@ def pairs(rows: list[dict]) -> list[dict]:
             groups.setdefault(row_key(r)[1:-1], []).append(r)
     out = []
     for (data, precision, cl, compiled), runs in groups.items():
+        runs.sort(key=lambda r: r.get("repeat", 0))
         ratios = sorted(r["vs_bare"] for r in runs)
         out.append(
             {
@@ -540,15 +636,18 @@ def pairs(rows: list[dict]) -> list[dict]:
                 "vs_bare": statistics.median(ratios),
                 "vs_bare_min": ratios[0],
                 "vs_bare_max": ratios[-1],
+                "orders": [r.get("order") for r in runs],  # repeat by repeat
             }
         )
     return out
 
 
 def resume_from(out: Path, fresh: dict) -> dict:
-    """The rows an earlier call measured, when it measured the same model, batch and image size."""
+    """The rows an earlier call measured, when it measured the same model, batch, image size and
+    step counts."""
     old = json.loads(out.read_text())
-    same = all(old.get(k) == fresh[k] for k in ("model", "batch", "image_size", "compile_mode"))
+    settings = ("model", "batch", "image_size", "compile_mode", "warmup_steps", "timed_steps")
+    same = all(old.get(k) == fresh[k] for k in settings)
     if not same:
         raise SystemExit(f"--resume: {out} measured other settings; choose another --out")
     failed = old.get("failed", [])
@@ -573,8 +672,10 @@ def parse_row(text: str, parser: argparse.ArgumentParser) -> tuple[str, bool, bo
     return parts[0], layouts[parts[1]], switches[parts[2]]
 
 
-def measure_row(job: tuple, args, device, folder, tmp: Path, rows: list[dict]) -> dict:
+def measure_row(job: tuple, args, device, folder, tmp: Path) -> dict:
+    """One row, its warm-up and timed steps and its place in the pair; the ratio is link_twins'."""
     loop, data, precision, cl, compiled, repeat = job
+    row = dict(zip(KEY, job)) | {"order": order_in_pair(repeat)}
     if loop == "bare PyTorch":
         ips = bare_loop(
             args.model,
@@ -582,36 +683,38 @@ def measure_row(job: tuple, args, device, folder, tmp: Path, rows: list[dict]) -
             cl,
             args.batch,
             args.image_size,
-            args.bare_warmup,
-            args.bare_steps,
+            args.warmup_steps,
+            args.timed_steps,
             device,
             args.compile_mode if compiled else None,
         )
-        print(
-            f"bare     synthetic {precision} channels_last={cl} compile={compiled}: {ips:.0f} img/s"
-            + (f" (repeat {repeat})" if repeat else "")
-        )
-        return dict(zip(KEY, job)) | {"images_per_s": ips}
-    r = dstrain_run(data, precision, cl, compiled, args, folder, tmp, repeat)
-    twin = ("bare PyTorch", "synthetic", PRECISIONS[precision][2], cl, compiled, repeat)
-    sha = args.git_sha
-    bare = next(
-        (
-            b["images_per_s"]
-            for b in reversed(rows)
-            if row_key(b) == twin and b.get("git_sha") == sha
-        ),
-        None,
+        steps = {"warmup_steps": args.warmup_steps, "timed_steps": args.timed_steps}
+        return row | {"images_per_s": ips, **steps}
+    return row | dstrain_run(data, precision, cl, compiled, args, folder, tmp, repeat)
+
+
+def report(row: dict, rows: list[dict]) -> None:
+    """The row's line; a bare row measured after its dstrain rows gives their ratios."""
+    ratio = (
+        f" ({row['vs_bare']:.2f}x the bare twin)"
+        if row.get("vs_bare")
+        else " (its bare twin: not measured yet or failed)"
+        if row["loop"] == "dstrain"
+        else ""
     )
-    ratio = r["images_per_s"] / bare if bare else None
     print(
-        f"dstrain  {data:9s} {precision} channels_last={cl} compile={compiled}: "
-        f"{r['images_per_s']:.0f} img/s"
-        + (f" ({ratio:.2f}x the bare twin)" if ratio else " (its bare twin failed)")
-        + (f" (repeat {repeat})" if repeat else ""),
+        f"{'bare' if row['loop'] != 'dstrain' else 'dstrain':8s} {row['data']:9s} "
+        f"{row['precision']} channels_last={row['channels_last']} compile={row['compile']}: "
+        f"{row['images_per_s']:.0f} img/s{ratio} (repeat {row['repeat']}, {row['order']})",
         flush=True,
     )
-    return dict(zip(KEY, job)) | {"vs_bare": ratio, **r}
+    if row["loop"] != "dstrain" and row["order"] == "dstrain first":
+        for r in rows:
+            same = twin_key(r) == row_key(row) and r.get("git_sha") == row.get("git_sha")
+            if r["loop"] == "dstrain" and r.get("vs_bare") and same:
+                print(
+                    f"         pair {r['data']} {r['precision']}: {r['vs_bare']:.2f}x", flush=True
+                )
 
 
 def write(out: Path, result: dict) -> None:

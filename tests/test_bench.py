@@ -430,8 +430,8 @@ def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
         "4",
         "--image-size",
         "32",
-        "--images",
-        "16",
+        "--warmup-steps",
+        "4",
         "--loaders",
         "synthetic",
         "dali",
@@ -443,10 +443,6 @@ def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
         "on",
         "--compile",
         "off",
-        "--bare-steps",
-        "2",
-        "--bare-warmup",
-        "1",
         "--epochs",
         "2",
         "--out",
@@ -469,6 +465,10 @@ def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
     assert synthetic["vs_bare"] == pytest.approx(synthetic["images_per_s"] / bare["images_per_s"])
     assert 0.2 < synthetic["vs_bare"] < 5, (synthetic, bare)
     assert synthetic["timed_images"] == 16  # epoch 2 of 2, 16 images
+    # both loops warmed up and timed the same steps: 4 untimed (dstrain's first epoch), 4 timed
+    assert (result["warmup_steps"], result["timed_steps"]) == (4, 4)
+    for row in (synthetic, bare):
+        assert (row["warmup_steps"], row["timed_steps"]) == (4, 4), row
     if not dali_installed:
         assert any("nvidia.dali is not installed" in n for n in result["not_run"]), result
         return
@@ -497,10 +497,6 @@ TINY_TP = [
     "on",
     "--compile",
     "off",
-    "--bare-steps",
-    "2",
-    "--bare-warmup",
-    "1",
     "--epochs",
     "2",
 ]
@@ -509,14 +505,15 @@ TINY_TP = [
 @pytest.mark.slow
 def test_throughput_bench_writes_each_row_records_failures_and_resumes(tmp_path):
     """A budget that fits one row: the file holds it and names the rest; --resume measures the rest
-    and keeps the first; a dstrain row that fails (2 images, batch 4) is recorded, not fatal. On
-    the CPU on every node (CPU_ONLY): with a GPU visible the bench measures other rows."""
+    and keeps the first; a dstrain row that fails (its run directory cannot be announced) is
+    recorded, not fatal. On the CPU on every node (CPU_ONLY): with a GPU visible the bench
+    measures other rows."""
     out = tmp_path / "tp.json"
     proc = bench(
         "throughput.py",
         *TINY_TP,
-        "--images",
-        "16",
+        "--warmup-steps",
+        "4",
         "--budget-s",
         "0.01",
         "--out",
@@ -529,25 +526,33 @@ def test_throughput_bench_writes_each_row_records_failures_and_resumes(tmp_path)
     assert any("did not fit --budget-s" in n for n in first["not_run"])
     assert "Incomplete" in out.with_suffix(".md").read_text()
     proc = bench(
-        "throughput.py", *TINY_TP, "--images", "16", "--resume", "--out", str(out), env=CPU_ONLY
+        "throughput.py",
+        *TINY_TP,
+        "--warmup-steps",
+        "4",
+        "--resume",
+        "--out",
+        str(out),
+        env=CPU_ONLY,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = json.loads(out.read_text())
     assert done["complete"] and [r["loop"] for r in done["rows"]] == ["bare PyTorch", "dstrain"]
     assert done["rows"][0] == first["rows"][0]  # kept, not re-measured
     failing = tmp_path / "failing.json"
-    proc = bench("throughput.py", *TINY_TP, "--images", "2", "--out", str(failing), env=CPU_ONLY)
+    # dstrain alone fails: it cannot write the file naming its run directory (no such folder)
+    unannounced = {**CPU_ONLY, "DSTRAIN_RUN_DIR_FILE": str(tmp_path / "missing" / "run_dir")}
+    tiny = [*TINY_TP, "--warmup-steps", "1", "--out", str(failing)]
+    proc = bench("throughput.py", *tiny, env=unannounced)
     assert proc.returncode == 1
     result = json.loads(failing.read_text())
     # every row ran or failed: complete, the failure recorded with its error
     assert [r["loop"] for r in result["rows"]] == ["bare PyTorch"] and result["complete"]
-    assert "less than one global batch" in result["failed"][0]["error"]
+    assert "dstrain synthetic fp32 compile=False failed" in result["failed"][0]["error"]
     assert "Failed: dstrain synthetic fp32 True False" in failing.with_suffix(".md").read_text()
     assert result["rows"][0]["git_sha"] == result["environment"]["git_sha"]  # each row's commit
     # --resume does not retry a failed row (a GPU job would, every job); a fresh run does
-    proc = bench(
-        "throughput.py", *TINY_TP, "--images", "2", "--resume", "--out", str(failing), env=CPU_ONLY
-    )
+    proc = bench("throughput.py", *tiny, "--resume", env=unannounced)
     assert "rows and 1 failed" in proc.stdout and "FAILED" not in proc.stdout
     assert json.loads(failing.read_text())["failed"] == result["failed"]
 
@@ -1313,17 +1318,18 @@ def test_evidence_table_refuses_pytest_xdist_workers(tmp_path):
 
 @pytest.mark.slow
 def test_throughput_bench_repeats_each_pair_alternating_and_summarises_the_ratios(tmp_path):
-    """--repeats 2: bare twin and dstrain row alternate (bare, dstrain, bare, dstrain), each dstrain
-    run is compared with the twin measured just before it, and the pair's summary gives the median
-    ratio and its range (issue 50: one run each could not tell 0.94x from 0.96x)."""
+    """--repeats 3: the order within the pair alternates (bare first, dstrain first, bare first),
+    recorded on each row and in the pair's summary; each dstrain run is compared with the twin of
+    its repeat, whichever ran first, after the same warm-up steps; the pair's summary gives the
+    median ratio and its range (issue 50: one run each could not tell 0.94x from 0.96x)."""
     out = tmp_path / "tp.json"
     proc = bench(
         "throughput.py",
         *TINY_TP,
-        "--images",
-        "16",
-        "--repeats",
+        "--warmup-steps",
         "2",
+        "--repeats",
+        "3",
         "--out",
         str(out),
         env=CPU_ONLY,
@@ -1331,20 +1337,76 @@ def test_throughput_bench_repeats_each_pair_alternating_and_summarises_the_ratio
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     rows = result["rows"]
-    assert [(r["loop"], r["repeat"]) for r in rows] == [
-        ("bare PyTorch", 0),
-        ("dstrain", 0),
-        ("bare PyTorch", 1),
-        ("dstrain", 1),
+    assert [(r["loop"], r["repeat"], r["order"]) for r in rows] == [
+        ("bare PyTorch", 0, "bare first"),
+        ("dstrain", 0, "bare first"),
+        ("dstrain", 1, "dstrain first"),
+        ("bare PyTorch", 1, "dstrain first"),
+        ("bare PyTorch", 2, "bare first"),
+        ("dstrain", 2, "bare first"),
     ]
-    for bare, ours in (rows[0:2], rows[2:4]):
+    assert {(r["warmup_steps"], r["timed_steps"]) for r in rows} == {(2, 2)}
+    for bare, ours in (rows[0:2], rows[3:1:-1], rows[4:6]):
         assert ours["vs_bare"] == pytest.approx(ours["images_per_s"] / bare["images_per_s"])
     (pair,) = result["pairs"]
     ratios = sorted(r["vs_bare"] for r in rows if r["loop"] == "dstrain")
-    assert pair["repeats"] == 2 and pair["vs_bare"] == pytest.approx(sum(ratios) / 2)
-    assert (pair["vs_bare_min"], pair["vs_bare_max"]) == (ratios[0], ratios[1])
+    assert pair["repeats"] == 3 and pair["vs_bare"] == pytest.approx(ratios[1])
+    assert (pair["vs_bare_min"], pair["vs_bare_max"]) == (ratios[0], ratios[2])
+    assert pair["orders"] == ["bare first", "dstrain first", "bare first"]
     table = out.with_suffix(".md").read_text()
-    assert f"| {pair['vs_bare']:.3f}x | {ratios[0]:.3f}-{ratios[1]:.3f}x |" in table
+    assert f"| {pair['vs_bare']:.3f}x | {ratios[0]:.3f}-{ratios[2]:.3f}x |" in table
+    assert "2 untimed warm-up steps, then 2 timed steps" in table
+
+
+def test_throughput_pairs_alternate_their_order_and_a_shared_twin_stays_next_to_both():
+    """fp16 autocast and the native fp16 engine share one bare twin (fp16 autocast): each repeat
+    measures the twin next to both of its dstrain rows, first in even repeats and last in odd ones;
+    bf16 pairs alternate the same way."""
+    from bench import throughput
+
+    grid = [("fp16", True, False), ("fp16_native", True, False), ("bf16", False, True)]
+    jobs = throughput.plan_jobs(grid, ["synthetic"], repeats=2)
+    bare16, bare_bf16 = ("bare PyTorch", "synthetic", "fp16"), ("bare PyTorch", "synthetic", "bf16")
+    fp16, native = ("dstrain", "synthetic", "fp16"), ("dstrain", "synthetic", "fp16_native")
+    bf16 = ("dstrain", "synthetic", "bf16")
+    assert [(*j[:3], j[-1]) for j in jobs] == [
+        (*bare16, 0),
+        (*fp16, 0),
+        (*native, 0),
+        (*native, 1),
+        (*fp16, 1),
+        (*bare16, 1),
+        (*bare_bf16, 0),
+        (*bf16, 0),
+        (*bf16, 1),
+        (*bare_bf16, 1),
+    ]
+    assert [throughput.order_in_pair(r) for r in range(3)] == [
+        "bare first",
+        "dstrain first",
+        "bare first",
+    ]
+    # a ratio waits for its twin, measured before or after it, at the same commit only
+    rows = [
+        {**dict(zip(throughput.KEY, job)), "images_per_s": 100.0 + i, "git_sha": "a"}
+        for i, job in enumerate(jobs[3:6])
+    ]
+    throughput.link_twins(rows[:2])
+    assert [r["vs_bare"] for r in rows[:2]] == [None, None]
+    throughput.link_twins(rows)
+    assert [r["vs_bare"] for r in rows[:2]] == [100 / 102, 101 / 102]
+    rows[2]["git_sha"] = "b"
+    throughput.link_twins(rows)
+    assert [r["vs_bare"] for r in rows[:2]] == [None, None]
+
+
+def test_throughput_bench_refuses_its_old_unequal_warmup_settings(tmp_path):
+    """--images, --bare-steps and --bare-warmup let the two loops warm up differently (dstrain's
+    first epoch against 15 bare steps on the GPU): refused, naming the one setting both now use."""
+    for old in ("--images", "--bare-steps", "--bare-warmup"):
+        proc = bench("throughput.py", old, "5", "--out", str(tmp_path / "x.json"), timeout=120)
+        assert proc.returncode == 2 and "--warmup-steps" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_a_report_across_commits_that_changed_dstrain_says_so_and_is_asked_for_by_name(tmp_path):

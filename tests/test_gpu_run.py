@@ -388,6 +388,51 @@ def test_throughput_rows_are_chosen_by_name():
         parse_row("bf16:nhwc", parser)
 
 
+def test_the_gpu_plan_measures_every_precisions_pairs_alike(tmp_path, monkeypatch):
+    """Issue item 3: on a GPU the bf16 pairs, the fp16 autocast and native fp16 pairs and the
+    host-bound pair (resnet18, batch 64) run REPEATS times each (the bench alternates their order),
+    with one warm-up count both loops use; every command is one the bench accepts."""
+    from bench.throughput import parse_args
+
+    commands = []
+
+    def finished(self, cmd, budget, log, **kw):
+        commands.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"complete": True, "failed": []}))
+        return {"exit": 0, "stopped_at_budget": False, "seconds": 1.0, "command": " ".join(cmd)}
+
+    monkeypatch.setattr(gpu_run.Run, "bounded", finished)
+    run = _run(tmp_path, monkeypatch)
+    run.cuda = True
+    run.throughput(run.budget(300))
+    run.fp16(run.budget(300))
+    benches = [
+        (Path(cmd[cmd.index("--out") + 1]).stem, parse_args(cmd[2:]))
+        for cmd in commands
+        if cmd[1] == "bench/throughput.py"
+    ]
+    # the bf16 pairs, then into the same file the fp16 ones; the host-bound pair; CUDA graphs
+    assert [name for name, _ in benches] == [
+        "throughput_cpu",
+        "throughput_cpu",
+        "throughput_host_cpu",
+        "throughput_cudagraphs_cpu",
+    ]
+    pairs = [args for _, args in benches[:3]]
+    assert [args.rows for args in pairs] == [
+        ["bf16:nhwc:on", "bf16:nhwc:off", "bf16:nchw:on"],
+        ["fp16:nhwc:on", "fp16:nhwc:off", "fp16_native:nhwc:off"],
+        ["bf16:nhwc:off"],
+    ]
+    assert [args.repeats for args in pairs] == [gpu_run.REPEATS] * 3
+    host = pairs[2]
+    assert (host.model, host.batch, host.image_size) == ("resnet18", 64, 224)
+    for _, args in benches:  # one warm-up count for both loops; as many timed steps at least
+        assert args.timed_steps == (args.epochs - 1) * args.warmup_steps >= args.warmup_steps
+
+
 def run_sh_gpu(*args: str, **env: str) -> subprocess.CompletedProcess:
     """``./run.sh gpu ARGS`` from the repository, with this venv as the node's environment."""
     return subprocess.run(

@@ -14,7 +14,8 @@ slot plan ``./run.sh gpu-prepare`` prints). ``./run.sh gpu`` installs what the j
 Parts, in priority order (``PARTS``, issue 50), each with a budget (``--budget PART=S``):
 
   throughput  dstrain against its bare PyTorch twin, bf16 channels_last compiled and eager, NCHW
-              compiled, each pair 3 times alternating -> throughput_<gpu>.json (median, range)
+              compiled, each pair 3 times, its order alternating, the same warm-up on both sides
+              -> throughput_<gpu>.json (median, range)
   dali        once DALI's parts have all arrived: DaliLoader against the plain DALI pipeline
               (``mixed`` decode) from folders and shards -> loader_<gpu>.json, DALI-fed against
               synthetic training -> throughput_dali_<gpu>.json
@@ -26,7 +27,9 @@ Parts, in priority order (``PARTS``, issue 50), each with a budget (``--budget P
   smoke       a short synthetic ResNet-50 run per shipped ImageNet JSON as a user runs it (fp16,
               fp16_native in NCHW, bf16, lamb_fp16, lars_bf16): a row whose training loss does not
               fall fails -> smoke_<gpu>.json
-  fp16        the fp16 pairs (autocast, the native engine) -> throughput_<gpu>.json; CUDA graphs
+  fp16        the fp16 pairs (autocast, the native engine), repeated as the bf16 ones ->
+              throughput_<gpu>.json; a host-bound pair (resnet18, batch 64, eager bf16: 1% of host
+              overhead shows) -> throughput_host_<gpu>.json; CUDA graphs
               (``model.compile_mode=reduce-overhead``) against the bare loop compiled the same way
               -> throughput_cudagraphs_<gpu>.json; a torch.profiler summary of dstrain's and the
               bare loop's steps -> profile_step_<gpu>.json
@@ -76,7 +79,7 @@ BUDGET_S = {
     "tests": 150,
     "micro": 120,
     "smoke": 200,
-    "fp16": 300,
+    "fp16": 450,  # 3 fp16 pairs x 3 repeats (~28 s a run on the H100), the host-bound pair, ...
 }
 DEADLINE_S = 560  # a job's own end, inside the node's 600-s limit
 GRACE_S = 20  # after SIGTERM, before SIGKILL: a training run's checkpoint
@@ -90,11 +93,19 @@ SMOKE = (
     ("lars_bf16.json", True),
 )
 PRIORITY_ROWS = ("bf16:nhwc:on", "bf16:nhwc:off", "bf16:nchw:on")
-REPEATS = 3  # each priority pair, bare twin and dstrain alternating: a median and a range
-# the GPU pass times 50 steps of each loop: dstrain's second epoch of 12,800 images, the bare
-# loop's 50 steps after 15 untimed ones (compilation and cuDNN autotuning in those)
-GPU_TIMING = ("--images", "12800", "--epochs", "2", "--bare-steps", "50", "--bare-warmup", "15")
+REPEATS = (
+    3  # each pair (bf16, fp16, the host-bound one), its order alternating: a median and a range
+)
+# both loops of a pair: 50 untimed steps (compilation and cuDNN autotuning in those; dstrain's first
+# epoch of 50 x 256 images), then 50 timed ones (dstrain's second epoch)
+GPU_TIMING = ("--warmup-steps", "50", "--epochs", "2")
 FP16_ROWS = ("fp16:nhwc:on", "fp16:nhwc:off", "fp16_native:nhwc:off")
+# a pair whose step is short enough that 1% of host overhead shows: resnet18 at batch 64, eager
+# (no compiled graph hides the host's launches); 200 warm-up steps, 400 timed (2 epochs of 200:
+# dstrain's per-epoch work counted twice, as in a real epoch it would be spread over thousands)
+HOST_BOUND = ("--model", "resnet18", "--batch", "64", "--image-size", "224")
+HOST_BOUND += ("--warmup-steps", "200", "--epochs", "3")
+HOST_BOUND_ROWS = ("bf16:nhwc:off",)
 CUDA_GRAPH_ROWS = ("bf16:nhwc:on",)
 # the smoke's loss must fall from the first epoch's mean to the second's by this much (the H100 at
 # 9a9aaeb: fp16.json 5.17 -> 4.08 in 2 x 20 steps; the native engine that did not learn, +0.0001)
@@ -417,13 +428,17 @@ class Run:
             "not_run": "; ".join(f"{k}: {v}" for k, v in result["not_run"].items()),
         }
 
-    def _throughput_cmd(self, out: Path, budget: Budget, *select: str) -> list[str]:
+    def _throughput_cmd(
+        self, out: Path, budget: Budget, *select: str, sizes: tuple[str, ...] = GPU_TIMING
+    ) -> list[str]:
+        """bench/throughput.py over the ``select``ed rows at ``sizes`` (model, batch, warm-up and
+        timed steps; --tiny's instead on a CPU)."""
         return self.python(
             "bench/throughput.py",
             *select,
             "--loaders",
             "synthetic",
-            *(self._tiny_throughput() or GPU_TIMING),
+            *(self._tiny_throughput() or sizes),
             *([] if self.args.fresh else ["--resume"]),
             "--budget-s",
             str(max(budget.left() - GRACE_S, 1)),
@@ -431,20 +446,25 @@ class Run:
             str(out),
         )
 
+    def _repeats(self) -> tuple[str, str]:
+        """Every pair of the plan REPEATS times, its order alternating (--tiny: twice)."""
+        return ("--repeats", "2" if self.args.tiny else str(REPEATS))
+
     def throughput(self, budget: Budget) -> dict:
-        """The priority pairs, each REPEATS times alternating: bf16 channels_last compiled and eager,
-        NCHW compiled."""
+        """The priority pairs, each REPEATS times, order alternating: bf16 channels_last compiled and
+        eager, NCHW compiled."""
         out = self.path("throughput")
         rows = PRIORITY_ROWS if self.cuda else ("fp32:nhwc:off",)  # a CPU: the orchestration
-        repeats = ("--repeats", "2" if self.args.tiny else str(REPEATS))
-        cmd = self._throughput_cmd(out, budget, "--rows", *rows, *repeats)
+        cmd = self._throughput_cmd(out, budget, "--rows", *rows, *self._repeats())
         return self._bench_file(cmd, budget, out, "throughput")
 
     def fp16(self, budget: Budget) -> dict:
-        """The fp16 pairs into the throughput file, CUDA graphs against the bare loop compiled the
-        same way, and the profile of both loops' steps: each item once, recorded."""
+        """The fp16 pairs into the throughput file and the host-bound pair, repeated as the bf16
+        ones; CUDA graphs against the bare loop compiled the same way, and the profile of both
+        loops' steps: each item once, recorded."""
         # on a CPU (--tiny): the orchestration only, eager (inductor would take minutes there)
         fp16_rows = FP16_ROWS if self.cuda else ("fp32:nchw:off",)  # CPU fp16: ~20x slower
+        host_rows = HOST_BOUND_ROWS if self.cuda else ("fp32:nhwc:off",)
         graphs_rows = CUDA_GRAPH_ROWS if self.cuda else ("fp32:nhwc:off",)
         profile = (
             ("--model", "resnet18", "--batch", "8", "--image-size", "32")
@@ -455,9 +475,14 @@ class Run:
             + ("--steps", "20", "--warmup", "5", "--log-every", "10")
         )
         graphs = ("--rows", *graphs_rows, "--compile-mode", "reduce-overhead")
+        pairs = ("--rows", *fp16_rows, *self._repeats())
+        host = ("--rows", *host_rows, *self._repeats())
         items = {
             "throughput": lambda out, b: self._bench_file(
-                self._throughput_cmd(out, b, "--rows", *fp16_rows), b, out, "throughput"
+                self._throughput_cmd(out, b, *pairs), b, out, "throughput"
+            ),
+            "throughput_host": lambda out, b: self._bench_file(
+                self._throughput_cmd(out, b, *host, sizes=HOST_BOUND), b, out, "throughput_host"
             ),
             "throughput_cudagraphs": lambda out, b: self._bench_file(
                 self._throughput_cmd(out, b, *graphs), b, out, "throughput_cudagraphs"
@@ -507,8 +532,8 @@ class Run:
         if not self.args.tiny:
             return []
         return [
-            *("--model", "resnet18", "--batch", "4", "--image-size", "32", "--images", "16"),
-            *("--dali-images", "16", "--bare-steps", "2", "--bare-warmup", "1", "--epochs", "2"),
+            *("--model", "resnet18", "--batch", "4", "--image-size", "32", "--warmup-steps", "2"),
+            *("--dali-images", "16", "--epochs", "2"),
         ]
 
     def _bench_file(self, cmd: list[str], budget: Budget, out: Path, name: str) -> dict:
