@@ -11,6 +11,8 @@ import shlex
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,20 @@ def bench(
         timeout=timeout,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
     )
+
+
+def described(path: Path) -> dict:
+    """A result file as results/evidence.py reads one: its six fields, each filled, the machine and
+    the headline one line each (bench.common.write_result); the file's data."""
+    from results.evidence import FIELDS
+
+    data = json.loads(Path(path).read_text())
+    missing = [f for f in FIELDS if not data.get(f)]
+    assert not missing, f"{path}: no {', '.join(missing)}"
+    for field in ("title", "headline", "machine"):
+        assert isinstance(data[field], str) and "\n" not in data[field], (field, data[field])
+    assert not re.search(r"\bissue\b", data["title"], re.I), data["title"]  # the product's words
+    return data
 
 
 def test_time_to_target_counts_epoch_times_until_first_reach():
@@ -1684,3 +1700,63 @@ def test_figures_are_written_as_palette_pngs_a_third_the_bytes(tmp_path):
 
     assert palette_png(tmp_path / "rgba.png") and Image.open(tmp_path / "rgba.png").mode == "P"
     assert not palette_png(tmp_path / "rgba.png")  # already one: left as it is
+
+
+# ---------------------------------------------------------------- every script, tiny
+# Rot cannot hide: every script that writes a result file (bench/, results/harness/, tools/suite.py,
+# tools/code_shape.py) runs in the suite on tiny inputs, so one that breaks fails it. A run is
+# checked for behaviour (its file describes itself, its data is what it says), never for speed.
+
+
+@dataclass(frozen=True)
+class Tiny:
+    """One script's tiny run: its arguments ({out}: the result file, {tmp}: the test's tmp_path,
+    {data}: Fashion-MNIST-shaped files), the file it writes under tmp_path, what its data must
+    hold, and whether it takes over ~5 s on 2 cores (the full suite only)."""
+
+    args: tuple[str, ...]
+    holds: Callable[[dict], bool]
+    out: str = "result.json"
+    slow: bool = False
+
+
+TINY_DATA = ("model.width=4", "data.root={data}", "data.download=false")
+# script -> its tiny run, or the test that runs it tiny already (and checks its file with described)
+TINY_RUNS: dict[str, Tiny | str] = {
+    "bench/overhead.py": Tiny(
+        ("--steps", "2", "--pairs", "2", "--batch", "32", "--out", "{out}", *TINY_DATA),
+        lambda d: d["world_size"] == 1
+        and {k: len(v) for k, v in d["pass_seconds"].items()} == {"bare": 1, "trainer": 1}
+        and d["overhead_ratio"] == d["pass_seconds"]["trainer"][0] / d["pass_seconds"]["bare"][0]
+        and d["title"] == "Trainer overhead, 1 rank",
+        slow=True,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=[pytest.mark.slow] if tiny.slow else [])
+        for name, tiny in TINY_RUNS.items()
+        if isinstance(tiny, Tiny)
+    ],
+)
+def test_each_script_runs_tiny_and_writes_a_result_that_describes_itself(
+    name, tmp_path, fake_fmnist
+):
+    tiny = TINY_RUNS[name]
+    out = tmp_path / tiny.out
+    args = [a.format(out=out, tmp=tmp_path, data=fake_fmnist) for a in tiny.args]
+    proc = subprocess.run(
+        [sys.executable, name, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **CPU_ONLY},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = described(out)
+    assert name in data["command"], data["command"]  # the command that wrote it, runnable again
+    assert tiny.holds(data), json.dumps(data, indent=1)[:3000]
