@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -34,7 +33,7 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import provenance  # noqa: E402
+from bench.common import provenance, write_result  # noqa: E402
 from dstrain.core.dist import free_port  # noqa: E402
 from dstrain.techniques.bn_group import apply_bn_group, join_groups  # noqa: E402
 from dstrain.techniques.bn_span import apply_bn_span  # noqa: E402
@@ -191,7 +190,10 @@ def main() -> int:
     }
     name = f"bn_group_{args.device}_{args.ranks}ranks.json"
     path = Path(args.out or REPO / "results" / "bench" / name)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    backend = "NCCL" if args.device == "cuda" else "gloo"
+    group = f"BN groups of {args.group}" if args.group < args.ranks else "BN group"
+    title = f"{group} over {args.ranks} {args.device.upper()} ranks ({backend}), {args.model}"
+    write_result(path, result, title=title, headline=timed_headline(result))
     b = out["bytes"]
     grouped = (
         f"{1000 * med['group']:.1f} ms grouped ({med['group'] / med['plain']:.2f}x; "
@@ -210,6 +212,21 @@ def main() -> int:
     return 0
 
 
+def timed_headline(result: dict) -> str:
+    """The grouped step over the plain one (and the group of one rank's: the layer's arithmetic)."""
+    alone = f"{result['group_of_one_over_plain']:.2f}x with a group of one rank"
+    if result["group_over_plain"] is None:
+        return f"{alone} the per-rank-BN step"
+    return f"{result['group_over_plain']:.2f}x the per-rank-BN step ({alone})"
+
+
+def bytes_headline(result: dict) -> str:
+    return (
+        f"BN {result['bn_mib']:.2f} MiB in {result['per_step_and_rank']['bn_collectives']} "
+        f"collectives against the gradient all-reduce's {result['gradient_allreduce_mib']:.1f} MiB"
+    )
+
+
 def write_bytes(args: argparse.Namespace) -> int:
     """The arithmetic alone: what one rank sends per step for BN groups of --group among --ranks,
     against the gradient all-reduce, for --model (a document quotes these; nothing is timed)."""
@@ -225,7 +242,10 @@ def write_bytes(args: argparse.Namespace) -> int:
     }
     name = f"bn_group_bytes_{args.model}_{args.ranks}ranks_group{args.group}.json"
     path = Path(args.out or REPO / "results" / "bench" / name)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    title = (
+        f"BN groups of {args.group} among {args.ranks} ranks: bytes per step and rank, {args.model}"
+    )
+    write_result(path, result, title=title, headline=bytes_headline(result))
     print(
         f"{args.model} ({args.classes} classes), BN groups of {args.group} among {args.ranks} ranks: "
         f"BN sends {result['bn_mib']:.2f} MiB per step and rank in {b['bn_collectives']} "

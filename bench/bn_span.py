@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -22,7 +21,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import provenance  # noqa: E402
+from bench.common import provenance, write_result  # noqa: E402
 from dstrain.techniques.bn_span import apply_bn_span  # noqa: E402
 from dstrain.techniques.models import build_model  # noqa: E402
 
@@ -36,6 +35,16 @@ def step_time(model, x, y, steps: int) -> float:
         loss.backward()
     sync()
     return (time.perf_counter() - t0) / steps
+
+
+def title(args) -> str:
+    """``BN span 32 cost, channels_last (resnet_small, cpu)``."""
+    layout = "channels_last" if args.channels_last == "on" else "NCHW"
+    return f"BN span {args.span} cost, {layout} ({args.model}, {args.device})"
+
+
+def headline(result: dict) -> str:
+    return f"{result['span_over_plain']:.2f}x the plain-BN step"
 
 
 def main() -> int:
@@ -75,7 +84,7 @@ def main() -> int:
         "span_over_plain": med["span"] / med["plain"],
     }
     out = Path(args.out or REPO / "results" / "bench" / f"bn_span_{args.device}.json")
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, result, title=title(args), headline=headline(result))
     print(
         f"{args.model} batch {args.batch}, span {args.span}, {args.device}: plain "
         f"{1000 * med['plain']:.1f} ms/step, span {1000 * med['span']:.1f} ms/step, "

@@ -1,6 +1,8 @@
 """Accuracy cost and bytes of each gradient-communication mode: Fashion-MNIST, 2 CPU ranks, same epochs.
 
     .venv/bin/python bench/comm_accuracy.py [--epochs 3]   # -> results/bench/comm_accuracy.{json,md}
+    .venv/bin/python bench/comm_accuracy.py --epochs 1 --modes comm_sign --out /tmp/c \\
+        model.width=4 data.root=DIR                        # tiny: fp32 and one mode, 2 ranks
 
 Each mode trains the default recipe (ResNet-8, batch 256, SGD) under
 ``deepspeed --num_gpus 2`` with one shipped DeepSpeed JSON; only the
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -33,17 +34,40 @@ MODES = [  # (name, shipped JSON, changes to its dstrain_communication block)
 ]
 
 
+def headline(result: dict) -> str:
+    """Each mode's top-1 and bytes against the fp32 all-reduce."""
+    rows = result["rows"][1:]
+    return "vs the fp32 all-reduce: " + "; ".join(
+        f"{r['config'].split('/')[-1].split('.json')[0].removeprefix('comm_')} "
+        f"{100 * r['top1_vs_fp32']:+.2f} pt, {r['bytes_vs_fp32']:.3f}x bytes"
+        for r in rows
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=3)
+    others = [config for _, config, _ in MODES[1:]]
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=others,
+        default=others,
+        help="the modes to compare with the fp32 all-reduce (always run, first)",
+    )
+    p.add_argument(
+        "--out", type=Path, default=REPO / "results" / "bench", help="folder of comm_accuracy.*"
+    )
+    p.add_argument("overrides", nargs="*", help="more trainer overrides for every run (key=value)")
     args = p.parse_args()
-    from bench.common import provenance
-    from bench.default_recipe import cpu_model
+    from bench.common import provenance, write_result
+    from dstrain.core.dist import free_port
 
     deepspeed = str(Path(sys.executable).parent / "deepspeed")
+    modes = [MODES[0], *[m for m in MODES[1:] if m[1] in args.modes]]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, config, change in MODES:
+        for name, config, change in modes:
             path = REPO / "ds_configs" / f"{config}.json"
             if change:
                 data = json.loads(path.read_text())
@@ -56,7 +80,7 @@ def main() -> int:
                 "--num_gpus",
                 "2",
                 "--master_port",
-                str(29700 + len(rows)),
+                str(free_port()),
                 "dstrain/main.py",
                 "--config",
                 "fashion_mnist",
@@ -65,6 +89,7 @@ def main() -> int:
                 f"epochs={args.epochs}",
                 f"run_dir={run_dir}",
                 "log.every_steps=100",
+                *args.overrides,
             ]
             from bench.common import run_trainer
 
@@ -106,12 +131,14 @@ def main() -> int:
         r["bytes_vs_fp32"] = round(r["bytes_sent_per_step"] / base["bytes_sent_per_step"], 4)
     result = {
         **provenance("comm_accuracy.py"),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None, "ranks": 2},
-        "setup": f"--config fashion_mnist epochs={args.epochs}, deepspeed --num_gpus 2 (gloo)",
+        "ranks": 2,
+        "setup": " ".join(["--config fashion_mnist", f"epochs={args.epochs}", *args.overrides])
+        + ", deepspeed --num_gpus 2 (gloo)",
         "rows": rows,
     }
-    out = REPO / "results" / "bench"
-    (out / "comm_accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = args.out
+    title = f"Gradient communication, accuracy and bytes (2 ranks, {args.epochs} epochs)"
+    write_result(out / "comm_accuracy.json", result, title=title, headline=headline(result))
     lines = [
         f"Fashion-MNIST, default recipe, {args.epochs} epochs, 2 CPU ranks (git {result['git_sha'][:7]})",
         "",

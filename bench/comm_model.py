@@ -1,6 +1,7 @@
 """Alpha-beta cost model of one gradient all-reduce of ResNet-50 (25.6M gradients) on an ABCI-like cluster.
 
     .venv/bin/python bench/comm_model.py     # -> results/bench/comm_model.{json,md,png}
+    .venv/bin/python bench/comm_model.py --out /tmp/x   # the same files elsewhere
 
 A model, not a measurement: it says where each algorithm should win, for
 choosing ``dstrain_communication`` before a run. Time of sending m bytes over
@@ -28,7 +29,7 @@ compressed: (Y-1) x S/(32 X).
 
 from __future__ import annotations
 
-import json
+import argparse
 import math
 import sys
 from pathlib import Path
@@ -142,7 +143,23 @@ def readout(rows: list[dict]) -> dict:
     }
 
 
-def main() -> int:
+def headline(result: dict) -> str:
+    """How many cluster sizes, and which algorithm the model finds fastest at the largest."""
+    rows = result["rows"]
+    last = rows[-1]
+    best = min(COLUMNS, key=lambda c: last[c])
+    return (
+        f"{len(rows)} cluster sizes, {rows[0]['gpus']} to {last['gpus']} GPUs; at "
+        f"{last['gpus']}: {best} fastest, {last[best]:.2f} ms"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--out", type=Path, default=REPO / "results" / "bench", help="folder of comm_model.*"
+    )
+    args = p.parse_args(argv)
     gpus = [2**k for k in range(3, 13)]  # 8 ... 4096
     rows = [
         {
@@ -152,10 +169,10 @@ def main() -> int:
         }
         for p in gpus
     ]
-    from bench.common import provenance
+    from bench.common import provenance, write_result
 
     result = {
-        **provenance("comm_model.py", []),
+        **provenance("comm_model.py", sys.argv[1:] if argv is None else argv),
         "units": "milliseconds per all-reduce of ResNet-50's 25.6M gradients (model, not measured)",
         "machine_model": {
             "gpus_per_node": GPUS_PER_NODE,
@@ -167,8 +184,9 @@ def main() -> int:
         "rows": rows,
         "readout": readout(rows),
     }
-    out = REPO / "results" / "bench"
-    (out / "comm_model.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = args.out
+    title = "All-reduce cost model (ring, hierarchical, 2D-Torus; modelled, not measured)"
+    write_result(out / "comm_model.json", result, title=title, headline=headline(result))
     cols = COLUMNS
     lines = ["| GPUs | " + " | ".join(cols) + " | fastest |", "|---" * (len(cols) + 2) + "|"]
     for r in rows:

@@ -127,11 +127,13 @@ def stop_signals_forwarded():
 
 def provenance(script: str, args: list[str] | None = None, command: str | None = None) -> dict:
     """dstrain.core.provenance.record for ``python bench/SCRIPT ARGS`` (default: this process's
-    arguments), or for ``command`` as given (a launcher's, a trainer's)."""
+    arguments; a SCRIPT with its folder, ``results/harness/ablation.py``, from the repository
+    root), or for ``command`` as given (a launcher's, a trainer's)."""
     from dstrain.core.provenance import record
 
     if command is None:
-        command = f"python bench/{script} " + shlex.join(sys.argv[1:] if args is None else args)
+        path = script if "/" in script else f"bench/{script}"
+        command = f"python {path} " + shlex.join(sys.argv[1:] if args is None else args)
     return record(command)
 
 

@@ -31,9 +31,7 @@ The folder holds ImageNet-like 500x375 JPEGs (quality 90, smooth random content 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -384,19 +382,40 @@ def stage_profile(files: list[str], n: int = 256, batch: int = 32) -> dict:
     }
 
 
-def machine() -> dict:
-    import torch
+def title(args, device: str) -> str:
+    """``Loaders on CPU: plain vs dali, batch 64`` (and the settings where several are measured)."""
+    where = "GPU" if device == "cuda" else "CPU"
+    text = f"Loaders on {where}: {' vs '.join(args.loaders)}, batch {args.batch}"
+    if len(args.threads) > 1 or len(args.prefetch) > 1:
+        text += f", threads {'/'.join(map(str, args.threads))} x prefetch "
+        text += "/".join(map(str, args.prefetch))
+    return text
 
-    from bench.default_recipe import cpu_model
 
-    return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "dali": __import__("nvidia.dali").dali.__version__,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
+def headline(rows: list[dict]) -> str:
+    """Each row's ratios: DALI over the plain pipeline (the ceiling), or a loader over shards
+    against the same loader over the folder."""
+    settings = {(r["threads"], r["prefetch"], r["hw_decoder_load"]) for r in rows}
+    parts = []
+    for r in rows:
+        where = f"{r['batches_per_epoch']} batches/epoch"
+        if len(settings) > 1:
+            where += f", {r['threads']} threads, prefetch {r['prefetch']}"
+            if r["hw_decoder_load"] is not None:
+                where += f", hw decoder {r['hw_decoder_load']}"
+        if "ratio_dali_over_plain" in r:
+            parts.append(f"dali/plain {r['ratio_dali_over_plain']:.2f}x at {where}")
+        shards = [
+            f"{k.removeprefix('ratio_').removesuffix('_over_folder').replace('_', '@')} {v:.2f}x"
+            for k, v in r.items()
+            if k.endswith("_over_folder")
+        ]
+        if shards:
+            parts.append(f"over the folder's images/s at {where}: {', '.join(shards)}")
+        if not parts:
+            speeds = [f"{k} {v['images_per_sec']:.0f}" for k, v in r.items() if isinstance(v, dict)]
+            parts.append(f"{', '.join(speeds)} img/s at {where}")
+    return "; ".join(parts)
 
 
 def main() -> int:
@@ -465,7 +484,7 @@ def main() -> int:
 
     import torch
 
-    from bench.common import provenance
+    from bench.common import provenance, write_result
 
     needed = max(args.batches_per_epoch) * args.batch
     devices = [d for d in args.devices if d == "cpu" or torch.cuda.is_available()]
@@ -482,7 +501,7 @@ def main() -> int:
         sizes = [p.stat().st_size for p in (root / "train").rglob("*.JPEG")]
         common = {
             **provenance("loader.py"),
-            "machine": machine(),
+            "dali": __import__("nvidia.dali").dali.__version__,
             "setup": {
                 "files_in_folder": len(sizes),
                 "image_size": "500x375",
@@ -517,8 +536,8 @@ def main() -> int:
                 REPO / "results" / "bench" / f"loader_{'gpu' if device == 'cuda' else 'cpu'}.json"
             )
         )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**common, "device": device, **res}, indent=2) + "\n")
+        result = {**common, "device": device, **res}
+        write_result(path, result, title=title(args, device), headline=headline(res["rows"]))
         print(f"{device}: {len(res['rows'])} rows -> {path}")
     return 0
 

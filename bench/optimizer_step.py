@@ -14,7 +14,6 @@ each round's own ratio with its median and 10th-90th percentile spread over the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -27,7 +26,7 @@ import torchvision
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench.common import provenance  # noqa: E402
+from bench.common import provenance, write_result  # noqa: E402
 from dstrain.techniques.lamb import LAMB  # noqa: E402
 from dstrain.techniques.lars import LARS  # noqa: E402
 from dstrain.techniques.optim import param_groups  # noqa: E402
@@ -125,6 +124,16 @@ def spread(sorted_values: list[float]) -> dict:
     return {"median": round(statistics.median(sorted_values), 3), "p10": at(0.1), "p90": at(0.9)}
 
 
+def headline(result: dict) -> str:
+    """Our LARS and LAMB against SGD(foreach), and LAMB on channels_last against LAMB on NCHW."""
+    ratio, ms = result["ratio_vs_sgd_foreach"], result["median_step_ms"]
+    layouts = ms["dstrain_lamb_channels_last"] / ms["dstrain_lamb"]
+    return (
+        f"LARS {ratio['dstrain_lars']:.2f}x, LAMB {ratio['dstrain_lamb']:.2f}x the time of "
+        f"SGD(foreach); LAMB on channels_last {layouts:.3f}x LAMB on NCHW"
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -180,7 +189,8 @@ def main() -> int:
         "timm_lars_per_tensor",
     }
     out = Path(args.out or REPO / "results" / "bench" / f"optimizer_step_{device.type}.json")
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    title = f"LARS/LAMB step on ResNet-50's parameters, {result['device']}, {args.rounds} rounds"
+    write_result(out, result, title=title, headline=headline(result))
     for k in med:
         r = result["round_ratio_vs_sgd_foreach"][k]
         print(

@@ -1,7 +1,10 @@
 """The trainer's per-step overhead against a bare DeepSpeed loop: same model, data, batch, engine.
 
     .venv/bin/python bench/overhead.py          # 1 rank -> results/bench/overhead_cpu_1rank.json
-    .venv/bin/deepspeed --num_gpus 2 bench/overhead.py --out results/bench/overhead_cpu_2rank.json
+    .venv/bin/python bench/overhead.py --threads 1 --out results/bench/overhead_cpu_1rank_1thread.json
+    .venv/bin/deepspeed --num_gpus 2 bench/overhead.py   # -> results/bench/overhead_cpu_2rank.json
+    .venv/bin/python bench/overhead.py --steps 2 --pairs 2 --batch 32 --out /tmp/o.json \\
+        model.width=4 data.root=DIR            # tiny (the test suite's run)
 
 One engine (resnet_small, Fashion-MNIST from memory, global batch 256, ds_configs/fp32.json) runs
 alternating passes of ``--steps`` optimizer steps: a bare loop (forward, cross-entropy,
@@ -15,8 +18,7 @@ trainer's overhead. Alternating passes in one process cancel most of the drift o
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import shlex
 import statistics
 import sys
 import time
@@ -24,6 +26,29 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+
+def command(world: int) -> str:
+    """This run's command line, as a user types it (the launcher's ``--local_rank`` left out)."""
+    args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    launcher = f"deepspeed --num_gpus {world}" if world > 1 else "python"
+    return shlex.join([*launcher.split(), "bench/overhead.py", *args])
+
+
+def title(world: int, threads: int | None) -> str:
+    """``Trainer overhead, 2 ranks``; ``, 1 thread`` where --threads chose the torch threads."""
+    ranks = f"{world} rank" + ("s" if world > 1 else "")
+    return f"Trainer overhead, {ranks}" + (
+        f", {threads} thread" + ("s" if threads > 1 else "") if threads else ""
+    )
+
+
+def headline(result: dict) -> str:
+    """One line of what a result measured: the ratio, and the bare step it is over."""
+    return (
+        f"trainer step {result['overhead_ratio']:.3f}x a bare DeepSpeed step "
+        f"(bare {result['median_step_ms']['bare']:.1f} ms)"
+    )
 
 
 def main() -> int:
@@ -34,25 +59,32 @@ def main() -> int:
     )
     p.add_argument("--batch", type=int, default=256, help="global batch")
     p.add_argument(
+        "--threads", type=int, default=None, help="torch threads per rank (default: dstrain's)"
+    )
+    p.add_argument(
         "--out", default="", help="result file (default results/bench/overhead_cpu_<N>rank.json)"
     )
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("overrides", nargs="*", help="more trainer overrides (key=value)")
     args = p.parse_args()
+    if args.pairs < 2:
+        p.error("--pairs must be at least 2 (the first pair is warm-up)")
 
+    import shutil
     import tempfile
 
     import torch
-    import torch.nn.functional as F
 
-    from bench.common import provenance
+    from bench.common import provenance, write_result
     from dstrain.core import dist
     from dstrain.loop import fault
-    from dstrain.loop.trainer import TrainState
-    from dstrain.run import train
+    from dstrain.run import rundir, startup, train
     from dstrain.run.plan import prepare
     from dstrain.settings.config import load_config
 
-    # the trainer as `python -m dstrain` builds it (set-up phases of dstrain/run/train.py), in this process
+    # the trainer as `python -m dstrain` builds it (dstrain/run/train.py's run: prepare, join the
+    # job, the start-up checks, build_trainer), in this process; rank 0's directory is the run's
+    tmp = Path(tempfile.mkdtemp(prefix="dstrain-overhead."))
     cfg = load_config(
         "fashion_mnist",
         [
@@ -63,20 +95,61 @@ def main() -> int:
             "log.tensorboard=false",
             "checkpoint.every_epochs=0",
             "fault.check_disk=false",
+            f"run_dir={tmp / 'run'}",
+            *args.overrides,
         ],
     )
     plan = prepare(cfg, str(REPO / "ds_configs/fp32.json"))
     dist.init_process_group(cfg.fault.collective_timeout_s)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     world, rank = dist.world_size(), dist.rank()
+    where = provenance("", command=command(world))  # the tree that runs, as it starts
     signals = fault.StopSignals()
     signals.install()
-    trainer = train.build_trainer(plan, Path(tempfile.mkdtemp(prefix="dstrain-overhead.")), signals)
-    engine, loader, stage, fmt = (
-        trainer.engine,
-        trainer.data.train,
-        plan.stages[0],
-        trainer.memory_format,
-    )
+    try:
+        start = startup.check(plan, dist.device())
+        trainer = train.build_trainer(plan, start, signals)
+        times = timed_passes(trainer, plan.stages[0], args.pairs)
+    finally:
+        signals.restore()
+        rundir.release_all()
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    result = {
+        "what": "trainer train_epoch vs a bare DeepSpeed loop, same engine/model/data/batch, alternating passes",
+        **where,
+        "world_size": world,
+        "global_batch": args.batch,
+        "steps_per_pass": args.steps,
+        "torch_threads": torch.get_num_threads(),
+        "overrides": args.overrides,
+        "pass_seconds": times,
+        "median_step_ms": {k: 1000 * v / args.steps for k, v in med.items()},
+        "images_per_sec": {k: args.batch * args.steps / v for k, v in med.items()},
+        "overhead_ratio": med["trainer"] / med["bare"],
+    }
+    if rank == 0:
+        out = Path(args.out or REPO / f"results/bench/overhead_cpu_{world}rank.json")
+        write_result(out, result, title=title(world, args.threads), headline=headline(result))
+        print(
+            f"{world} rank(s): bare {result['median_step_ms']['bare']:.1f} ms/step, trainer "
+            f"{result['median_step_ms']['trainer']:.1f} ms/step -> overhead ratio "
+            f"{result['overhead_ratio']:.3f} ({out})"
+        )
+    dist.shutdown()
+    return 0
+
+
+def timed_passes(trainer, stage, pairs: int) -> dict[str, list[float]]:
+    """``pairs`` alternating passes of the bare loop and the trainer's epoch over the same engine
+    and loader; each pass's seconds (the first pair, a warm-up, left out)."""
+    import torch.nn.functional as F
+
+    from dstrain.core import dist
+    from dstrain.loop.trainer import TrainState
+
+    engine, loader, fmt = trainer.engine, trainer.data.train, trainer.memory_format
 
     def bare() -> float:
         loader.start_epoch(0)
@@ -97,41 +170,13 @@ def main() -> int:
         return time.perf_counter() - t0
 
     times = {"bare": [], "trainer": []}
-    for i in range(args.pairs):
-        for name, fn in (
-            (("bare", bare), ("trainer", trainer_pass))
-            if i % 2 == 0
-            else (("trainer", trainer_pass), ("bare", bare))
-        ):
+    for i in range(pairs):
+        order = (("bare", bare), ("trainer", trainer_pass))
+        for name, fn in order if i % 2 == 0 else reversed(order):
             t = fn()
             if i > 0:  # the first pair warms up allocators and oneDNN kernels
                 times[name].append(t)
-    signals.restore()
-    med = {k: statistics.median(v) for k, v in times.items()}
-    result = {
-        "what": "trainer train_epoch vs a bare DeepSpeed loop, same engine/model/data/batch, alternating passes",
-        **provenance(
-            "", command=" ".join(["deepspeed --num_gpus 2" if world > 1 else "python"] + sys.argv)
-        ),
-        "world_size": world,
-        "global_batch": args.batch,
-        "steps_per_pass": args.steps,
-        "torch_threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "pass_seconds": times,
-        "median_step_ms": {k: 1000 * v / args.steps for k, v in med.items()},
-        "images_per_sec": {k: args.batch * args.steps / v for k, v in med.items()},
-        "overhead_ratio": med["trainer"] / med["bare"],
-    }
-    if rank == 0:
-        out = Path(args.out or REPO / f"results/bench/overhead_cpu_{world}rank.json")
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(
-            f"{world} rank(s): bare {result['median_step_ms']['bare']:.1f} ms/step, trainer "
-            f"{result['median_step_ms']['trainer']:.1f} ms/step -> overhead ratio {result['overhead_ratio']:.3f} "
-            f"({out})"
-        )
-    return 0
+    return times
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/polish.py                      # -> results/bench/polish.json and polish.md
     .venv/bin/python bench/polish.py --seeds 0 1 2 --epochs 5 --k 1 --sweep 512 2048 10240 0
+    .venv/bin/python bench/polish.py --seeds 0 --epochs 2 --sweep 64 --out /tmp/p KEY=VALUE ...
+                                                          # elsewhere, with trainer overrides
 
 Per seed, two training runs of the fashion_mnist_lars recipe (batch 1,024 -> 4,096 at epoch 3,
 LARS, hybrid warmup, label smoothing) with augmentation on (random crop + flip), both with
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -48,17 +49,18 @@ def run(cmd: list[str]) -> str:
     return proc.stdout
 
 
-def train(run_dir: Path, seed: int, epochs: int, k: int) -> dict:
+def train(run_dir: Path, seed: int, args, k: int) -> dict:
     from bench.common import TRAINER, run_trainer
 
     return run_trainer(
         [
             *TRAINER,
             *BASE,
-            f"epochs={epochs}",
+            f"epochs={args.epochs}",
             f"seed={seed}",
             f"polish.last_epochs_without_augmentation={k}",
             f"run_dir={run_dir}",
+            *args.overrides,
         ],
         run_dir,
     )
@@ -84,15 +86,18 @@ def main() -> int:
         default=[512, 2048, 10240, 0],
         help="polish-set sizes (0 = all)",
     )
+    p.add_argument(
+        "--out", type=Path, default=REPO / "results" / "bench", help="folder of polish.json/.md"
+    )
+    p.add_argument("overrides", nargs="*", help="more trainer overrides for every run (key=value)")
     args = p.parse_args()
-    from bench.common import provenance
-    from bench.default_recipe import cpu_model
+    from bench.common import provenance, write_result
 
     rows, sweep = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
-            a = train(Path(tmp) / f"a{seed}", seed, args.epochs, 0)
-            b = train(Path(tmp) / f"b{seed}", seed, args.epochs, args.k)
+            a = train(Path(tmp) / f"a{seed}", seed, args, 0)
+            b = train(Path(tmp) / f"b{seed}", seed, args, args.k)
             rows.append(
                 {
                     "seed": seed,
@@ -136,9 +141,8 @@ def main() -> int:
     }
     result = {
         **provenance("polish.py"),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": None},
         "setup": {
-            "training": " ".join(BASE) + f" epochs={args.epochs}",
+            "training": " ".join([*BASE, *args.overrides]) + f" epochs={args.epochs}",
             "k": args.k,
             "seeds": args.seeds,
             "polish_images": 10240,
@@ -147,11 +151,25 @@ def main() -> int:
         "summary": summary,
         "sweep_seed0": sweep,
     }
-    out_dir = REPO / "results" / "bench"
-    (out_dir / "polish.json").write_text(json.dumps(result, indent=2) + "\n")
+    out_dir = args.out
+    title = (
+        f"Final Polishing (BN refit, last {args.k} epoch(s) un-augmented), "
+        f"{len(args.seeds)} seed(s), {args.epochs} epochs"
+    )
+    write_result(out_dir / "polish.json", result, title=title, headline=headline(result))
     (out_dir / "polish.md").write_text(table(result))
     print(table(result))
     return 0
+
+
+def headline(r: dict) -> str:
+    """Top-1 of each variant (mean over the seeds) and the refit's share of the training time."""
+    s = r["summary"]
+    return (
+        f"{len(s['none']['values'])} seed(s): none {s['none']['mean']:.2%}, refit "
+        f"{s['refit']['mean']:.2%}, last K {s['k_epochs']['mean']:.2%}, both "
+        f"{s['both']['mean']:.2%}; refit {s['refit_fraction']['mean']:.1%} of training time"
+    )
 
 
 def table(r: dict) -> str:

@@ -764,11 +764,25 @@ def main() -> int:
     result["dstrain_minus_bare"] = differences(bare, ours) | {
         "operator_calls": call_differences(tables["bare"], tables["dstrain"])
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    from bench.common import write_result
+
+    title = (
+        f"Where a step's time goes, dstrain vs its bare twin: {args.model}, batch {args.batch}, "
+        f"{args.image_size} px, {settings_name(args)}, {result['environment']['device']}"
+    )
+    write_result(out, result, title=title, headline=headline(result))
     print(report(result))
     print(f"-> {out}")
     return 0
+
+
+def headline(result: dict) -> str:
+    """Wall time per step of both loops and the host synchronisations dstrain adds."""
+    bare, ours = result["loops"]["bare"]["per_step"], result["loops"]["dstrain"]["per_step"]
+    return (
+        f"dstrain {ours['wall_ms']:.1f} ms a step vs the bare twin's {bare['wall_ms']:.1f} ms; "
+        f"{ours['host_syncs_outside_log_window']:g} host syncs a step outside the log window"
+    )
 
 
 def settings_name(args) -> str:

@@ -15,7 +15,6 @@ A 1-rank run with all cores (``--threads`` x N) is recorded too, as the single-p
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
@@ -66,6 +65,16 @@ def run(ranks: int, threads: int, args, tmp: Path, port: int) -> dict:
     }
 
 
+def headline(result: dict, args) -> str:
+    """1 -> N ranks: images/s, speedup and efficiency."""
+    ips = result["images_per_s"]
+    one, many = ips[f"1x{args.threads}"], ips[f"{args.ranks}x{args.threads}"]
+    return (
+        f"1 -> {args.ranks} ranks ({args.threads} thread(s) each): {one:,.0f} -> {many:,.0f} "
+        f"img/s, {result['speedup']:.2f}x, {result['scaling_efficiency']:.0%} efficiency"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -89,7 +98,7 @@ def main() -> int:
         raise SystemExit(
             f"--ranks {args.ranks} --batch {args.batch}: need >= 2 ranks that divide the global batch"
         )
-    from bench.common import provenance
+    from bench.common import provenance, write_result
 
     configs = [(1, args.threads), (args.ranks, args.threads), (1, args.threads * args.ranks)]
     runs, port = [], 29700
@@ -130,8 +139,11 @@ def main() -> int:
         "runs": runs,
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    title = (
+        f"Multi-rank CPU scaling (`./launch.sh`): 1 vs {args.ranks} ranks, "
+        f"{args.threads} thread(s) each"
+    )
+    write_result(out, result, title=title, headline=headline(result, args))
     print(
         f"1 rank: {one:.0f} img/s, {args.ranks} ranks: {many:.0f} img/s -> speedup {result['speedup']:.2f}x, "
         f"efficiency {100 * result['scaling_efficiency']:.0f}% ({args.ranks} ranks vs 1 process with "

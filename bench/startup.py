@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import subprocess
@@ -36,8 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import provenance  # noqa: E402
-from dstrain.core.files import atomic_write_text  # noqa: E402
+from bench.common import provenance, write_result  # noqa: E402
 
 # name -> what the fresh interpreter runs; each prints whether MLflow got imported
 STATEMENTS = {
@@ -95,6 +93,26 @@ def derive(times: dict[str, list[float]]) -> dict[str, dict]:
     return out
 
 
+def headline(result: dict) -> str:
+    """The import costs, the guard's saving and a refused config's time: those that were timed."""
+    derived, statements = result["derived"], result["statements"]
+    named = {
+        "torch_s": "torch",
+        "dynamo_s": "torch._dynamo",
+        "deepspeed_s": "DeepSpeed",
+    }
+    parts = [
+        ", ".join(f"{w} {derived[k]['median']:.2f} s" for k, w in named.items() if k in derived)
+    ]
+    if "guard_saves_s" in derived:
+        parts.append(f"the guard saves {derived['guard_saves_s']['median']:.2f} s a process")
+    if "config_error" in statements:
+        parts.append(f"a refused config {statements['config_error']['median_s']:.2f} s")
+    if not any(parts):  # statements with nothing to subtract: their own times
+        parts = [", ".join(f"{n} {s['median_s']:.2f} s" for n, s in statements.items())]
+    return "; ".join(p for p in parts if p)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=7, help="times each statement runs (default 7)")
@@ -143,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         "derived": derive(times),
         "note": args.note,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
+    title = "What a process imports before it trains; the import guard's saving"
+    if args.only:
+        title += f" ({', '.join(names)} only)"
+    write_result(args.out, result, title=title, headline=headline(result))
     for name, d in result["derived"].items():
         print(f"{name}: median {d['median']:.2f} s ({d['min']:.2f} to {d['max']:.2f})")
     print(f"wrote {args.out}")

@@ -11,6 +11,8 @@ import shlex
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,27 @@ def bench(
         timeout=timeout,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
     )
+
+
+# bench/throughput.py moves to bench.common.write_result on its own branch; until then its file
+# lacks these (git SHA, date and machine sit under "environment"): this empties then
+THROUGHPUT_UNDESCRIBED = ("title", "headline", "git_sha", "date", "machine")
+
+
+def described(path: Path, missing: tuple[str, ...] = ()) -> dict:
+    """A result file as results/evidence.py reads one: its six fields, each filled, the machine and
+    the headline one line each (bench.common.write_result); the file's data. ``missing``: the
+    fields a script known not to write them yet leaves out, exactly."""
+    from results.evidence import FIELDS
+
+    data = json.loads(Path(path).read_text())
+    lacks = tuple(f for f in FIELDS if not data.get(f))
+    assert lacks == missing, f"{path}: no {', '.join(lacks)}"
+    for field in [f for f in ("title", "headline", "machine") if f not in missing]:
+        assert isinstance(data[field], str) and "\n" not in data[field], (field, data[field])
+    title = data.get("title", "")
+    assert not re.search(r"\bissue\b", title, re.I), title  # the product's words, not a ticket's
+    return data
 
 
 def test_time_to_target_counts_epoch_times_until_first_reach():
@@ -411,7 +434,7 @@ def test_a_finished_run_is_read_not_retrained(tmp_path):
     report = (out / "r.md").read_text()
     assert "| baseline | 60.00 (one seed) |" in report
     assert "Not finished yet, left out (--finished-only): baseline seed 1." in report
-    assert json.loads((out / "r.json").read_text())["pending"] == ["baseline seed 1"]
+    assert described(out / "r.json")["pending"] == ["baseline seed 1"]
 
 
 @pytest.mark.slow
@@ -450,7 +473,7 @@ def test_throughput_bench_runs_both_loops_on_cpu(tmp_path):
         env=CPU_ONLY,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = described(out, missing=THROUGHPUT_UNDESCRIBED)
     loops = {(r["loop"], r["data"], r["precision"]) for r in result["rows"]}
     assert loops == {
         ("bare PyTorch", "synthetic", "fp32"),
@@ -565,7 +588,7 @@ def test_loader_bench_measures_dali_against_the_plain_pipeline_ceiling(tmp_path)
         "loader.py", *args, "--root", str(tmp_path / "jpegs"), "--devices", "cpu", "--out", str(out)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    rows = described(out)["rows"]
     assert [(r["batches_per_epoch"], r["images_per_epoch"]) for r in rows] == [(2, 8), (3, 12)]
     for row in rows:
         assert row["plain"]["images_per_sec"] > 0 and row["dali"]["images_per_sec"] > 0
@@ -584,7 +607,7 @@ def test_bn_group_bench_times_both_models_and_counts_the_bytes(tmp_path):
     args += ["--out", str(out)]
     proc = bench("bn_group.py", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = described(out)
     assert set(result["step_s"]) == {"plain", "group", "group_of_one"}
     assert all(len(v) == 2 and min(v) > 0 for v in result["step_s"].values())
     med = {k: statistics.median(v) for k, v in result["step_s"].items()}
@@ -607,7 +630,7 @@ def test_bn_group_bench_bytes_only_counts_a_group_of_2_among_8_ranks(tmp_path, m
     args = ["--bytes-only", "--width", "4", "--ranks", "8", "--group", "2", "--classes", "7"]
     monkeypatch.setattr(sys, "argv", ["bn_group.py", *args, "--out", str(out)])
     assert load("bn_group").main() == 0  # in this process: the arithmetic starts no rank
-    result = json.loads(out.read_text())
+    result = described(out)
     b, channels = result["per_step_and_rank"], 4 + 2 * (4 + 8 + 16) + 8 + 16
     assert b["bn_forward_bytes"] == 4 * (2 * channels + 9) and b["bn_collectives"] == 18
     assert b["bn_backward_bytes"] == 4 * 2 * channels
@@ -675,7 +698,7 @@ def test_scaling_bench_one_vs_two_ranks_under_launch_sh(tmp_path, fake_fmnist):
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(out.read_text())
+    r = described(out)
     assert {run["world_size"] for run in r["runs"]} == {1, 2}
     assert set(r["images_per_s"]) == {"1x1", "2x1", "1x2"}
     # from the raw measurements of each run (images trained / training seconds the trainer
@@ -771,7 +794,7 @@ def test_suite_summary_counts_each_outcome_and_keeps_pytests_exit(tmp_path):
     # GPUs hidden (CPU_ONLY): the record names the device its process sees, None on every node
     proc = bench("suite.py", "--out", str(out), "--", *pytest_args, env=CPU_ONLY)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    r = json.loads(out.read_text())
+    r = described(out)
     assert r["counts"] == {"passed": 2, "failed": 1, "error": 1, "skipped": 1, "total": 5}
     # a value a test recorded is kept with the run (the 2x2 torus test's top-1 of every rank)
     assert [(t.rsplit("/", 1)[-1], v) for t, v in r["measured"].items()] == [
@@ -826,7 +849,7 @@ def test_commit_ab_trains_both_sides_and_identical_code_gives_identical_runs(tmp
         "commit_ab.py", *args, *json_args, f"data.root={fake_fmnist}", "epochs=1", timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    r = json.loads(out.read_text())
+    r = described(out)
     assert [run["side"] for run in r["runs"]] == ["base", "head"]
     (base, head) = r["runs"]
     assert base["final_top1"] == head["final_top1"] and 0 < base["final_top1"] <= 1
@@ -891,7 +914,7 @@ def test_replay_trains_a_recorded_run_again_and_this_machine_gives_the_same_epoc
     ]
     proc = bench("replay.py", *args)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    r = json.loads(out.read_text())
+    r = described(out)
     assert r["identical"] and r["first_difference"] is None
     assert [e["epoch"] for e in r["per_epoch"]] == [1, 2]
     assert r["cpu"]["cpu_capability"] and r["tree"] == "this tree"
@@ -1502,7 +1525,7 @@ def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
 
     def main(*args: str) -> list[dict]:
         assert tuned.main([*args, "--target", "0.9", "--out", str(out), "--name", "t"]) == 0
-        return json.loads((out / "t.json").read_text())["rows"]
+        return described(out / "t.json")["rows"]
 
     rows = main("--reports", low, high)
     assert [(r["batch"], r["lr"], r["epochs"], r["ratio"]) for r in rows] == [
@@ -1615,7 +1638,7 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     def main(*reports: str) -> dict:
         argv = ["--reports", *reports, "--out", str(out), "--name", "t"]
         assert ablation.main(argv) == 0
-        return json.loads((out / "t.json").read_text())
+        return described(out / "t.json")
 
     made = main(a)
     by = {e["row"]: e for e in made["entries"]}
@@ -1746,3 +1769,194 @@ def test_figures_are_written_as_palette_pngs_a_third_the_bytes(tmp_path):
 
     assert palette_png(tmp_path / "rgba.png") and Image.open(tmp_path / "rgba.png").mode == "P"
     assert not palette_png(tmp_path / "rgba.png")  # already one: left as it is
+
+
+# ---------------------------------------------------------------- every script, tiny
+# Rot cannot hide: every script that writes a result file (bench/, results/harness/, tools/suite.py,
+# tools/code_shape.py) runs in the suite on tiny inputs, so one that breaks fails it. A run is
+# checked for behaviour (its file describes itself, its data is what it says), never for speed.
+
+
+@dataclass(frozen=True)
+class Tiny:
+    """One script's tiny run: its arguments ({out}: the result file, {tmp}: the test's tmp_path,
+    {data}: Fashion-MNIST-shaped files), the file it writes under tmp_path, what its data must
+    hold, what it reads made first (``prepare(tmp_path)``), and whether it takes over ~5 s on 2
+    cores (the full suite only)."""
+
+    args: tuple[str, ...]
+    holds: Callable[[dict], bool]
+    out: str = "result.json"
+    slow: bool = False
+    prepare: Callable[[Path], None] | None = None
+
+
+def lars_scalars(tmp: Path) -> None:
+    """A run's log.lars_tensors scalars, as the trainer writes them: the loss jumps at step 3."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp / "run" / "tb"))
+    for step, (loss, conv, bias) in enumerate(
+        [(2.0, 0.01, 0.1), (1.9, 0.02, 5.0), (4.5, 0.03, 0.4)], 1
+    ):
+        writer.add_scalar("train/loss", loss, step)
+        writer.add_scalar("train/lr", 10.0, step)
+        writer.add_scalar("lars_trust/conv.weight", 0.02, step)
+        writer.add_scalar("lars_step/conv.weight", conv, step)
+        writer.add_scalar("lars_step/bn.bias", bias, step)
+    writer.add_scalar("epoch/val_top1", 0.5, 1)
+    writer.close()
+
+
+def median_ratio(d: dict, key: str, over: str) -> float:
+    return statistics.median(d["step_s"][key]) / statistics.median(d["step_s"][over])
+
+
+TINY_DATA = ("model.width=4", "data.root={data}", "data.download=false")
+# script -> its tiny run, or the test that runs it tiny already ("FILE::TEST", else a test here),
+# which checks the file it writes with described()
+TINY_RUNS: dict[str, Tiny | str] = {
+    "bench/bn_group.py": "test_bn_group_bench_bytes_only_counts_a_group_of_2_among_8_ranks",
+    "bench/bn_span.py": Tiny(
+        ("--width", "4", "--batch", "8", "--steps", "1", "--rounds", "2", "--out", "{out}"),
+        lambda d: {k: len(v) for k, v in d["step_s"].items()} == {"plain": 2, "span": 2}
+        and d["span_over_plain"] == pytest.approx(median_ratio(d, "span", "plain"))
+        and d["title"] == "BN span 32 cost, channels_last (resnet_small, cpu)",
+    ),
+    "bench/comm_accuracy.py": Tiny(
+        # 32 steps of 16 images: compressed after comm_sign.json's 20 uncompressed steps
+        ("--epochs", "1", "--modes", "comm_sign", "--out", "{tmp}", "batch.global_size=16")
+        + TINY_DATA,
+        lambda d: [r["config"] for r in d["rows"]]
+        == ["ds_configs/fp32.json", "ds_configs/comm_sign.json"]
+        and [r["bytes_vs_fp32"] for r in d["rows"]][0] == 1
+        and 0 < d["rows"][1]["bytes_vs_fp32"] < 1  # 1 bit a gradient after the warm-up
+        and all(0 < r["final_top1"] <= 1 for r in d["rows"])
+        and d["headline"].startswith("vs the fp32 all-reduce: sign "),
+        out="comm_accuracy.json",
+        slow=True,
+    ),
+    "bench/comm_model.py": Tiny(
+        ("--out", "{tmp}"),
+        lambda d: [r["gpus"] for r in d["rows"]] == [2**k for k in range(3, 13)]
+        and d["headline"].startswith("10 cluster sizes, 8 to 4096 GPUs"),
+        out="comm_model.json",
+    ),
+    "bench/default_recipe.py": Tiny(
+        ("--out", "{out}", "epochs=1", *TINY_DATA),
+        lambda d: d["epochs"] == 1
+        and 0 < d["final_top1"] <= 1
+        and "model.width=4" in d["trainer_command"]
+        and d["title"].startswith("The `fashion_mnist` recipe with epochs=1 model.width=4"),
+        slow=True,
+    ),
+    "bench/loader.py": "test_loader_bench_measures_dali_against_the_plain_pipeline_ceiling",
+    "bench/optimizer_step.py": Tiny(
+        ("--device", "cpu", "--rounds", "1", "--out", "{out}"),
+        lambda d: d["rounds"] == 1
+        and d["ratio_vs_sgd_foreach"]["sgd_foreach"] == 1
+        and {"dstrain_lars", "dstrain_lamb", "dstrain_lamb_channels_last"}
+        <= set(d["median_step_ms"]),
+        slow=True,
+    ),
+    "bench/overhead.py": Tiny(
+        ("--steps", "2", "--pairs", "2", "--batch", "32", "--out", "{out}", *TINY_DATA),
+        lambda d: d["world_size"] == 1
+        and {k: len(v) for k, v in d["pass_seconds"].items()} == {"bare": 1, "trainer": 1}
+        and d["overhead_ratio"] == d["pass_seconds"]["trainer"][0] / d["pass_seconds"]["bare"][0]
+        and d["title"] == "Trainer overhead, 1 rank",
+        slow=True,
+    ),
+    "bench/polish.py": Tiny(
+        ("--seeds", "0", "--epochs", "2", "--sweep", "64", "--out", "{tmp}", *TINY_DATA)
+        + ("batch.global_size=64", "batch.micro_per_rank=64", "batch.ramp=[]")
+        + ("batch.eval_per_rank=64", "polish.images=64", "model.channels_last=false"),
+        lambda d: [r["seed"] for r in d["per_seed"]] == [0]
+        and [r["images"] for r in d["sweep_seed0"]] == [64]
+        and all(0 < d["per_seed"][0][k] <= 1 for k in ("none", "refit", "k_epochs", "both")),
+        out="polish.json",
+        slow=True,
+    ),
+    "bench/profile_step.py": "tests/test_profile_step.py::"
+    "test_cpu_smoke_profiles_both_loops_and_finds_the_log_window_reads",
+    "bench/scaling.py": "test_scaling_bench_one_vs_two_ranks_under_launch_sh",
+    "bench/startup.py": Tiny(
+        ("--only", "python", "torch", "--repeats", "1", "--out", "{out}"),
+        lambda d: set(d["statements"]) == {"python", "torch"}
+        and list(d["derived"]) == ["torch_s"]
+        and d["headline"].startswith("torch "),
+    ),
+    "bench/throughput.py": "test_throughput_bench_runs_both_loops_on_cpu",
+    "results/harness/ablation.py": "test_ablation_table_one_change_per_row_with_its_interval",
+    "results/harness/accuracy_study.py": "test_a_finished_run_is_read_not_retrained",
+    "results/harness/commit_ab.py": "test_commit_ab_trains_both_sides_and_identical_code_"
+    "gives_identical_runs",
+    "results/harness/epochs_tuned.py": "test_epochs_to_target_takes_each_batchs_best_lr",
+    "results/harness/lars_tensors.py": Tiny(
+        ("{tmp}/run", "--out", "{tmp}", "--name", "result"),
+        lambda d: d["worst_step"] == 3
+        and d["headline"].startswith("1 epochs; largest one-step loss rise 2.60 (step 3)"),
+        prepare=lars_scalars,
+    ),
+    "results/harness/replay.py": "test_replay_trains_a_recorded_run_again_and_this_machine_"
+    "gives_the_same_epochs",
+    "tools/code_shape.py": Tiny(
+        ("--out", "{out}"),
+        lambda d: d["files"] > 10
+        and d["import_cycles"] == []
+        and d["title"] == "Code shape of the package (files, lines, cycles, signatures)",
+    ),
+    "tools/suite.py": "test_suite_summary_counts_each_outcome_and_keeps_pytests_exit",
+}
+
+
+def test_every_script_that_writes_a_result_runs_tiny_in_the_suite():
+    """A new script without an entry in TINY_RUNS fails here; an entry naming a test names one
+    that exists and checks the file with described()."""
+    scripts = {
+        str(path.relative_to(REPO))
+        for folder in ("bench", "results/harness")
+        for path in (REPO / folder).glob("*.py")
+        if path.name not in ("common.py", "__init__.py")
+    }
+    assert set(TINY_RUNS) == scripts | {"tools/suite.py", "tools/code_shape.py"}
+    for name, tiny in TINY_RUNS.items():
+        if isinstance(tiny, Tiny):
+            continue
+        where, _, test = tiny.rpartition("::")
+        source = (REPO / (where or "tests/test_bench.py")).read_text()
+        start = source.find(f"\ndef {test}(")
+        assert start >= 0, f"{name}: no test {tiny}"
+        after = re.search(r"\n(?:def |@|class )", source[start + 1 :])
+        body = source[start : start + 1 + after.start()] if after else source[start:]
+        assert "described(" in body, f"{name}: {tiny} does not check its file with described()"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=[pytest.mark.slow] if tiny.slow else [])
+        for name, tiny in TINY_RUNS.items()
+        if isinstance(tiny, Tiny)
+    ],
+)
+def test_each_script_runs_tiny_and_writes_a_result_that_describes_itself(
+    name, tmp_path, fake_fmnist
+):
+    tiny = TINY_RUNS[name]
+    if tiny.prepare:
+        tiny.prepare(tmp_path)
+    out = tmp_path / tiny.out
+    args = [a.format(out=out, tmp=tmp_path, data=fake_fmnist) for a in tiny.args]
+    proc = subprocess.run(
+        [sys.executable, name, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **CPU_ONLY},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = described(out)
+    assert name in data["command"], data["command"]  # the command that wrote it, runnable again
+    assert tiny.holds(data), json.dumps(data, indent=1)[:3000]

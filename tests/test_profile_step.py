@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CPU_ONLY
+from tests.test_bench import described
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = [
@@ -64,7 +65,7 @@ def test_cpu_smoke_profiles_both_loops_and_finds_the_log_window_reads(tmp_path):
     out, traces = tmp_path / "profile.json", tmp_path / "traces"
     proc = profile_step(*SMOKE, "--log-every", "2", "--out", str(out), "--trace", str(traces))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = described(out)
     assert result["settings"]["log_window_steps"] == [1]
     assert result["environment"]["git_sha"] and result["environment"]["deepspeed"]
     for name, loop in result["loops"].items():

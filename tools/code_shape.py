@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -148,18 +147,31 @@ def floors(graph: dict[str, set[str]]) -> dict[str, int]:
     return out
 
 
+def headline(result: dict) -> str:
+    widest = result["widest_signatures"][0]["parameters"] if result["widest_signatures"] else 0
+    return (
+        f"{result['files']} files, {result['lines']:,} lines, "
+        f"{len(result['import_cycles'])} import cycles, widest signature {widest} parameters, "
+        f"{result['floors']} floors"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--package", default=str(REPO / "dstrain"), help="a dstrain package folder")
     p.add_argument("--out", default=str(REPO / "results/bench/code_shape.json"))
     args = p.parse_args()
+    from bench.common import write_result
     from dstrain.core.provenance import record as provenance_record
 
     result = {
         **provenance_record(f"python tools/code_shape.py {shlex.join(sys.argv[1:])}"),
         **measure(Path(args.package)),
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    package = Path(args.package).resolve()
+    what = "the package" if package == PACKAGE.resolve() else str(package)
+    title = f"Code shape of {what} (files, lines, cycles, signatures)"
+    write_result(Path(args.out), result, title=title, headline=headline(result))
     longest, widest = result["longest_functions"][0], result["widest_signatures"][0]
     print(
         f"{result['files']} files, {result['lines']} lines; longest function {longest['function']} "

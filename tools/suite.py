@@ -200,10 +200,12 @@ def main() -> int:
     record.update(ran=ran.strip(), exit_status=status, **summarise(junits))
     if args.note:
         record["note"] = args.note
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(out)
+    from bench.common import write_result
+
+    where = record["cuda"] or "CPU"
+    write_result(
+        out, record, title=f"Test suite on {where}: {ran.strip()}", headline=headline(record)
+    )
     print(f"[suite] {headline(record)} on {record['cuda'] or 'CPU'} -> {out}")
     return status or 0
 

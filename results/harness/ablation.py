@@ -34,7 +34,7 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.common import provenance  # noqa: E402
+from bench.common import provenance, write_result  # noqa: E402
 from results.harness.study.commits import code_between, code_lines, refuse_mixed_code  # noqa: E402
 from results.harness.study.definition import described, differing, resolved, run_name  # noqa: E402
 from results.harness.study.rows import CHOSEN, DERIVED  # noqa: E402
@@ -259,6 +259,18 @@ def table(entries: list[dict], pending: list[str]) -> list[str]:
     return lines
 
 
+def headline(entries: list[dict]) -> str:
+    """What each technique earns (positive: it helps), with its 95% interval."""
+    parts = []
+    for e in entries:
+        ci = e["earns_ci95_pt"]
+        parts.append(
+            f"{e['row']}: {e['earns_pt']:+.2f} pt"
+            + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+        )
+    return "the technique earns: " + ("; ".join(parts) or "nothing compared yet")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -307,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     holdout = reports[0].get("holdout", 0)
     images = f"{holdout} held-out training images" if holdout else "the test set"
     meta = {
-        **provenance("ablation.py", argv),
+        **provenance("results/harness/ablation.py", argv),
         "reports": args.reports,
         "holdout": holdout,
         "epochs": reports[0].get("epochs"),
@@ -319,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(meta, indent=2) + "\n")
+    title = f"What each technique earns at the large batch, {meta['epochs']} epochs, {images}"
+    write_result(out / f"{args.name}.json", meta, title=title, headline=headline(entries))
     named = " or ".join(base_words(n, v) for n, v in based.items()) or f"{CHOSEN} at batch 4,096"
     head = (
         f"What each technique earns at the large batch: {meta['epochs']} epochs, top-1 on "

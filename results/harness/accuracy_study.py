@@ -460,7 +460,7 @@ def study(args: argparse.Namespace, argv: list[str] | None) -> int:
             return 2
     trained = [job for job in jobs if job not in reported]
     # before training: the recorded runs and those about to train at this commit
-    now = provenance("accuracy_study.py", argv)["git_sha"]
+    now = provenance("results/harness/accuracy_study.py", argv)["git_sha"]
     planned = [str(r.get("git_sha")) for r in reported.values()] + [now] * bool(trained)
     if refuse_mixed_code(code_between(planned), args.across_commits):
         return 2
@@ -477,7 +477,7 @@ def study(args: argparse.Namespace, argv: list[str] | None) -> int:
     ]
     rcps = mlperf_rcps() if args.grid == "target" else None
     meta = {
-        **provenance("accuracy_study.py", argv),
+        **provenance("results/harness/accuracy_study.py", argv),
         "grid": args.grid,
         "epochs": args.epochs,
         "width": args.width,

@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench.common import write_result  # noqa: E402
 from dstrain.core.provenance import record as provenance_record  # noqa: E402
 
 
@@ -90,6 +91,21 @@ def first_difference(runs: list[dict]) -> dict | None:
                 by_side.setdefault(run["side"], []).append(value)
             return {"epoch": epoch + 1, "train_loss": by_side}
     return None
+
+
+def headline(record: dict) -> str:
+    """The time ratio of the two sides and whether they trained alike."""
+    median, base = record["median_wall_time_s"], record["base"][:7]
+    differs = record["first_difference"]
+    same = (
+        "identical training"
+        if differs is None
+        else f"training differs from epoch {differs['epoch']}"
+    )
+    return (
+        f"training time {record['head_over_base']:.2f}x that at {base} ({median['head']:.1f} vs "
+        f"{median['base']:.1f} s); {same}"
+    )
 
 
 def main() -> int:
@@ -177,7 +193,11 @@ def main() -> int:
     )
     name = f"commit_ab_{base[:7]}" + (f"_{head[:7]}" if head else "")
     out = Path(args.out or REPO / f"results/bench/{name}.json")
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    title = (
+        f"The `{args.config}` recipe at {base[:7]} and at {(head or 'this tree')[:7]}, "
+        "alternating on one machine"
+    )
+    write_result(out, record, title=title, headline=headline(record))
     same = (
         "trained alike, bit for bit"
         if differs is None

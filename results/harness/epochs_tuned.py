@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.common import provenance  # noqa: E402
+from bench.common import provenance, write_result  # noqa: E402
 from results.harness.study.definition import differing, resolved, run_name  # noqa: E402
 from results.harness.study.report import mlperf_rcps, rcp_table  # noqa: E402
 from results.harness.study.stats import FASHION_MNIST_TRAIN, epochs_to  # noqa: E402
@@ -261,6 +261,24 @@ def read_runs(p: argparse.ArgumentParser, option: str, report: str, row: str):
     return data, runs
 
 
+def headline(meta: dict) -> str:
+    """Per level, each batch's epochs at its best setting and its ratio to the base's."""
+    parts = []
+    for level in meta["levels"]:
+        rows = [r for r in meta["rows"] if r["level"] == level]
+        got = [
+            f"{r['batch']:,} "
+            + (f"{r['epochs']:.1f} ({r['ratio']:.2f}x)" if r["ratio"] else "never")
+            for r in rows
+        ]
+        base = rows[0] if rows else {"base_epochs": 0, "base": "-"}
+        parts.append(
+            f"to {100 * level:.2f}%: {', '.join(got)} of {base['base_epochs'] or 0:.1f} epochs of "
+            f"{base['base']}"
+        )
+    return "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -342,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     rcps = mlperf_rcps()
     meta = {
-        **provenance("epochs_tuned.py", argv),
+        **provenance("results/harness/epochs_tuned.py", argv),
         "reports": args.reports,
         "reference": args.reference,
         "tuned": args.tuned,
@@ -354,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(meta, indent=2) + "\n")
+    title = f"Epochs to target, each batch's {' and '.join(tuned)} tuned, top-1 on {images}"
+    write_result(out / f"{args.name}.json", meta, title=title, headline=headline(meta))
     md = [
         "# Epochs to target, each batch's LR tuned (Fashion-MNIST)",
         "",

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.common import provenance  # noqa: E402
+from bench.common import provenance, write_result  # noqa: E402
 
 
 def read(tb: Path) -> dict[str, list[tuple[int, float]]]:
@@ -127,6 +127,22 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def headline(result: dict) -> str:
+    """The largest one-step loss rise, and the largest relative steps after the first 20 steps
+    (all of them in a run that short): BN/bias against the LARS-adapted weights."""
+    steps = result["steps"]
+    rises = [b["loss"] - a["loss"] for a, b in zip(steps, steps[1:])] or [0.0]
+    later = steps[20:] or steps
+    lars = max(r["max_step_lars"] for r in later)
+    bn = max(r["max_step_bn_bias"] for r in later)
+    after = "after step 20" if len(steps) > 20 else "over all its steps"
+    return (
+        f"{len(result['top1_per_epoch'])} epochs; largest one-step loss rise {max(rises):.2f} "
+        f"(step {result['worst_step']}); {after}, relative steps up to {bn:.2f} (BN/bias) vs "
+        f"{lars:.3f} (LARS weights)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path, help="a run trained with log.lars_tensors=true")
@@ -144,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = args.run_dir / "meta.json"
     run_sha = json.loads(meta.read_text()).get("git_sha") if meta.is_file() else None
     result = {
-        **provenance("lars_tensors.py", sys.argv[1:] if argv is None else argv),
+        **provenance("results/harness/lars_tensors.py", sys.argv[1:] if argv is None else argv),
         "run_dir": str(args.run_dir),
         "run_git_shas": [s for s in [run_sha] if s],
         **analyse(read(tb), args.around),
@@ -152,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = args.name or f"lars_tensors_{args.run_dir.name}"
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    title = f"LARS tensors of the run {args.run_dir.name}: where its loss jumped"
+    write_result(out / f"{name}.json", result, title=title, headline=headline(result))
     (out / f"{name}.md").write_text(markdown(result))
     print(markdown(result))
     return 0

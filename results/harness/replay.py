@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from bench.common import write_result  # noqa: E402
 from dstrain.core.provenance import record as provenance_record  # noqa: E402  (names the CPU)
 from results.harness.commit_ab import git  # noqa: E402  (its worktrees are made the same way)
 
@@ -133,6 +134,12 @@ def compare(rec: dict, replayed: list[dict], epochs: int) -> dict:
     return {"identical": first is None, "first_difference": first, "per_epoch": per_epoch}
 
 
+def headline(result: dict) -> str:
+    if result["identical"]:
+        return f"identical: {result['epochs']} epochs the same, bit for bit"
+    return f"not identical: first difference at epoch {result['first_difference']}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -185,8 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         "epochs": args.epochs,
         **found,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    where = "this tree" if args.here else rec["git_sha"][:7]
+    title = (
+        f"Replay of {args.report.stem}, row {args.row} seed {args.seed}: "
+        f"{args.epochs} epochs at {where}"
+    )
+    write_result(out, result, title=title, headline=headline(result))
     verdict = (
         "identical, bit for bit"
         if found["identical"]

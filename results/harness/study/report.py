@@ -5,11 +5,10 @@ points), the goal lines, the plots, and the files a report is written as (.json,
 from __future__ import annotations
 
 import csv
-import json
 import statistics
 from pathlib import Path
 
-from bench.common import save_png
+from bench.common import save_png, write_result
 from results.harness.study.commits import code_lines
 from results.harness.study.rows import DERIVED, EMA_DERIVED
 from results.harness.study.stats import (
@@ -294,6 +293,39 @@ def choice_lines(records: list[dict], rows: list[str], args) -> list[str]:
     return worst_seed_choice(records, rows)
 
 
+def title(args) -> str:
+    """What a report compared, from its arguments: the grid, its rows, length, seeds and images."""
+    evaluated = f"{args.holdout} held-out images" if args.holdout else "the test set"
+    seeds = f"{len(args.seeds)} seed(s)"
+    if args.grid == "target":
+        return f"Epochs to target: batch 128 ... 8,192, {args.epochs} epochs, {seeds}, {evaluated}"
+    rows = ", ".join(args.rows)
+    return f"Accuracy study: {rows}, {args.epochs} epochs, {seeds}, {evaluated}"
+
+
+def headline(data: dict) -> str:
+    """One line of what a report measured: each row's mean final top-1 over its seeds (the first
+    six rows, derived no-refit rows left out), or per target level each batch's epochs to it."""
+    if data.get("grid") == "target":
+        parts = []
+        for level in [data["target"], *data.get("extra_targets", [])]:
+            got = [
+                f"{e['batch']:,}{' SGD' if e['row'] == 'baseline' else ''} "
+                + (f"{round(e['epochs'], 1):g}" if e["epochs"] else "never")
+                for e in data["epochs_to_target"]
+                if e["level"] == level
+            ]
+            parts.append(f"to {100 * level:.2f}%: {', '.join(got)}")
+        return f"{data['epochs']} epochs, epochs " + "; ".join(parts)
+    by_row: dict[str, list[float]] = {}
+    for r in data["runs"]:
+        by_row.setdefault(r["row"], []).append(r["final_top1"])
+    seeds = max((len(v) for v in by_row.values()), default=0)
+    shown = [k for k in by_row if not k.endswith("_no_refit")][:6]
+    body = ", ".join(f"{k} {100 * statistics.mean(by_row[k]):.2f}%" for k in shown)
+    return f"{data['epochs']} epochs, {seeds} seed(s): {body}"
+
+
 def write(
     out: Path,
     args,
@@ -306,7 +338,8 @@ def write(
 ) -> list[str]:
     """Write the report as ``out``/<name>.json (``meta`` and every run), .csv, .md and its plots; the
     table (``body``) is returned for the terminal."""
-    (out / f"{args.name}.json").write_text(json.dumps({**meta, "runs": records}, indent=2) + "\n")
+    data = {**meta, "runs": records}
+    write_result(out / f"{args.name}.json", data, title=title(args), headline=headline(data))
     cols = ["row", "seed", "final_top1", "before_polish", "best_top1", "epochs", "steps", "wall_s"]
     cols += ["gpu_time_s", "world_size", "time_to_90", "time_to_92", "git_sha"]
     with open(out / f"{args.name}.csv", "w", newline="") as fh:
