@@ -717,16 +717,33 @@ def report(row: dict, rows: list[dict]) -> None:
                 )
 
 
+def headline(result: dict) -> str:
+    """The file's one line: each pair's median ratio, dstrain over its bare twin."""
+    ratios = [p["vs_bare"] for p in result["pairs"] if p.get("vs_bare")]
+    if not ratios:
+        return f"{len(result['rows'])} rows measured, no complete pair yet"
+    return (
+        f"dstrain {min(ratios):.2f}x-{max(ratios):.2f}x its bare PyTorch twin ({len(ratios)} pairs)"
+    )
+
+
 def write(out: Path, result: dict) -> None:
+    """The JSON (described for results/evidence.py, its provenance from the environment) and its
+    .md table beside it, each written atomically: a job cut mid-write leaves the last whole file."""
+    from bench.common import write_result
+
     result["pairs"] = pairs(result["rows"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for path, text in (
-        (out, json.dumps(result, indent=2) + "\n"),
-        (out.with_suffix(".md"), markdown(result)),
-    ):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+    env = result["environment"]
+    title = (
+        f"Training throughput, {result['model']} at batch {result['batch']}, "
+        f"{result['image_size']} px, on {env['device']}: dstrain vs its bare PyTorch twin"
+    )
+    where = {k: env.get(k) for k in ("git_sha", "date", "machine")}
+    body = {k: v for k, v in result.items() if k not in ("title", "headline", *where)}
+    write_result(out, {**where, **body}, title=title, headline=headline(result))
+    tmp = out.with_suffix(".md.tmp")
+    tmp.write_text(markdown(result))
+    tmp.replace(out.with_suffix(".md"))
 
 
 if __name__ == "__main__":
