@@ -213,13 +213,11 @@ def _printed(number: str) -> tuple[float, int]:
 
 def number_in(number: str, unit: str | None, path: Path) -> bool:
     """Whether ``number`` (as printed, with its unit) is in the result file ``path``."""
-    text = path.read_text()
     if path.suffix == ".json":
         d = load(path)
-        text = str(d.get("headline", ""))
-        values = _values(d)
+        text, values = str(d.get("headline", "")), _values(d)
     else:
-        values = []
+        text, values = path.read_text(), []
     value, places = _printed(number)
     shown = {m[1].lstrip("+-").replace(",", "") for m in NUMBER.finditer(text)}
     if f"{value:.{places}f}" in shown:
@@ -236,7 +234,7 @@ def doc_problems(doc: Path) -> list[str]:
         if render_rows(doc, text) == text
         else [f"{rel(doc)}: a table differs from its report; run python results/evidence.py index"]
     )
-    for m in LINK.finditer(doc.read_text()):
+    for m in LINK.finditer(text):
         target = (doc.parent / m[2]).resolve()
         if RESULTS not in target.parents or not target.is_file():
             continue
