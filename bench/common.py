@@ -145,11 +145,11 @@ def write_result(path: Path, result: dict, *, title: str, headline: str) -> Path
     missing = [k for k in ("command", "git_sha", "date", "machine") if not data.get(k)]
     if missing:
         raise ValueError(f"{path}: a result needs its provenance; missing {', '.join(missing)}")
+    from dstrain.core.files import atomic_write_text
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
     return path
 
 

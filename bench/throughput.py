@@ -731,6 +731,7 @@ def write(out: Path, result: dict) -> None:
     """The JSON (described for results/evidence.py, its provenance from the environment) and its
     .md table beside it, each written atomically: a job cut mid-write leaves the last whole file."""
     from bench.common import write_result
+    from dstrain.core.files import atomic_write_text
 
     result["pairs"] = pairs(result["rows"])
     env = result["environment"]
@@ -741,9 +742,7 @@ def write(out: Path, result: dict) -> None:
     where = {k: env.get(k) for k in ("git_sha", "date", "machine")}
     body = {k: v for k, v in result.items() if k not in ("title", "headline", *where)}
     write_result(out, {**where, **body}, title=title, headline=headline(result))
-    tmp = out.with_suffix(".md.tmp")
-    tmp.write_text(markdown(result))
-    tmp.replace(out.with_suffix(".md"))
+    atomic_write_text(out.with_suffix(".md"), markdown(result))
 
 
 if __name__ == "__main__":

@@ -327,8 +327,9 @@ def write_tables() -> None:
     print(f"wrote {rel(INDEX)}'s index and {rel(README)}'s results table")
     for doc in docs():
         text = doc.read_text()
-        if render_rows(doc, text) != text:
-            doc.write_text(render_rows(doc, text))
+        rendered = render_rows(doc, text)
+        if rendered != text:
+            doc.write_text(rendered)
             print(f"rendered the tables of {rel(doc)} from their reports")
 
 
