@@ -25,6 +25,9 @@ INJECT = REPO / "tests" / "inject"
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
     _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))
+    # inductor compiles in the process that asks (its pool of compile workers would start more
+    # processes, each importing torch again, on cores the workers already share)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
@@ -142,6 +145,28 @@ def one_thread_per_rank():
     with a thread per core each, OpenMP's spinning threads slow every rank down."""
     with mock.patch.dict(os.environ, ONE_THREAD):
         yield
+
+
+def spawn_ranks(fn, world: int, *args) -> None:
+    """Run ``fn(rank, *args)`` in ``world`` processes (torch.multiprocessing) and wait for them, one
+    torch thread each. Forked from this process where it holds no process group: a forked rank has
+    torch imported already, where a spawned one imports it again (~3 s of CPU a rank, some 50 ranks
+    in the suite); spawned where a group is up (a forked copy of it would be a second owner)."""
+    import torch.distributed as tdist
+    import torch.multiprocessing as mp
+
+    method = "spawn" if tdist.is_available() and tdist.is_initialized() else "fork"
+    with one_thread_per_rank():
+        mp.start_processes(_one_thread, args=(fn, args), nprocs=world, start_method=method)
+
+
+def _one_thread(rank: int, fn, args: tuple) -> None:
+    import torch
+
+    torch.set_num_threads(
+        1
+    )  # a forked rank keeps this process's threads; OMP_NUM_THREADS is read once
+    fn(rank, *args)
 
 
 def gpu_count() -> int:

@@ -18,7 +18,7 @@ from dstrain.techniques.bn_group import (
 )
 from dstrain.techniques.bn_refit import refit_bn
 from dstrain.techniques.bn_span import apply_bn_span
-from tests.conftest import one_thread_per_rank
+from tests.conftest import spawn_ranks
 
 MICRO = 8  # images per rank
 
@@ -113,13 +113,7 @@ def _bf16_layer(rank: int, world: int) -> dict:
 def _run(world, group, span=0, channels_last=False, compiled=False) -> dict:
     with mp.Manager() as manager:
         out = manager.dict()
-        with one_thread_per_rank():
-            mp.spawn(
-                _worker,
-                args=(world, group, span, channels_last, compiled, free_port(), out),
-                nprocs=world,
-                join=True,
-            )
+        spawn_ranks(_worker, world, world, group, span, channels_last, compiled, free_port(), out)
         return dict(out)
 
 

@@ -181,14 +181,15 @@ def test_compiled_span_layer_matches_eager():
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.timeout(300)
 def test_compile_engine_takes_new_batch_shapes_of_a_span_model_in_seconds():
-    """The trainer's compile (models.compile_engine) on a channels_last BF16 span ResNet fed a
-    second batch size whose last span group is short (17 = 2 x 8 + 1), forward and backward: each
-    compiles and gives finite logits of its shape (compiled-vs-eager values:
-    test_compiled_span_layer_matches_eager). With dynamo's default dynamic shapes the second size
-    made the batch symbolic and the span's grouping reshape looped in inductor's shape solver for
-    tens of minutes (CI hung on it; with sizes 64 then 17 and dynamic=None, 17 had not compiled
-    after 200 s); static shapes compile each size once. Two sizes, not more: each static size is
-    a cold inductor build of its own (~20 s of CPU each way)."""
+    """The trainer's compile (models.compile_engine) on a channels_last BF16 model with two span BN
+    layers (a stem and a strided block, as a ResNet's) fed a second batch size whose last span
+    group is short (17 = 2 x 8 + 1), forward and backward: each compiles and gives finite logits of
+    its shape (compiled-vs-eager values: test_compiled_span_layer_matches_eager). With dynamo's
+    default dynamic shapes the second size made the batch symbolic and the span's grouping reshape
+    looped in inductor's shape solver for tens of minutes (CI hung on it; with sizes 64 then 17 and
+    dynamic=None, 17 had not compiled after 200 s); static shapes compile each size once. Two
+    sizes, not more, on a model of two span layers, not a whole ResNet: each static size is a cold
+    inductor build of its own (a span ResNet's took ~25 s of CPU each way)."""
     from dstrain.techniques.models import compile_engine
 
     class Engine:  # DeepSpeed's engine.compile, reduced to what compile_engine calls
@@ -199,11 +200,21 @@ def test_compile_engine_takes_new_batch_shapes_of_a_span_model_in_seconds():
             self.module.compile(backend=backend, **compile_kwargs)
 
     torch.manual_seed(0)
-    # width 16: at width 8 the strided 1x1 shortcut (8 input channels) corrupts memory in oneDNN's
-    # NHWC backward at batch 17 on an AVX-512 CPU, compiled or eager, with or without the span
-    # (the hazard dstrain.techniques.models.cpu_channels_last_hazards knows below 8 channels, seen wider here)
-    model = SmallResNet(width=16).to(memory_format=torch.channels_last)
+    # 16 channels: below 8 input channels a strided 1x1 convolution corrupts memory in oneDNN's NHWC
+    # backward on an AVX-512 CPU (dstrain.techniques.models.cpu_channels_last_hazards)
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, stride=2, padding=1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
+    ).to(memory_format=torch.channels_last)
     apply_bn_span(model, 8)
+    assert sum(isinstance(m, SpanBatchNorm2d) for m in model.modules()) == 2
     engine = Engine(model)
     compile_engine(engine, "default")
     for n in (64, 17):  # without dynamic=False: size 17 (as 32 before it) did not finish in 200 s

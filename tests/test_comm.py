@@ -16,8 +16,8 @@ from tests.conftest import (
     ONE_THREAD,
     TINY,
     deepspeed_launcher,
-    one_thread_per_rank,
     run_cli,
+    spawn_ranks,
 )
 
 SIZES = (1, 7, 1001, 4099, 33)  # odd sizes; bucket_mb below makes several buckets
@@ -54,8 +54,7 @@ def _torus_worker(rank: int, world: int, port: int, grids, out, backend: str = "
 
 def _spawn(fn, world: int, *args) -> dict:
     out = mp.Manager().dict()
-    with one_thread_per_rank():
-        mp.spawn(fn, args=(world, free_port(), *args, out), nprocs=world, join=True)
+    spawn_ranks(fn, world, world, free_port(), *args, out)
     return dict(out)
 
 
@@ -510,8 +509,7 @@ def test_sign_compressed_training_on_a_2x2_torus_reaches_the_uncompressed_accura
     world = 4
     with mp.Manager() as manager:
         out = manager.dict()
-        with one_thread_per_rank():
-            mp.spawn(_torus_training_worker, args=(world, free_port(), out), nprocs=world)
+        spawn_ranks(_torus_training_worker, world, world, free_port(), out)
         results = dict(out)
     top1 = {name: [results[(r, name)][0] for r in range(world)] for name in TORUS_RUNS}
     for name, values in top1.items():

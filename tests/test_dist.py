@@ -11,7 +11,7 @@ from dstrain.core.dist import free_port, sync_bn_buffers
 from dstrain.data import Shard
 from dstrain.data.fashion_mnist import TensorLoader
 from dstrain.loop.evaluate import evaluate
-from tests.conftest import one_thread_per_rank
+from tests.conftest import spawn_ranks
 
 pytestmark = pytest.mark.oldest  # ./run.sh test-oldest runs this module on torch 2.11
 
@@ -59,8 +59,7 @@ def _worker(rank: int, world: int, port: int, out: dict) -> None:
 def test_bn_sync_and_exact_distributed_eval():
     with mp.Manager() as manager:
         out = manager.dict()
-        with one_thread_per_rank():
-            mp.spawn(_worker, args=(2, free_port(), out), nprocs=2, join=True)
+        spawn_ranks(_worker, 2, 2, free_port(), out)
         out = dict(out)
     for r in range(2):
         assert torch.allclose(out[f"mean{r}"], torch.full((3,), 0.5))

@@ -17,7 +17,7 @@ from dstrain.data.fashion_mnist import TensorLoader
 from dstrain.techniques.bn_refit import bn_layers, refit_bn
 from dstrain.techniques.models import build_model
 from dstrain.techniques.schedule import augment_at
-from tests.conftest import TINY, deepspeed_launcher, one_thread_per_rank, rank_env, run_cli
+from tests.conftest import TINY, deepspeed_launcher, rank_env, run_cli, spawn_ranks
 
 BN_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
@@ -191,8 +191,7 @@ def test_refit_across_ranks_equals_one_process(world):
     ref = small_model()
     assert refit_bn(ref, (x for x, _ in single), reduce=None) == 56  # 8 whole batches of 7
     out = mp.Manager().dict()
-    with one_thread_per_rank():
-        mp.spawn(_rank_worker, args=(world, free_port(), out), nprocs=world, join=True)
+    spawn_ranks(_rank_worker, world, world, free_port(), out)
     for rank in range(world):
         n, state = out[rank]
         assert n == 56
