@@ -343,6 +343,33 @@ def pytest_configure(config):
         )
 
 
+LOST_GROUPS = "pytest-xdist ignored this test's xdist_group mark"
+
+
+def pytest_collection_finish(session):
+    """On a pytest-xdist worker under ``--dist loadgroup`` (./run.sh test), a test marked
+    ``xdist_group`` must carry its group in its node id, which is how xdist keeps the group on one
+    worker; pytest 9.2 with xdist 3.8 dropped it silently (each worker then trained the session's
+    shared runs again, and two multi-host clusters could run at once). Such tests fail, saying so."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    for item in session.items:
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+            item.stash[LOST_KEY] = True
+
+
+LOST_KEY = pytest.StashKey[bool]()
+
+
+def pytest_runtest_setup(item):
+    if item.stash.get(LOST_KEY, False):
+        pytest.fail(
+            f"{LOST_GROUPS} (its node id has no @group): this pytest and pytest-xdist do not work "
+            "together; install the versions requirements.txt pins",
+            pytrace=False,
+        )
+
+
 def error_lines(text: str) -> list[str]:
     """The lines a user reads: `dstrain...: error|stopped: ...` and the launcher's report."""
     keep = ("dstrain: ", "dstrain[rank", "dstrain.polish: ", "launch.sh: ")

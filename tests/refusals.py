@@ -117,15 +117,16 @@ def refuse(args: list[str], checks: dict | None = None) -> dict:
         return start
 
     def watch(frame, event, _arg):
-        if event == "call":
-            code = frame.f_code
-            name = checks.get((code.co_filename, code.co_firstlineno))
-            if name is not None:
-                entered[captured["after_startup"]].add(name)
+        # a trace function: called once per Python call (a profile function would also be called
+        # on every return and C call, about three times the callbacks); None: no line tracing
+        code = frame.f_code
+        name = checks.get((code.co_filename, code.co_firstlineno))
+        if name is not None:
+            entered[captured["after_startup"]].add(name)
 
     startup.check = fenced
-    sys.setprofile(watch)
-    threading.setprofile(watch)  # loader and watchdog threads
+    sys.settrace(watch)
+    threading.settrace(watch)  # loader and watchdog threads
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         saved = {fd: os.dup(fd) for fd in (1, 2)}
         sys.stdout.flush(), sys.stderr.flush()
@@ -140,8 +141,8 @@ def refuse(args: list[str], checks: dict | None = None) -> dict:
                 code = 1
             sys.stdout.flush(), sys.stderr.flush()
         finally:
-            sys.setprofile(None)
-            threading.setprofile(None)
+            sys.settrace(None)
+            threading.settrace(None)
             startup.check = check
             for fd, copy in saved.items():
                 os.dup2(copy, fd)
@@ -154,10 +155,24 @@ def refuse(args: list[str], checks: dict | None = None) -> dict:
     return {"returncode": code, **captured}
 
 
+def preload() -> None:
+    """Import what a run imports before any case is watched: under :func:`refuse`'s profile hook
+    every Python call costs a callback, and importing torch, its dynamo and DeepSpeed is millions
+    of calls (seconds per case where the case itself takes milliseconds). No refusal check runs at
+    import time (refusal_checks finds functions, and only calls are watched)."""
+    import deepspeed  # noqa: F401
+    import torch._dynamo  # noqa: F401  (torch.optim's first call imports it)
+    import torchvision  # noqa: F401
+
+    import dstrain.main  # noqa: F401
+    import dstrain.run.train  # noqa: F401
+
+
 def main() -> int:
     cases_file, results_file = sys.argv[1:3]
     cases = json.loads(open(cases_file).read())
     checks = refusal_checks()
+    preload()
     results = [refuse(args, checks) for args in cases]
     with open(results_file, "w") as fh:
         json.dump(results, fh)

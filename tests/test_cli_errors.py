@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.conftest import CPU_ONLY, REPO, TINY, deepspeed_launcher, run_cli
+from tests.conftest import CPU_ONLY, REPO, TINY, deepspeed_launcher, gpu_count, run_cli
 from tests.refusals import fence_breaches, refusal_checks
 
 BAD_JSON = '{\n  "gradient_clipping": 0.0,\n  "optimizer": {"type": "SGD" "params": {}}\n}\n'
@@ -335,7 +335,7 @@ def check_one_clear_line(proc, expected: str, ranks: int = 1) -> str:
     return errors[0]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per pytest-xdist worker, whatever runs between its tests
 def refused(fake_fmnist, tmp_path_factory) -> dict:
     """Every case of CASES run by the real run, ``python -m dstrain``'s ``main``, in one process per
     environment (tests/refusals.py): name -> (its scratch directory, its arguments, the digest of
@@ -346,7 +346,8 @@ def refused(fake_fmnist, tmp_path_factory) -> dict:
         args = case_args(extra, fake_fmnist, tmp)
         cases[name] = (tmp, args, tree_digest(tmp))
         # the CPU's refusals are tested on every node: with the GPUs hidden where there are some
-        groups.setdefault(kind == "precision", []).append(name)
+        # (one process for all where there are none: hiding nothing changes nothing)
+        groups.setdefault(kind == "precision" and gpu_count() > 0, []).append(name)
     for cpu_only, names in groups.items():
         spec = tmp_path_factory.mktemp("refusals")
         (spec / "cases.json").write_text(json.dumps([cases[n][1] for n in names]))
@@ -363,6 +364,9 @@ def refused(fake_fmnist, tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow  # the real run of every case (one process); the quick loop has --check's (test_preflight)
+@pytest.mark.xdist_group(
+    "refusals"
+)  # on one pytest-xdist worker: `refused` runs once, not per worker
 @pytest.mark.parametrize("kind, name, extra, expected", CASES, ids=[c[1] for c in CASES])
 def test_bad_input_gives_one_clear_line(kind, name, extra, expected, refused, evidence, capfd):
     """The run refuses with one line, exit 2, nothing written, and ``--check`` with the same
