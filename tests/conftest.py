@@ -346,15 +346,6 @@ def pytest_configure(config):
 LOST_GROUPS = "pytest-xdist ignored this test's xdist_group mark"
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked ``slow`` (over ~5 s each) first, the quick ones after them (a stable sort: the
-    same order on every worker). pytest-xdist hands tests out in this order as workers free up, so
-    the last ones handed out are quick and both workers end together, where a minute-long test
-    handed out last kept one worker busy while the other had nothing left (about a minute of one
-    core idle at the end of the suite)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def pytest_collection_finish(session):
     """On a pytest-xdist worker under ``--dist loadgroup`` (./run.sh test), a test marked
     ``xdist_group`` must carry its group in its node id, which is how xdist keeps the group on one
