@@ -163,9 +163,8 @@ def spawn_ranks(fn, world: int, *args) -> None:
 def _one_thread(rank: int, fn, args: tuple) -> None:
     import torch
 
-    torch.set_num_threads(
-        1
-    )  # a forked rank keeps this process's threads; OMP_NUM_THREADS is read once
+    # a forked rank keeps this process's thread count: OMP_NUM_THREADS is read once, at start-up
+    torch.set_num_threads(1)
     fn(rank, *args)
 
 
@@ -344,6 +343,7 @@ def pytest_configure(config):
 
 
 LOST_GROUPS = "pytest-xdist ignored this test's xdist_group mark"
+LOST_KEY = pytest.StashKey[bool]()
 
 
 def pytest_collection_finish(session):
@@ -356,9 +356,6 @@ def pytest_collection_finish(session):
     for item in session.items:
         if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
             item.stash[LOST_KEY] = True
-
-
-LOST_KEY = pytest.StashKey[bool]()
 
 
 def pytest_runtest_setup(item):

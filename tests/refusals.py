@@ -155,24 +155,10 @@ def refuse(args: list[str], checks: dict | None = None) -> dict:
     return {"returncode": code, **captured}
 
 
-def preload() -> None:
-    """Import what a run imports before any case is watched: under :func:`refuse`'s profile hook
-    every Python call costs a callback, and importing torch, its dynamo and DeepSpeed is millions
-    of calls (seconds per case where the case itself takes milliseconds). No refusal check runs at
-    import time (refusal_checks finds functions, and only calls are watched)."""
-    import deepspeed  # noqa: F401
-    import torch._dynamo  # noqa: F401  (torch.optim's first call imports it)
-    import torchvision  # noqa: F401
-
-    import dstrain.main  # noqa: F401
-    import dstrain.run.train  # noqa: F401
-
-
 def main() -> int:
     cases_file, results_file = sys.argv[1:3]
     cases = json.loads(open(cases_file).read())
     checks = refusal_checks()
-    preload()
     results = [refuse(args, checks) for args in cases]
     with open(results_file, "w") as fh:
         json.dump(results, fh)

@@ -364,9 +364,8 @@ def refused(fake_fmnist, tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow  # the real run of every case (one process); the quick loop has --check's (test_preflight)
-@pytest.mark.xdist_group(
-    "refusals"
-)  # on one pytest-xdist worker: `refused` runs once, not per worker
+# on one pytest-xdist worker: `refused` runs once, not once per worker
+@pytest.mark.xdist_group("refusals")
 @pytest.mark.parametrize("kind, name, extra, expected", CASES, ids=[c[1] for c in CASES])
 def test_bad_input_gives_one_clear_line(kind, name, extra, expected, refused, evidence, capfd):
     """The run refuses with one line, exit 2, nothing written, and ``--check`` with the same
