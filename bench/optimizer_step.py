@@ -1,7 +1,7 @@
 """Time one optimizer step on ResNet-50's parameter set: our LARS/LAMB vs SGD(foreach), timm's Lars and
 DeepSpeed's FusedLamb (where its CUDA op builds); LAMB also on channels_last (NHWC) parameters.
 
-    .venv/bin/python bench/optimizer_step.py [--device cpu|cuda] [--rounds 30]
+    .venv/bin/python bench/optimizer_step.py [--device cpu|cuda] [--rounds 30] [--model resnet50]
 
 Writes results/bench/optimizer_step_<device>.json. Every optimizer steps the same
 parameters and gradients (BN/bias tensors in a second, excluded group, as the trainer
@@ -138,11 +138,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument(
+        "--model",
+        default="resnet50",
+        help="torchvision model whose parameters are stepped (resnet18: the suite's tiny run)",
+    )
     ap.add_argument("--out", default="", help="default results/bench/optimizer_step_<device>.json")
     args = ap.parse_args()
     device = torch.device(args.device)
-    model = torchvision.models.resnet50().to(device)
-    model_cl = torchvision.models.resnet50().to(device, memory_format=torch.channels_last)
+    build = getattr(torchvision.models, args.model)
+    model = build().to(device)
+    model_cl = build().to(device, memory_format=torch.channels_last)
     for m in (model, model_cl):
         for p in m.parameters():
             p.grad = torch.randn_like(p) * 1e-3
@@ -178,7 +184,7 @@ def main() -> int:
         "cpu_threads": torch.get_num_threads(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
-        "parameter_set": f"torchvision resnet50: {len(params)} tensors, {sum(p.numel() for p in params)} values",
+        "parameter_set": f"torchvision {args.model}: {len(params)} tensors, {sum(p.numel() for p in params)} values",
         "rounds": args.rounds,
         "median_step_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
         "ratio_vs_sgd_foreach": {k: round(v / base, 3) for k, v in med.items()},
@@ -189,7 +195,7 @@ def main() -> int:
         "timm_lars_per_tensor",
     }
     out = Path(args.out or REPO / "results" / "bench" / f"optimizer_step_{device.type}.json")
-    title = f"LARS/LAMB step on ResNet-50's parameters, {result['device']}, {args.rounds} rounds"
+    title = f"LARS/LAMB step on {args.model}'s parameters, {result['device']}, {args.rounds} rounds"
     write_result(out, result, title=title, headline=headline(result))
     for k in med:
         r = result["round_ratio_vs_sgd_foreach"][k]

@@ -358,6 +358,31 @@ def pytest_collection_finish(session):
             item.stash[LOST_KEY] = True
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """On pytest-xdist's workers, which hand tests out in this order: the modules holding tests
+    marked ``slow`` first, and those tests first within their module, so no long test is handed out
+    near the end while the other worker has nothing left (one core idled about a minute at the end
+    of the suite). A module's tests stay together, so a module-scoped fixture (test_trainer.py's
+    DeepSpeed world of one, which cannot be set up twice in a process) is set up once per worker."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    first: dict[Path, int] = {}
+    slow_modules = set()
+    for i, item in enumerate(items):
+        first.setdefault(item.path, i)
+        if item.get_closest_marker("slow"):
+            slow_modules.add(item.path)
+
+    def key(item):
+        return (
+            item.path not in slow_modules,
+            first[item.path],
+            item.get_closest_marker("slow") is None,
+        )
+
+    items.sort(key=key)  # stable: parametrized cases keep their order
+
+
 def pytest_runtest_setup(item):
     if item.stash.get(LOST_KEY, False):
         pytest.fail(

@@ -1845,8 +1845,9 @@ TINY_RUNS: dict[str, Tiny | str] = {
     ),
     "bench/loader.py": "test_loader_bench_measures_dali_against_the_plain_pipeline_ceiling",
     "bench/optimizer_step.py": Tiny(
-        ("--device", "cpu", "--rounds", "1", "--out", "{out}"),
+        ("--device", "cpu", "--rounds", "1", "--model", "resnet18", "--out", "{out}"),
         lambda d: d["rounds"] == 1
+        and d["parameter_set"].startswith("torchvision resnet18: 62 tensors")
         and d["ratio_vs_sgd_foreach"]["sgd_foreach"] == 1
         and {"dstrain_lars", "dstrain_lamb", "dstrain_lamb_channels_last"}
         <= set(d["median_step_ms"]),

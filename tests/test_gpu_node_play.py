@@ -19,6 +19,7 @@ kept (not rerun) and continued, and a bounded number of jobs finishing every par
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -188,7 +189,8 @@ class Node:
                     os.killpg(proc.pid, signal.SIGKILL)  # the node's limit: nothing survives it
                     proc.wait()
                     break
-                time.sleep(1)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.5 if kill_when else 5)  # returns as the job ends
         shutil.rmtree(tree)  # the tree does not outlive the job here (stricter than a warm node)
         check_out_limits(out)
         return proc.returncode, (self.root / f"job{self.jobs}.log").read_text(), out

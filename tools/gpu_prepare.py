@@ -128,30 +128,18 @@ def pip(*args: str, env: dict | None = None) -> None:
         raise PrepareError(f"{' '.join(cmd[3:])} failed: {' | '.join(tail)}")
 
 
-def fetch(name: str, version: str, python_version: str, cache: Path) -> Path:
-    """The wheel of ``name==version`` for the node's Python, downloaded once into ``cache``."""
-    tag = python_version.replace(".", "")
-    cache = cache / f"cp{tag}"
+def fetch(pins: list[tuple[str, str]], python_version: str, cache: Path) -> list[Path]:
+    """The wheels of ``pins`` (name, version) for the node's Python, downloaded once into ``cache``
+    (those missing in one pip call: each call costs pip's start-up)."""
+    cache = cache / f"cp{python_version.replace('.', '')}"
     cache.mkdir(parents=True, exist_ok=True)
-    wheel = cached_wheel(cache, name, version)
-    if wheel:
-        return wheel
-    if name == "deepspeed":  # an sdist only: build a pure-Python wheel without its CUDA ops
-        sdists = cache / "sdist"
-        say(f"building {name}=={version} from its sdist (DS_BUILD_OPS=0)")
-        pip("download", "--no-deps", "--no-binary=:all:", "-d", str(sdists), f"{name}=={version}")
-        sdist = next(sdists.glob(f"{name}-{version}.tar.gz"))
-        pip(
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",  # its setup.py imports torch: this venv's
-            "-w",
-            str(cache),
-            str(sdist),
-            env={"DS_BUILD_OPS": "0", "PIP_FIND_LINKS": ""},
-        )
-    else:
-        say(f"downloading {name}=={version} for Python {python_version}")
+    missing = [(n, v) for n, v in pins if cached_wheel(cache, n, v) is None]
+    for name, version in missing:
+        if normalise(name) == "deepspeed":
+            build_deepspeed(version, cache)
+    wanted = [f"{n}=={v}" for n, v in missing if normalise(n) != "deepspeed"]
+    if wanted:
+        say(f"downloading {', '.join(wanted)} for Python {python_version}")
         platforms = [a for p in PLATFORMS for a in ("--platform", p)]
         pip(
             "download",
@@ -164,13 +152,33 @@ def fetch(name: str, version: str, python_version: str, cache: Path) -> Path:
             *platforms,
             "-d",
             str(cache),
-            f"{name}=={version}",
+            *wanted,
             env={"PIP_FIND_LINKS": ""},
         )
-    wheel = cached_wheel(cache, name, version)
-    if wheel is None:
-        raise PrepareError(f"{name}=={version}: pip left no single wheel in {cache}")
-    return wheel
+    wheels = [cached_wheel(cache, n, v) for n, v in pins]
+    for (name, version), wheel in zip(pins, wheels):
+        if wheel is None:
+            raise PrepareError(f"{name}=={version}: pip left no single wheel in {cache}")
+    return wheels
+
+
+def build_deepspeed(version: str, cache: Path) -> None:
+    """DeepSpeed has an sdist only: a pure-Python wheel without its CUDA ops. Asked by name, not
+    from a downloaded sdist, so pip takes the wheel it built for ./run.sh setup from its cache
+    (0.5 s) instead of building it again (14 s here)."""
+    say(f"building deepspeed=={version} from its sdist (DS_BUILD_OPS=0), or pip's cached build")
+    # --no-build-isolation: its setup.py imports torch, this venv's
+    build = ("wheel", "--no-deps", "--no-build-isolation", "--no-binary", "deepspeed")
+    target = ("-w", str(cache), f"deepspeed=={version}")
+    env = {"DS_BUILD_OPS": "0", "PIP_FIND_LINKS": ""}
+    pip(*build, *target, env=env)
+    wheel = cached_wheel(cache, "deepspeed", version)
+    if wheel is not None and not wheel.name.endswith("-py3-none-any.whl"):
+        # pip's cache held a build with compiled ops (DS_BUILD_OPS=1 at install), which fits this
+        # Python alone: built again without them, past the cache
+        say(f"{wheel.name} has compiled ops: building it again without them")
+        wheel.unlink()
+        pip(*build, "--no-cache-dir", *target, env=env)
 
 
 def wheel_entry(path: Path) -> dict:
@@ -577,7 +585,7 @@ def prepare(args: argparse.Namespace, gpu_dir: Path) -> None:
     pins = read_pins(Path(args.pins))
     gpu_dir.mkdir(parents=True, exist_ok=True)
     cache = Path(args.cache) if args.cache else gpu_dir / "cache"
-    small = [fetch(n, v, args.python_version, cache) for n, v in pins["small"]]
+    small = fetch(pins["small"], args.python_version, cache)
     manifest = prepare_small(small, gpu_dir / "wheels", args.python_version)
     total = sum(w["bytes"] for w in manifest["wheels"])
     say(f"small wheels: {len(small)} in .gpu/wheels, {total / MIB:.1f} MiB")
@@ -588,7 +596,7 @@ def prepare(args: argparse.Namespace, gpu_dir: Path) -> None:
         if not dali:
             raise PrepareError(f"--dali-wheels {folder}: none of {pins['dali']} is there")
     else:
-        dali = [fetch(n, v, args.python_version, cache) for n, v in pins["dali"]]
+        dali = fetch(pins["dali"], args.python_version, cache)
     size = int(args.part_mib * MIB) if args.part_mib else part_size(gpu_dir)
     repack_dali(dali, gpu_dir, size, args.python_version, cache)
     stale = gpu_dir / "fmnist"  # brought for the accuracy part, which the GPU pass no longer runs

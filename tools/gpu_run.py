@@ -476,12 +476,12 @@ class Run:
             else ("--precision", "bf16", "--channels-last", "on", "--compile", "off")
             + ("--steps", "20", "--warmup", "5", "--log-every", "10")
         )
-        # --tiny: the host-bound pair once (on a CPU the same fp32 row as the first item, whose
-        # repeats show the alternation)
-        once = ("--repeats", "1") if self.args.tiny else self._repeats()
+        # --tiny: each pair once (on a CPU fp32 rows; the throughput part's repeats show the
+        # alternation)
+        repeats = ("--repeats", "1") if self.args.tiny else self._repeats()
         graphs = ("--rows", *graphs_rows, "--compile-mode", "reduce-overhead")
-        pairs = ("--rows", *fp16_rows, *self._repeats())
-        host = ("--rows", *host_rows, *once)
+        pairs = ("--rows", *fp16_rows, *repeats)
+        host = ("--rows", *host_rows, *repeats)
         items = {
             "throughput": lambda out, b: self._bench_file(
                 self._throughput_cmd(out, b, *pairs), b, out, "throughput"
@@ -583,6 +583,7 @@ class Run:
             "optimizer_step": [
                 "bench/optimizer_step.py",
                 *("--device", device, "--rounds", "2" if self.args.tiny else "30"),
+                *(("--model", "resnet18") if self.args.tiny else ()),
             ],
         }
         runs = {
