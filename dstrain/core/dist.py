@@ -303,6 +303,16 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_gather_object(obj) -> list:
+    """Every rank's ``obj``, in rank order, on every rank (CPU, gloo: no device sync); ``[obj]``
+    for a world of one."""
+    if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
+        out = [None] * torch_dist.get_world_size()
+        torch_dist.all_gather_object(out, obj, group=_host_group)
+        return out
+    return [obj]
+
+
 def broadcast_object(obj):
     if torch_dist.is_initialized() and torch_dist.get_world_size() > 1:
         box = [obj]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from dstrain.core.errors import ConfigError
+from dstrain.core.errors import ConfigError, first_line
 
 # numpy's array reconstruction, for dstrain's RNG files written before the numpy state became a
 # tensor (they hold numpy arrays): allowed for those files alone (torch's own advice for arrays)
@@ -35,15 +35,51 @@ FIX = (
 )
 
 
+class DamagedFile(ConfigError):
+    """A file of torch.save's format that is empty, cut short or corrupted: damage, not distrust
+    (a checkpoint's manifest, dstrain/loop/manifest.py, tells which of its files changed).
+    ``what``: the damage in words, after the file's name."""
+
+    def __init__(self, path: Path, what: str):
+        self.what = what
+        super().__init__(
+            f"{path}: {what}. The file is damaged, not foreign: copy it again from where it came, "
+            "or resume from an earlier checkpoint"
+        )
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since torch 1.6 is a zip archive
+
+
+def damage(path: Path, err: Exception) -> DamagedFile | None:
+    """``err`` (reading ``path`` as torch.save's zip) as damage, or None when the file is not one
+    (an old-format pickle, or not a torch file at all: dstrain cannot read it as data)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError as oserr:
+        return DamagedFile(path, f"does not read ({oserr.strerror or oserr})")
+    if not head:
+        return DamagedFile(path, "is empty (0 bytes)")
+    if head != ZIP_MAGIC:
+        return None
+    why = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+    return DamagedFile(path, f"is cut short or corrupted ({why})")
+
+
 def refuse_code(path: Path, allowed: Iterable[str] = ()) -> None:
     """Raise :class:`ConfigError` naming ``path`` if unpickling it would call anything torch's
-    ``weights_only`` loader does not allow (besides ``allowed``); reads opcodes, runs nothing."""
+    ``weights_only`` loader does not allow (besides ``allowed``); reads opcodes, runs nothing. A
+    torch.save file that does not read raises :class:`DamagedFile`."""
     try:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-    except Exception as err:  # not a torch zip file (a raw pickle, a damaged or truncated file)
+    except Exception as err:  # not a torch zip file (a raw pickle), or a damaged or truncated one
+        if damaged := damage(path, err):
+            raise damaged from None
         raise ConfigError(
             f"{path}: refused: not a checkpoint torch.save wrote ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:120] if str(err) else 'unreadable'}); {FIX}"
+            f"{str(err).splitlines()[0][:120] if str(err) else 'unreadable'}), so dstrain cannot "
+            f"read it as data; {FIX}"
         ) from None
     unsafe = [name for name in names if name not in set(allowed)]
     if unsafe:
@@ -65,6 +101,8 @@ def load_data(path: Path, allowed: Iterable[str] = ()) -> object:
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # what the opcode scan could not see
         raise ConfigError(f"{path}: refused: {str(err).splitlines()[-1][:200]}; {FIX}") from None
+    except (RuntimeError, EOFError, OSError) as err:  # a record of the zip that does not read
+        raise damage(path, err) or DamagedFile(path, f"does not read ({first_line(err)})") from None
 
 
 def _resolve(name: str) -> object | None:

@@ -6,14 +6,18 @@ Layout of ``RUN_DIR/checkpoints``::
         mp_rank_00_model_states.pt ...   DeepSpeed: module, optimizer, loss scaler, client_state
         rng_rank00000.pt ...             per-rank RNG state (DeepSpeed saves none)
         trainer_state.json               epoch, step, history (human-readable copy)
+        manifest.json                    every file's size and CRC-32, written last
     epoch0003-step00000050/ written on SIGTERM/SIGINT: 3 epochs and global step 50 done
     epoch0004.partial/      a save in progress, or one killed half-way: never loaded
     latest                  the tag of the newest complete checkpoint
 
-A save writes into ``<tag>.partial``; after every rank has finished, rank 0
-renames it to ``<tag>`` and then replaces ``latest`` atomically (write to a
-temporary file, fsync, ``os.replace``). A process killed at any point leaves the
-previous checkpoint complete and ``latest`` pointing at it (tested by killing at
+A save writes into ``<tag>.partial``; after every rank has finished, the ranks
+read the files back for the manifest (dstrain/loop/manifest.py), rank 0 writes it
+and renames the folder to ``<tag>`` and then replaces ``latest`` atomically (write
+to a temporary file, fsync, ``os.replace``). ``resume=auto`` takes the newest
+checkpoint whose files still match their manifest (:func:`newest_intact`): one
+damaged after it was written costs that checkpoint, not the run. A process
+killed at any point leaves the previous checkpoint complete and ``latest`` pointing at it (tested by killing at
 each phase: tests/inject/sitecustomize.py). A write that fails (a full
 disk) fails on every rank with :class:`~dstrain.core.errors.CheckpointWriteError`,
 and the partial directory is removed.
@@ -36,11 +40,13 @@ from dstrain.core import dist
 from dstrain.core.errors import CheckpointWriteError, ConfigError, first_line
 from dstrain.core.files import atomic_write_text, fsync_dir
 from dstrain.core.safe_load import NUMPY_ARRAYS, load_data, refuse_code
+from dstrain.loop import manifest
 
 log = logging.getLogger(__name__)
 TAG_RE = re.compile(r"^epoch(\d{4,})(?:-step(\d{8,}))?$")
 POINTER = "latest"
 STATE_FILE = "trainer_state.json"
+MODEL_FILE = "mp_rank_00_model_states.pt"  # DeepSpeed's module weights (model parallel rank 0)
 
 
 def tag_for(epoch: int, step: int | None = None) -> str:
@@ -133,9 +139,17 @@ def save(
         error = f"{root / partial}: {_describe(err, root)}"
     # every rank's files are on disk before the checkpoint is complete
     _agree_or_fail(root / partial, error)
+    files: dict[str, dict] = {}
+    try:
+        files = manifest.gather_entries(root / partial)  # the ranks share the reading
+    except OSError as err:
+        error = f"{root / partial}: {_describe(err, root)}"
+    _agree_or_fail(root / partial, error)
     if dist.is_main():
         try:
             atomic_write_text(root / partial / STATE_FILE, json.dumps(trainer_state, indent=2))
+            files[STATE_FILE] = manifest.entry(root / partial / STATE_FILE)
+            manifest.write(root / partial, files)
             stale = root / f"{tag}.stale"
             if (
                 root / tag
@@ -146,7 +160,7 @@ def save(
             shutil.rmtree(stale, ignore_errors=True)
             fsync_dir(root)
             atomic_write_text(root / POINTER, tag + "\n")
-            _prune(root, keep_last)
+            _prune(root, keep_last, tag)
         except OSError as err:
             error = f"{root / tag}: {_describe(err, root)}"
     _agree_or_fail(root / partial, error)
@@ -181,10 +195,26 @@ def _agree_or_fail(partial: Path, error: str) -> None:
     )
 
 
-def _prune(root: Path, keep_last: int) -> None:
+def _prune(root: Path, keep_last: int, newest: str) -> None:
+    """Keep ``keep_last`` checkpoints up to ``newest`` (just written): the older ones go, and only
+    once ``newest``'s files are all there at their written sizes, so the newest intact checkpoint
+    is never deleted for one that is not. A checkpoint newer than ``newest`` (a damaged one a
+    resume skipped) is neither counted nor deleted: the run writes it again when it gets there."""
     if keep_last <= 0:
         return
-    for tag in complete_tags(root)[:-keep_last]:
+    files = manifest.read(root / newest) or {}
+    missing = [
+        p for n, w in files.items() if (p := manifest.file_problem(root / newest, n, w, False))
+    ]
+    if missing or not files:
+        log.warning(
+            "checkpoint.keep_last: %s does not match its manifest (%s); no older checkpoint deleted",
+            root / newest,
+            "; ".join(missing) or "no manifest",
+        )
+        return
+    older = [t for t in complete_tags(root) if _order(t) < _order(newest)]
+    for tag in older[: max(0, len(older) - (keep_last - 1))]:
         shutil.rmtree(root / tag, ignore_errors=True)
 
 
@@ -197,19 +227,52 @@ ZERO_STATE_GLOBALS = (
 )
 
 
+def allowed_globals(name: str) -> tuple[str, ...]:
+    """What a checkpoint file's pickle may name besides tensors: numpy's arrays in our RNG files,
+    DeepSpeed's three ZeRO records in its optimizer-state files."""
+    if name.startswith("rng_rank"):
+        return NUMPY_ARRAYS
+    if name.endswith("_optim_states.pt"):
+        return ZERO_STATE_GLOBALS
+    return ()
+
+
 def refuse_foreign_code(ckpt: Path) -> None:
     """Refuse a checkpoint directory whose files would run code when unpickled (DeepSpeed's loader
-    unpickles without weights_only): each file's pickle opcodes are read, nothing is run. Allowed
-    beyond tensors: numpy's arrays in our RNG files, DeepSpeed's three ZeRO records in its
-    optimizer-state files."""
+    unpickles without weights_only): each file's pickle opcodes are read, nothing is run."""
     for path in sorted(ckpt.glob("*.pt")):
-        if path.name.startswith("rng_rank"):
-            allowed = NUMPY_ARRAYS
-        elif path.name.endswith("_optim_states.pt"):
-            allowed = ZERO_STATE_GLOBALS
-        else:
-            allowed = ()
-        refuse_code(path, allowed)
+        refuse_code(path, allowed_globals(path.name))
+
+
+def newest_intact(root: Path, tag: str = "") -> tuple[str | None, list[tuple[str, str]]]:
+    """Collective (every rank reaches the same answer). The checkpoint to continue from: ``tag``,
+    else the newest complete one (``latest``'s first) whose files match its manifest, or, written
+    before manifests, load as data; and those passed over as damaged, with why. A file whose pickle
+    names code is refused (ConfigError), not passed over."""
+    tags = [tag] if tag else _newest_first(root)
+    skipped = []
+    for candidate in tags:
+        found = manifest.problems(root / candidate, allowed_globals, (MODEL_FILE,))
+        if not found:
+            return candidate, skipped
+        shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+        skipped.append((candidate, shown))
+    return None, skipped
+
+
+def _newest_first(root: Path) -> list[str]:
+    tags = complete_tags(root)[::-1]
+    first = newest_complete(root)
+    return [first, *[t for t in tags if t != first]] if first else tags
+
+
+def damaged_error(root: Path, skipped: list[tuple[str, str]], what: str) -> ConfigError:
+    """No intact checkpoint is left: one line naming each damaged one and what is wrong."""
+    each = "; ".join(f"{tag}: {why}" for tag, why in skipped)
+    return ConfigError(
+        f"{what}: no intact checkpoint in {root} ({each}). Copy the damaged files again from where "
+        "they came, or start a new run_dir; nothing was written"
+    )
 
 
 def load(engine, root: Path, tag: str) -> dict:

@@ -124,10 +124,16 @@ def checkpoint_tag(run_dir: Path, tag: str, force: bool, weights: str = "trained
         )
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"--checkpoint {run_dir}: no config.yaml; pass a dstrain run directory")
-    found = tag or checkpoint.newest_complete(ckpt_root)
-    if not found or not (ckpt_root / found / "mp_rank_00_model_states.pt").is_file():
-        named = f" {tag!r}" if tag else ""
-        raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint{named} in {ckpt_root}")
+    if tag and not (ckpt_root / tag / checkpoint.STATE_FILE).is_file():
+        raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint {tag!r} in {ckpt_root}")
+    # the choice resume=auto makes: the newest whose files are as written (or the one asked for)
+    found, skipped = checkpoint.newest_intact(ckpt_root, tag) if ckpt_root.is_dir() else (None, [])
+    if not found and skipped:
+        raise checkpoint.damaged_error(ckpt_root, skipped, f"--checkpoint {run_dir}")
+    if not found:
+        raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {ckpt_root}")
+    for damaged, why in skipped:
+        log.warning("checkpoint %s skipped, damaged: %s; polishing %s", damaged, why, found)
     if weights == "ema" and not (ckpt_root / found / EMA_FILE).is_file():
         raise ConfigError(
             f"--weights ema: {ckpt_root / found} has no {EMA_FILE} (the run trained without "

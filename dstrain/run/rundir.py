@@ -254,9 +254,13 @@ def write_run_files(
     world: int,
     resume: dict,
     epoch: int = 0,
+    resumed: str | None = None,
+    skipped=(),
 ) -> None:
     """config.yaml, ds_config.json and meta.json (rank 0); ``resume``: what the checkpoints depend on
-    (dstrain/run/compat.py); ``epoch``: the epochs done when this start (or restart) began."""
+    (dstrain/run/compat.py); ``epoch``: the epochs done when this start (or restart) began;
+    ``resumed``: the checkpoint it continues from, ``skipped``: the newer ones passed over as
+    damaged, (tag, why)."""
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
     atomic_write_text(run_dir / "ds_config.json", json.dumps(engine_cfg, indent=2) + "\n")
     sha, starts = git_sha(), earlier_starts(run_dir)
@@ -267,7 +271,7 @@ def write_run_files(
         **environment(),
         "command": sys.argv,
         "resume": resume,
-        "starts": [*starts, start_record(run_dir, sha, epoch, len(starts))],
+        "starts": [*starts, start_record(run_dir, sha, epoch, len(starts), resumed, skipped)],
     }
     atomic_write_text(run_dir / "meta.json", json.dumps(meta, indent=2) + "\n")
 
@@ -284,7 +288,9 @@ def earlier_starts(run_dir: Path) -> list[dict]:
     return [{"git_sha": old.get("git_sha"), "epoch": None, "diff": None}] if old else []
 
 
-def start_record(run_dir: Path, sha: str, epoch: int, n: int) -> dict:
+def start_record(
+    run_dir: Path, sha: str, epoch: int, n: int, resumed: str | None = None, skipped=()
+) -> dict:
     """Start ``n`` (0: the first): the SHA, the epoch it continues from, the date, and for a tree with
     uncommitted changes their diff, saved beside meta.json (``code-<n>.diff``): the code a -dirty
     run ran."""
@@ -297,6 +303,8 @@ def start_record(run_dir: Path, sha: str, epoch: int, n: int) -> dict:
         "epoch": epoch,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "diff": name,
+        **({"resumed_from": resumed} if resumed else {}),
+        **({"skipped_damaged": [{"tag": t, "why": w} for t, w in skipped]} if skipped else {}),
     }
 
 

@@ -45,6 +45,8 @@ from dstrain.techniques.models import model_from_config
 from dstrain.techniques.optim import build_optimizer
 from dstrain.techniques.schedule import LRSchedule
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Start:
@@ -56,23 +58,25 @@ class Start:
     run_dir_use: (
         str  # how the run uses its directory, in words, as found before anything is written
     )
+    skipped: tuple[tuple[str, str], ...] = ()  # newer checkpoints passed over as damaged, with why
 
 
 @contextlib.contextmanager
 def quiet(logger: str):
     """``logger``'s INFO lines left out while a check builds what the run builds again."""
-    log = logging.getLogger(logger)
-    level = log.level
-    log.setLevel(logging.WARNING)
+    target = logging.getLogger(logger)
+    level = target.level
+    target.setLevel(logging.WARNING)
     try:
         yield
     finally:
-        log.setLevel(level)
+        target.setLevel(level)
 
 
-def run_dir_use(run_dir: Path, tag: str | None) -> str:
+def run_dir_use(run_dir: Path, tag: str | None, skipped=()) -> str:
     if tag:
-        return f"{run_dir} (resume=auto: continues from {tag})"
+        passed = "".join(f"; {t} skipped, damaged: {why}" for t, why in skipped)
+        return f"{run_dir} (resume=auto: continues from {tag}{passed})"
     if run_dir.is_dir():
         held = "no complete checkpoint, starts fresh" if rundir.contents(run_dir) else "empty"
         return f"{run_dir} (exists; {held})"
@@ -88,10 +92,10 @@ def check(plan: Plan, device: torch.device, draw_seed: bool = True) -> Start:
     if busy := dist.broadcast_object(rundir.in_use(run_dir) if dist.is_main() else None):
         raise ConfigError(busy)
     rundir.resolve_seed(cfg, run_dir, draw=draw_seed)
-    tag = resume_tag(plan, run_dir)
+    tag, skipped = resume_tag(plan, run_dir)
     if not run_dir.exists():
         check_creatable(run_dir)
-    use = run_dir_use(run_dir, tag)
+    use = run_dir_use(run_dir, tag, skipped)
     model = model_from_config(cfg.model)
     check_precision(plan.spec.precision, device, model, plan.spec.path)
     # its arguments refused now, not at build time (the run logs its groups when it builds it)
@@ -105,20 +109,26 @@ def check(plan: Plan, device: torch.device, draw_seed: bool = True) -> Start:
     images = count_images(cfg.data, cfg.model.num_classes)
     check_images(plan, images.n_train)
     check_polish_set(plan, images.n_train)
-    return Start(run_dir, tag, images, use)
+    return Start(run_dir, tag, images, use, tuple(skipped))
 
 
-def resume_tag(plan: Plan, run_dir: Path) -> str | None:
-    """resume=auto: the newest complete checkpoint in ``run_dir``, refused (dstrain/run/compat.py) when
-    this config cannot continue it; None when there is nothing to continue."""
+def resume_tag(plan: Plan, run_dir: Path) -> tuple[str | None, list[tuple[str, str]]]:
+    """resume=auto: the newest intact checkpoint in ``run_dir`` (dstrain/loop/manifest.py), refused
+    (dstrain/run/compat.py) when this config cannot continue it, and the newer ones passed over as
+    damaged, each warned about; (None, []) when there is nothing to continue. Collective."""
     root = run_dir / rundir.CHECKPOINTS
     if plan.cfg.resume != "auto" or not root.is_dir():
-        return None
-    tag = checkpoint.newest_complete(root)
+        return None, []
+    tag, skipped = checkpoint.newest_intact(root)
+    if skipped and not tag:
+        raise checkpoint.damaged_error(root, skipped, "resume=auto")
+    for damaged, why in skipped:
+        if dist.is_main():
+            log.warning("checkpoint %s skipped, damaged: %s; trying the one before", damaged, why)
     if tag:
         compat.check(run_dir, plan.cfg, plan.spec, plan.world, checkpoint.trainer_state(root, tag))
         checkpoint.refuse_foreign_code(root / tag)  # DeepSpeed's loader unpickles what it finds
-    return tag
+    return tag, skipped
 
 
 def check_creatable(path: Path) -> None:

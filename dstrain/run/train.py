@@ -95,7 +95,7 @@ def build_trainer(
     rundir.create(run_dir)
     # only now: a config or data error above leaves nothing behind
     root = run_dir / rundir.CHECKPOINTS
-    state, last_checkpoint = resume(engine, root, start.resume_tag)
+    state, last_checkpoint = resume(engine, root, start.resume_tag, start.skipped)
     checks = fault.StepChecks.create(signals, device, cfg.fault.max_consecutive_skips)
     checks.last_checkpoint = last_checkpoint
     trainer = Trainer(
@@ -128,6 +128,8 @@ def build_trainer(
             plan.world,
             compat.fingerprint(cfg, spec, plan.world),
             epoch=state.epoch,
+            resumed=start.resume_tag,
+            skipped=start.skipped,
         )
         start_mlperf_log(mlperf_log, trainer, plan, run_dir, device)
     return trainer
@@ -235,7 +237,7 @@ def configure_grad_sync(
     return None
 
 
-def resume(engine, root: Path, tag: str | None) -> tuple[TrainState, Path | None]:
+def resume(engine, root: Path, tag: str | None, skipped=()) -> tuple[TrainState, Path | None]:
     """Load checkpoint ``tag`` (None: start fresh) into the engine: (state, its directory).
 
     :func:`build_trainer` has already refused a checkpoint this config cannot continue
@@ -245,6 +247,12 @@ def resume(engine, root: Path, tag: str | None) -> tuple[TrainState, Path | None
     state = TrainState()
     state.load_state_dict(checkpoint.load(engine, root, tag))
     log.info("resumed from %s: %d epochs and %d steps done", root / tag, state.epoch, state.step)
+    if skipped:
+        log.warning(
+            "resumed from %s, not from the newer %s (damaged): the epochs since are trained again",
+            tag,
+            ", ".join(t for t, _ in skipped),
+        )
     return state, root / tag
 
 

@@ -109,7 +109,7 @@ def patch_checkpoint(module) -> None:
 
     def agree_then_kill(partial, error):
         agree(partial, error)
-        # the first agreement: every rank's files are in TAG.partial (the second comes after the rename)
+        # the first agreement: every rank's files are in TAG.partial (then the manifest, the rename)
         if where == "written" and partial.name == f"{tag}.partial" and partial.exists():
             if module.dist.is_main():
                 _kill()
