@@ -71,7 +71,7 @@ def main() -> int:
         "files": args.files,
         "repeats": args.repeats,
         "dir": args.dir or tempfile.gettempdir(),
-        "seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},
+        "seconds": {k: [round(x, 6) for x in v] for k, v in times.items()},
         "seconds_per_gb": per_gb,
         "manifest_vs_save": round(
             statistics.median(times["manifest"]) / statistics.median(times["save"]), 3

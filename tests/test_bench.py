@@ -1816,6 +1816,17 @@ TINY_RUNS: dict[str, Tiny | str] = {
         and d["span_over_plain"] == pytest.approx(median_ratio(d, "span", "plain"))
         and d["title"] == "BN span 32 cost, channels_last (resnet_small, cpu)",
     ),
+    "bench/checkpoint.py": Tiny(
+        ("--gb", "0.004", "--files", "2", "--repeats", "2", "--dir", "{tmp}", "--out", "{out}"),
+        lambda d: d["files"] == 2
+        and [len(v) for v in d["seconds"].values()] == [2, 2, 2]
+        and d["manifest_vs_save"]
+        == pytest.approx(
+            statistics.median(d["seconds"]["manifest"]) / statistics.median(d["seconds"]["save"]),
+            rel=0.02,
+        )
+        and d["headline"].startswith("manifest "),
+    ),
     "bench/comm_accuracy.py": Tiny(
         # 32 steps of 16 images: compressed after comm_sign.json's 20 uncompressed steps
         ("--epochs", "1", "--modes", "comm_sign", "--out", "{tmp}", "batch.global_size=16")

@@ -61,6 +61,12 @@ def case_files(tmp_path: Path) -> dict:
     state = {"epoch": 1, "step": 16, "lr_sched": {"last": 16}}
     (newer / "epoch0001" / "trainer_state.json").write_text(json.dumps(state))
     (newer / "latest").write_text("epoch0001\n")
+    # its manifest (dstrain/loop/manifest.py), of the one file made here: its files are as written,
+    # so what refuses it is what this dstrain cannot continue
+    from dstrain.loop import manifest
+
+    state_file = newer / "epoch0001" / "trainer_state.json"
+    manifest.write(state_file.parent, {state_file.name: manifest.entry(state_file)})
     files["newer_run"] = newer.parent
     return {k: str(v) for k, v in files.items()}
 

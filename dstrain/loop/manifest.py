@@ -91,9 +91,9 @@ def read(folder: Path) -> dict | None:
         return None
     try:
         body = json.loads(path.read_text())
-        files = body["files"]
-        if body.get("format") != FORMAT or not isinstance(files, dict):
-            raise ValueError(f"format {body.get('format')!r}")
+        files = body["files"]  # a later format keeps each file's bytes and crc32 (file_problem)
+        if not isinstance(files, dict):
+            raise ValueError(f"files is a {type(files).__name__}")
         return files
     except (OSError, ValueError, KeyError, TypeError) as err:
         # written atomically: a manifest that does not read was damaged after the save
@@ -105,6 +105,8 @@ def file_problem(folder: Path, name: str, want: dict, checksums: bool = True) ->
     if "unreadable" in want:
         return f"{name} does not read ({want['unreadable']})"
     path = folder / name
+    if not isinstance(want, dict) or not {"bytes", "crc32"} <= set(want):
+        return f"{name}'s manifest entry does not read ({str(want)[:60]})"
     try:
         size = path.stat().st_size
         if size != want["bytes"]:
