@@ -21,7 +21,9 @@ PYTHON=${PYTHON:-python3}
 VENV=${DSTRAIN_VENV:-.venv}
 FMNIST_DIR=/usr/share/datasets/fashion-mnist
 
-say() { echo "[run.sh] $*"; }
+# run.sh's own messages go to stderr: a command's stdout is its output alone
+# (./run.sh mlperf-package --template > my_system.json)
+say() { echo "[run.sh] $*" >&2; }
 
 setup_venv() {  # [requirements file]
     local stamp want reqs=${1:-requirements.txt}
@@ -29,6 +31,7 @@ setup_venv() {  # [requirements file]
     stamp="$VENV/.dstrain-requirements"
     if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         say "virtual environment $VENV is up to date"
+        [[ -x "$VENV/bin/dstrain" ]] || install_dstrain
         return
     fi
     say "creating $VENV and installing $reqs (first time: several minutes, ~6 GB with CUDA torch)"
@@ -37,7 +40,14 @@ setup_venv() {  # [requirements file]
     # not match the torchvision build from the index.
     PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --upgrade pip
     PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet -r "$reqs"
+    install_dstrain
     echo "$want" > "$stamp"
+}
+
+install_dstrain() {  # this checkout, editable, no dependencies: the `dstrain` command in $VENV/bin
+    say "installing this checkout into $VENV (pip install -e .: the dstrain command)"
+    PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e . >&2 ||
+        PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --no-deps -e . >&2
 }
 
 setup_fashion_mnist() {
@@ -143,5 +153,5 @@ case "$cmd" in
         setup_fashion_mnist
         exec "$VENV/bin/python" results/evidence.py run "$@" ;;
     *)
-        sed -n '2,13p' "$0"; exit 2 ;;
+        sed -n '2,13p' "$0" >&2; exit 2 ;;
 esac

@@ -79,7 +79,12 @@ def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
     console = proc.stdout + proc.stderr
     for noise in ("built successfully", "CUDA_HOME", "Setting accelerator", "gcc ", "-laio"):
         assert noise not in console, (noise, console[-3000:])
+    assert f"TensorBoard: tensorboard --logdir {run_dir / 'tb'}" in console  # how to watch it
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert (
+        summary["final_top1_epoch"] == 2
+        and summary["final_top1"] == summary["history"][-1]["val_top1"]
+    )
     scalars = tb_scalars(run_dir)
     # every epoch scalar holds, per epoch, the value summary.json records for that epoch
     for key in ("train_loss", "train_top1", "train_top5", "val_top1", "val_top5", "val_loss"):

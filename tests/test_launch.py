@@ -302,10 +302,15 @@ def test_run_sh_trains_for_real_and_refuses_an_unknown_command(fake_fmnist, tmp_
         f"run_dir={run_dir}",
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[run.sh] virtual environment" in proc.stdout and "is up to date" in proc.stdout
+    # run.sh's own messages on stderr, the command's output alone on stdout
+    assert "[run.sh] virtual environment" in proc.stderr and "is up to date" in proc.stderr
+    assert "[run.sh]" not in proc.stdout
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 1
     bad = run_sh("trian")
-    assert bad.returncode == 2 and "./run.sh train" in bad.stdout
+    assert bad.returncode == 2 and "./run.sh train" in bad.stderr and not bad.stdout
+    # as docs/mlperf.md has it: ./run.sh mlperf-package --template > my_system.json
+    template = run_sh("mlperf-package", "--template")
+    assert template.returncode == 0 and "division" in json.loads(template.stdout), template.stdout
 
 
 FAKE_DEEPSPEED = """#!/bin/sh
@@ -413,12 +418,35 @@ def test_drop_caches_flushes_each_node_or_says_where_it_could_not(monkeypatch, c
     seen = {}
     monkeypatch.setattr(launch, "supervise", lambda cmd, env: seen.update(env) or 0)
     monkeypatch.setattr(launch.Path, "exists", lambda self: True)
-    monkeypatch.delenv("DSTRAIN_CACHE_CLEARED", raising=False)
-    for script, cleared in (("sync", True), ("sync && refuses", False)):
+    # a 1 inherited from the shell or a re-submitted job script does not pass: only this job's flush
+    monkeypatch.setenv("DSTRAIN_CACHE_CLEARED", "1")
+    for script, flag, cleared in (
+        ("sync", "--drop-caches", "1"),
+        ("sync && refuses", "--drop-caches", "0"),
+        ("sync", "--config", "0"),  # not asked to flush
+    ):
         monkeypatch.setattr(launch, "DROP_CACHES", script)
         seen.clear()
-        assert launch.main(["--drop-caches", "--config", "fashion_mnist"]) == 0
-        assert (seen.get("DSTRAIN_CACHE_CLEARED") == "1") is cleared
+        assert launch.main([flag, "--config", "fashion_mnist"][flag == "--config" :]) == 0
+        assert seen["DSTRAIN_CACHE_CLEARED"] == cleared, (script, flag)
     assert (
         "could not flush the page cache on this node (permission denied)" in capsys.readouterr().err
     )
+
+
+def test_the_dstrain_command_runs_a_recipe_from_another_folder(tmp_path, fake_fmnist):
+    """./run.sh setup installs the checkout (pip install -e .): the ``dstrain`` command pyproject
+    declares is in the venv, and from any folder a recipe finds the DeepSpeed JSON it names
+    relative to the checkout (ds_configs/fp32.json)."""
+    exe = Path(sys.executable).parent / "dstrain"
+    assert exe.is_file(), f"{exe} missing: ./run.sh setup installs it (pip install -e .)"
+    proc = subprocess.run(
+        [str(exe), "--config", "fashion_mnist", "--check", f"data.root={fake_fmnist}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert str(REPO / "ds_configs" / "fp32.json") in proc.stdout
+    assert not list(tmp_path.iterdir())  # --check wrote nothing

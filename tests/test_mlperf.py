@@ -412,6 +412,11 @@ def test_five_cpu_runs_make_a_package_mlperfs_checker_accepts(fake_fmnist, tmp_p
     assert (out / "summary.csv").is_file()
     verdict = json.loads((out / "package.json").read_text())
     assert verdict["package_checker_passed"] and [r["seed"] for r in verdict["runs"]] == seeds
+    assert verdict["package_checker_errors"] == []  # its SUCCESS line is no error
+    # each run's command as a user types it, not the path Python gave __main__.py
+    readme = (impl / "README.md").read_text()
+    assert "`python -m dstrain --deepspeed_config ds_configs/fp32.json --config" in readme
+    assert "__main__.py" not in readme
     # a repeated seed, or six runs: refused, nothing written
     shutil.copytree(runs / "s0", runs / "s5")  # a copy: a sixth run, and s0's seed twice
     assert tool.main([str(runs), "--system", str(system), "--out", str(tmp_path / "x")]) == 2

@@ -149,8 +149,11 @@ def test_long_and_non_ascii_member_names_are_read_as_tarfile_reads_them(tmp_path
         lines[1].replace("bébé_2", "x" * 120),
     )
     idx.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ConfigError, match="but the tar header there names 'x"):
+    with pytest.raises(ConfigError, match="but the tar header there names 'x") as wrong:
         scan_images(str(tmp_path), "wds", 3)
+    # the fix named is dstrain's own index: DALI's wds2idx gets GNU long-name offsets wrong
+    assert "python -m dstrain.data.convert --index" in str(wrong.value)
+    assert "wds2idx" not in str(wrong.value)
 
 
 def test_the_converter_writes_long_and_non_ascii_names(tmp_path):
@@ -208,6 +211,38 @@ def test_the_check_tool_reads_every_format(converted, flat, tmp_path, capsys):
     assert check([str(root), "--workers", "1", "--val-labels", str(loc)]) == 0
     assert check([str(root), "--workers", "1"]) == 2  # the flat folder without its labels
     assert "--val-labels FILE" in capsys.readouterr().err
+
+
+def test_the_check_tool_reads_shards_without_a_classes_txt_in_memory_of_their_size(
+    converted, tmp_path, capsys
+):
+    """Shards as webdataset or timm make them come without dstrain's classes.txt: the check takes
+    any label and names the classes it finds (it once sized a list by a guess of 2**31-1 classes,
+    ~24 GB)."""
+    from dstrain.data.check import main as check
+    from dstrain.data.check import shard_classes
+
+    for fmt in FORMATS:
+        root = tmp_path / fmt
+        shutil.copytree(converted / fmt, root)
+        (root / "classes.txt").unlink()
+        assert shard_classes(root) is None
+        train, val = scan_images(str(root), fmt, None)
+        assert train.classes == val.classes == ["0", "1", "2"]
+        assert check([str(root), "--workers", "1"]) == 0
+        captured = capsys.readouterr()
+        assert f"18 images checked under {root} ({fmt})" in captured.out
+        # progress as it goes, on stderr, as the converter shows it
+        assert f"check {root}: 18/18 images (100%)" in captured.err and "ETA" in captured.err
+    # a label beyond the 3 classes: the classes are those found, not a range up to a guess
+    shard = sorted((tmp_path / "wds" / "train").glob("*.tar"))[0]
+    ext, offset, size, name = shards.index_path(shard).read_text().splitlines()[1].split(" ")[4:8]
+    assert ext == "cls" and size == "1"
+    data = bytearray(shard.read_bytes())
+    data[int(offset)] = ord("9")
+    shard.write_bytes(bytes(data))
+    train, _ = scan_images(str(tmp_path / "wds"), "wds", None)
+    assert train.classes == ["0", "1", "2", "9"] and train.labels[0] == 9
 
 
 def test_a_record_holding_the_magic_number_is_split_and_joined(tmp_path):

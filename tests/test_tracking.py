@@ -114,8 +114,12 @@ def test_mlflow_and_wandb_get_tensorboards_scalars_the_config_and_the_summary(
 
 def test_a_tracker_asked_for_and_missing_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # import mlflow -> ImportError
-    with pytest.raises(ConfigError, match=r"log.mlflow=true: the mlflow package is not installed"):
+    with pytest.raises(
+        ConfigError, match=r"log.mlflow=true: the mlflow package is not installed"
+    ) as err:
         tracking.require_packages(OmegaConf.structured(LogConfig(mlflow=True)))
+    # the install a checkout can do (the extra is not on the package index under this name)
+    assert "pip install -e '.[tracking]'" in str(err.value)
     tracking.require_packages(OmegaConf.structured(LogConfig()))  # none asked for
 
 

@@ -137,7 +137,8 @@ def test_a_hook_hears_the_loop_and_can_end_it(fake_fmnist, tmp_path, world_of_on
     assert events[-1] == ("fit_end", True) and trainer.state.epoch == 2  # ended after epoch 2
     assert [e[1] for e in events if e[0] == "log_window"] == [8, 16, 24, 32]  # 16 steps an epoch
     assert (trainer.checkpoint_root / "latest").read_text().strip() == "epoch0002"
-    assert trainer.summary(world=1, precision=plan.spec.precision)["recorded"] == len(events)
+    summary = trainer.summary(world=1, precision=plan.spec.precision)
+    assert summary["recorded"] == len(events) and summary["final_top1_epoch"] == 2
     source = (REPO / "dstrain" / "loop" / "trainer.py").read_text().lower()
     assert not re.search(r"mlperf|lars_tensors|target_top1|tensor_stats", source)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -202,6 +203,20 @@ def check_runs(runs: list[RunFacts]) -> None:
         )
 
 
+def as_typed(command: str | list[str] | None) -> str:
+    """A run's command (meta.json keeps its sys.argv) as a user types it again in the package's
+    folder: ``python -m dstrain ...`` for the path Python gave ``dstrain/__main__.py``, the
+    launcher's script as ``dstrain/main.py``."""
+    if not isinstance(command, list) or not command:
+        return str(command)
+    head, args = command[0], shlex.join(command[1:])
+    if head.endswith("dstrain/__main__.py"):
+        return f"python -m dstrain {args}"
+    if head.endswith("dstrain/main.py"):
+        return f"python dstrain/main.py {args}"
+    return shlex.join(command)
+
+
 def write_package(runs: list[RunFacts], system: dict, system_id: str, org: Path) -> None:
     (org / "systems").mkdir(parents=True)
     (org / "systems" / f"{system_id}.json").write_text(json.dumps(system, indent=2) + "\n")
@@ -225,8 +240,7 @@ def write_package(runs: list[RunFacts], system: dict, system_id: str, org: Path)
         "",
     ]
     for i, run in enumerate(runs):
-        command = " ".join(run.command) if isinstance(run.command, list) else run.command
-        lines += [f"- result_{i}.txt (seed {run.seed}): `{command}`"]
+        lines += [f"- result_{i}.txt (seed {run.seed}): `{as_typed(run.command)}`"]
     lines += [
         "",
         "Data preprocessing, traversal order, model, initialization, optimizer, hyperparameters,",
@@ -246,7 +260,9 @@ def judge(org: Path, out: Path) -> tuple[bool, list[str], str]:
         cwd=out, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     text = checker.stdout + checker.stderr + (log.read_text() if log.is_file() else "")
-    errors = [line.strip() for line in text.splitlines() if "ERROR" in line]
+    errors = [
+        line.strip() for line in text.splitlines() if "ERROR" in line and CHECKER_OK not in line
+    ]
     summarizer = subprocess.run(
         [sys.executable, "-m", "mlperf_logging.result_summarizer", str(org), "training",
          mlperf.RULESET, "--csv", str(out / "summary.csv")],

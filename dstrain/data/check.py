@@ -38,10 +38,11 @@ def detect_format(root: Path) -> str:
     return "folder"
 
 
-def shard_classes(root: Path) -> int:
-    """Classes a shard label may take: those of the converter's classes.txt, else any."""
+def shard_classes(root: Path) -> int | None:
+    """Classes a shard label may take: those of the converter's classes.txt, else None: any (shards
+    made by webdataset or timm come without one)."""
     listed = root / "classes.txt"
-    return len(listed.read_text().split()) if listed.is_file() else 2**31 - 1
+    return len(listed.read_text().split()) if listed.is_file() else None
 
 
 def _init(splits: list) -> None:
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="decode processes")
     args = p.parse_args(argv)
+    from dstrain.data.convert import Progress
     from dstrain.data.images import scan_images
     from dstrain.settings.config import ConfigError
 
@@ -84,11 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     keys = [(s, i) for s, split in enumerate(splits) for i in range(len(split))]
     t0, bad = time.perf_counter(), 0
+    progress = Progress(f"check {root}", len(keys))  # on stderr, as the converter's
     with ProcessPoolExecutor(max(1, args.workers), initializer=_init, initargs=(splits,)) as pool:
         for (s, i), reason in zip(keys, pool.map(_decode, keys, chunksize=64)):
+            progress.step()
             if reason is not None:
                 bad += 1
                 print(f"corrupt image: {splits[s].files[i]} ({reason})", flush=True)
+    progress.close()
     print(
         f"{len(keys)} images checked under {root} ({fmt}) in {time.perf_counter() - t0:.1f} s: "
         f"{bad} do not decode"

@@ -140,18 +140,21 @@ def scan_folder(root: str, val_labels: str = "") -> tuple[ImageList, ImageList]:
     return train, scan_split(base, "val", train.classes)
 
 
-def scan_images(root: str, fmt: str, num_classes: int, val_labels: str = ""):
-    """(train, val) of ``data.format``: a folder of class folders, or shards (wds, recordio)."""
+def scan_images(root: str, fmt: str, num_classes: int | None, val_labels: str = ""):
+    """(train, val) of ``data.format``: a folder of class folders, or shards (wds, recordio).
+    Shards' classes are ``num_classes`` indexes; None (shards without a classes.txt, read by
+    ``python -m dstrain.data.check``): any label, named by the labels found, so the list grows
+    with the data, never with a guess."""
     if fmt == "folder":
         return scan_folder(root, val_labels)
     if not root:
         raise ConfigError(f"data.format={fmt} needs data.root=DIR (holding train/ and val/ shards)")
-    classes = [str(c) for c in range(num_classes)]
-    splits = []
-    for split in ("train", "val"):
-        scanned = scan_shards(Path(root) / split, fmt, num_classes)
-        splits.append(ImageList(scanned.names, scanned.labels, classes, scanned.store))
-    return splits[0], splits[1]
+    scanned = [scan_shards(Path(root) / split, fmt, num_classes) for split in ("train", "val")]
+    if num_classes is None:  # the distinct labels found (data.check: it decodes, never trains)
+        names = [str(c) for c in np.unique(np.concatenate([s.labels for s in scanned]))]
+    else:
+        names = [str(c) for c in range(num_classes)]
+    return tuple(ImageList(s.names, s.labels, names, s.store) for s in scanned)
 
 
 def flat_split(folder: Path, labels_file: Path, classes: list[str]) -> ImageList:

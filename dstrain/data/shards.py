@@ -41,7 +41,8 @@ RECORD_HEADER = struct.Struct("<IfQQ")  # MXNet's IRHeader: flag, label, id, id2
 LENGTH_MASK = (1 << 29) - 1
 IMAGE_EXTS = ("jpg", "jpeg", "png", "bmp", "webp")
 INDEX_FIX = {
-    "wds": "rebuild it: python -m dstrain.data.convert --index {shard} (or DALI's wds2idx)",
+    # not DALI's wds2idx: it writes wrong offsets after GNU tar's long-name headers (--format=gnu)
+    "wds": "rebuild it: python -m dstrain.data.convert --index {shard}",
     "recordio": "rebuild it: python -m dstrain.data.convert --index {shard} (or DALI's rec2idx)",
 }
 
@@ -140,7 +141,7 @@ def split_shards(folder: Path, fmt: str) -> list[Path]:
     return [single] if fmt == "recordio" and single.is_file() else []
 
 
-def scan_shards(folder: Path, fmt: str, num_classes: int) -> ScannedSplit:
+def scan_shards(folder: Path, fmt: str, num_classes: int | None) -> ScannedSplit:
     """Every sample of the ``fmt`` shards of split ``folder`` (:func:`split_shards`), checked
     against their indexes."""
     suffix = SHARD_SUFFIX[fmt]
@@ -182,8 +183,12 @@ def scan_shards(folder: Path, fmt: str, num_classes: int) -> ScannedSplit:
     return ScannedSplit(names, np.asarray(labels, np.int64), store)
 
 
-def _label(value: int, where: str, num_classes: int) -> int:
-    if not 0 <= value < num_classes:
+def _label(value: int, where: str, num_classes: int | None) -> int:
+    """``value`` as a label of ``num_classes`` classes (None: any class index, as
+    ``python -m dstrain.data.check`` reads shards that come without a classes.txt)."""
+    if num_classes is None and value < 0:
+        raise ConfigError(f"{where}: label {value} is negative, not a class index")
+    if num_classes is not None and not 0 <= value < num_classes:
         raise ConfigError(
             f"{where}: label {value} is outside the {num_classes} classes (0..{num_classes - 1}) of "
             f"model.num_classes; fix the label or set model.num_classes"
@@ -191,7 +196,7 @@ def _label(value: int, where: str, num_classes: int) -> int:
     return value
 
 
-def _wds_samples(shard: Path, idx: Path, m, num_classes: int):
+def _wds_samples(shard: Path, idx: Path, m, num_classes: int | None):
     lines = idx.read_text().splitlines()
     head = lines[0].split() if lines else []
     if len(head) != 2 or head[0] != WDS_INDEX_VERSION or not head[1].isdigit():
@@ -293,7 +298,7 @@ def _check_member(shard, idx, line_no, m, name, offset, size, names: _TarNames) 
     )
 
 
-def _recordio_samples(shard: Path, idx: Path, m, num_classes: int):
+def _recordio_samples(shard: Path, idx: Path, m, num_classes: int | None):
     for line_no, line in enumerate(idx.read_text().splitlines(), start=1):
         fields = line.split("\t")
         if len(fields) != 2 or not fields[1].strip().isdigit():

@@ -151,8 +151,9 @@ class MLPerfLog:
             (c.SUBMISSION_STATUS, status),
         ):
             self.ml.event(key=key, value=value)
-        # true only where the cache was flushed before the run: launch.sh --drop-caches says so
-        # (or a job script that flushed it itself sets DSTRAIN_CACHE_CLEARED=1)
+        # true only where the cache was flushed before the run: launch.sh sets it from what its
+        # --drop-caches flushed in this job, 0 otherwise (an inherited 1 does not pass through it);
+        # a job script that starts the ranks itself sets DSTRAIN_CACHE_CLEARED=1 after its flush
         cleared = os.environ.get(CACHE_CLEARED_ENV) == "1"
         self.ml.event(key=c.CACHE_CLEAR, value=cleared)
         if not cleared and division == "closed":

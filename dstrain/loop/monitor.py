@@ -89,6 +89,7 @@ class Monitor:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(log_dir=str(run_dir / "tb"))
+            log.info("TensorBoard: tensorboard --logdir %s", run_dir / "tb")
 
     def scalars(self, prefix: str, values: dict, step: int) -> None:
         if self.writer is not None:

@@ -8,7 +8,7 @@ Each sink gets exactly what TensorBoard gets, through :class:`dstrain.loop.monit
 when the run starts (MLflow params, W&B config) and summary.json when it ends (an MLflow artifact
 and ``summary/*`` metrics; the W&B summary). A resumed run continues the same tracked run: the
 ids are kept in ``RUN_DIR/tracking.json``. Rank 0 only; the packages are an optional extra
-(``pip install 'dstrain[tracking]'``), refused in one line at start-up when asked for and missing.
+(``pip install -e '.[tracking]'`` in a checkout), refused in one line at start-up when asked for and missing.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from dstrain.settings.config import LogConfig
 
 log = logging.getLogger(__name__)
 IDS_FILE = "tracking.json"
-EXTRA_HINT = "install the tracking extra (pip install 'dstrain[tracking]')"
+EXTRA_HINT = (
+    "install the tracking extra (in a dstrain checkout: .venv/bin/pip install -e '.[tracking]')"
+)
 
 
 def require_packages(cfg: LogConfig) -> None:

@@ -437,6 +437,9 @@ class Trainer:
         evaluated = [h for h in state.history if "val_top1" in h]
         return {
             "final_top1": evaluated[-1]["val_top1"] if evaluated else math.nan,
+            # the epoch of that last evaluation: with eval_every_epochs (an evaluation grid) it can
+            # be before the last epoch trained
+            "final_top1_epoch": evaluated[-1]["epoch"] if evaluated else None,
             "best_top1": state.best_top1,
             "final_top5": evaluated[-1]["val_top5"] if evaluated else math.nan,
             "epochs": state.epoch,

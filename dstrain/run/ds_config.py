@@ -191,11 +191,28 @@ UNCHECKED = {
 }
 
 
+# the checkout dstrain runs from (dstrain/run/ds_config.py -> its root): the recipes name their
+# DeepSpeed JSON relative to it (ds_configs/fp32.json)
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def locate(path: str | Path) -> Path:
+    """``path`` from the current folder, else, relative, from the checkout: a recipe's
+    ``ds_configs/fp32.json`` when the ``dstrain`` command runs in another folder."""
+    path = Path(path)
+    if path.is_file() or path.is_absolute():
+        return path
+    shipped = CHECKOUT / path
+    return shipped if shipped.is_file() else path
+
+
 def read_json(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
+        where = "" if path.is_absolute() else f" here ({Path.cwd()}) or in {CHECKOUT}"
         raise ConfigError(
-            f"--deepspeed_config {path}: no such file. Shipped configs are in ds_configs/."
+            f"--deepspeed_config {path}: no such file{where}. Shipped configs are in "
+            f"{CHECKOUT / 'ds_configs'}/."
         )
     text = path.read_text()
     try:
@@ -429,7 +446,8 @@ def known_fields(err: Exception) -> list[str]:
 
 
 def load(path: str | Path, cuda_available: bool | None = None) -> DeepSpeedSpec:
-    return parse(read_json(path), path, cuda_available)
+    found = locate(path)
+    return parse(read_json(found), path if found == Path(path) else str(found), cuda_available)
 
 
 def precision(cfg: dict) -> str:

@@ -335,6 +335,10 @@ def launch(args: argparse.Namespace, private: Path | None) -> int:
     except LaunchError as err:
         print(f"launch.sh: error: {err}", file=sys.stderr)
         return 2
+    # the MLPerf log's cache_clear: what this job flushed, never a value the job inherited (an
+    # exported shell, a re-submitted job script)
+    if "DSTRAIN_CACHE_CLEARED" in os.environ:
+        extra_env["DSTRAIN_CACHE_CLEARED"] = "0"
     if args.drop_caches and not args.dry_run:
         hosts = [line.split()[0] for line in (hostfile or "").splitlines() if line.strip()]
         failed = drop_caches(hosts)

@@ -287,7 +287,7 @@ class LogConfig:
     mlflow: bool = setting(
         False,
         "MLflow: the TensorBoard scalars, the resolved config (params) and summary.json, rank 0; "
-        "needs the tracking extra (pip install 'dstrain[tracking]') (bool)",
+        "needs the tracking extra (pip install -e '.[tracking]' in a checkout) (bool)",
     )
     mlflow_uri: str = setting(
         "",
