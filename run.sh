@@ -46,8 +46,9 @@ setup_venv() {  # [requirements file]
 
 install_dstrain() {  # this checkout, editable, no dependencies: the `dstrain` command in $VENV/bin
     say "installing this checkout into $VENV (pip install -e .: the dstrain command)"
-    PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e . >&2 ||
-        PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --no-deps -e . >&2
+    # quiet (setuptools warns of any folder named like the package); a failure says why below
+    PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e . \
+        > /dev/null 2>&1 || PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --no-deps -e . >&2
 }
 
 setup_fashion_mnist() {
