@@ -20,7 +20,14 @@ ENTRY_POINTS = {"dstrain.main", "dstrain.__main__", "dstrain.launch", "dstrain.d
 # the folders of dstrain/, bottom to top (issue 53): a module imports its own room's modules and
 # those of rooms below it; techniques and data stand side by side and import neither the other
 ROOMS = {"core": 0, "settings": 1, "techniques": 2, "data": 2, "loop": 3, "run": 4}
-ENTRY = {"dstrain", "dstrain.main", "dstrain.__main__", "dstrain.launch", "dstrain.polish"}
+ENTRY = {
+    "dstrain",
+    "dstrain.main",
+    "dstrain.__main__",
+    "dstrain.launch",
+    "dstrain.polish",
+    "dstrain.export",
+}
 
 
 def room(module: str) -> str:
