@@ -4,6 +4,7 @@ builder loads (torchvision's, for a torchvision model), read as data, written at
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,9 @@ def test_an_exported_state_dict_loads_into_torchvisions_own_model(resnet18_run, 
     info = json.loads(proc.stdout)
     out = resnet18_run / "exported" / "trained.pt"
     assert info["out"] == str(out) and info["model"] == "resnet18"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # as any file the user writes, not 0600
     state = torch.load(out, weights_only=True)
     model = torchvision.models.resnet18(num_classes=3)
     model.load_state_dict(state)  # strict: every key, every shape

@@ -5,21 +5,23 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # read once: a file dstrain writes gets the permissions any new file gets
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, fsync it, rename it over ``path``, fsync the
-    folder. The temporary file is created exclusively under a fresh name (``mkstemp``: never a file
-    or link someone placed there), then given the usual permissions (0666 less the umask)."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(fh)`` into a temporary file beside ``path``, fsync it, rename it over ``path``, fsync
+    the folder. The temporary file is created exclusively under a fresh name (``mkstemp``: never a
+    file or link someone placed there), then given the usual permissions (0666 less the umask)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
             fh.flush()
             os.fchmod(fh.fileno(), 0o666 & ~_UMASK)
             os.fsync(fh.fileno())
@@ -28,6 +30,11 @@ def atomic_write_text(path: Path, text: str) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """:func:`atomic_write` of ``text`` (UTF-8)."""
+    atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
 def fsync_dir(path: Path) -> None:

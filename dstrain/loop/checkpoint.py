@@ -17,8 +17,8 @@ and renames the folder to ``<tag>`` and then replaces ``latest`` atomically (wri
 to a temporary file, fsync, ``os.replace``). ``resume=auto`` takes the newest
 checkpoint whose files still match their manifest (:func:`newest_intact`): one
 damaged after it was written costs that checkpoint, not the run. A process
-killed at any point leaves the previous checkpoint complete and ``latest`` pointing at it (tested by killing at
-each phase: tests/inject/sitecustomize.py). A write that fails (a full
+killed at any point leaves the previous checkpoint complete and ``latest``
+pointing at it (tested by killing at each phase: tests/inject/sitecustomize.py). A write that fails (a full
 disk) fails on every rank with :class:`~dstrain.core.errors.CheckpointWriteError`,
 and the partial directory is removed.
 """

@@ -18,20 +18,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from dstrain.core.errors import ConfigError
+from dstrain.core.files import atomic_write
 from dstrain.core.safe_load import load_data
 from dstrain.loop import checkpoint
 from dstrain.settings.config import load_config
 from dstrain.techniques.bn_refit import POLISHED_DIR
 from dstrain.techniques.ema import EMA_FILE
-from dstrain.techniques.models import build_model
+from dstrain.techniques.models import plain_model
 
 WEIGHTS = ("trained", "ema", "polished")
 
@@ -100,34 +99,19 @@ def export(
         raise ConfigError(f"{target} exists; pass --force to replace it")
     source = source_file(run_dir, weights, tag)
     state = plain_state(source)
-    m = cfg.model
-    model = build_model(
-        m.name,
-        m.num_classes,
-        in_channels=m.in_channels,
-        width=m.width,
-        blocks_per_stage=m.blocks_per_stage,
-    )
-    result = model.load_state_dict(state, strict=False)
+    result = plain_model(cfg.model).load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise ConfigError(
-            f"{source}: does not load into model.name={m.name} as the run's config describes it "
+            f"{source}: does not load into model.name={cfg.model.name} as the run's config describes it "
             f"(missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]})"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(target, lambda fh: torch.save(state, fh))
     return {
         "out": str(target),
         "from": str(source),
         "weights": weights,
-        "model": m.name,
+        "model": cfg.model.name,
         "tensors": len(state),
         "values": sum(v.numel() for v in state.values()),
     }

@@ -75,9 +75,10 @@ def zero_init_last_bn(model: nn.Module) -> None:
             nn.init.zeros_(m.bn2.weight)
 
 
-def model_from_config(cfg: ModelConfig) -> nn.Module:
-    """The network the ``model`` section describes (with its BN span, dstrain/techniques/bn_span.py)."""
-    model = build_model(
+def plain_model(cfg: ModelConfig) -> nn.Module:
+    """The network the ``model`` section names, with plain BatchNorm: what its weights load into
+    outside dstrain (``python -m dstrain.export``)."""
+    return build_model(
         cfg.name,
         cfg.num_classes,
         in_channels=cfg.in_channels,
@@ -85,6 +86,11 @@ def model_from_config(cfg: ModelConfig) -> nn.Module:
         blocks_per_stage=cfg.blocks_per_stage,
         zero_init_residual=cfg.zero_init_residual,
     )
+
+
+def model_from_config(cfg: ModelConfig) -> nn.Module:
+    """The network the ``model`` section describes (with its BN span, dstrain/techniques/bn_span.py)."""
+    model = plain_model(cfg)
     if cfg.bn_span:
         layers = apply_bn_span(model, cfg.bn_span)
         log.info(
