@@ -68,6 +68,16 @@ def case_files(tmp_path: Path) -> dict:
     state_file = newer / "epoch0001" / "trainer_state.json"
     manifest.write(state_file.parent, {state_file.name: manifest.entry(state_file)})
     files["newer_run"] = newer.parent
+    # init.weights: a file that is not weights, and TINY's own weights less its head's bias
+    import torch
+
+    from dstrain.techniques.models import build_model
+
+    files["not_weights"] = tmp_path / "not_weights.pt"
+    torch.save({"epoch": 3, "note": "no tensors"}, files["not_weights"])
+    state = build_model("resnet_small", 10, in_channels=1, width=8).state_dict()
+    files["headless_weights"] = tmp_path / "headless.pt"
+    torch.save({k: v for k, v in state.items() if k != "fc.bias"}, files["headless_weights"])
     return {k: str(v) for k, v in files.items()}
 
 
@@ -303,6 +313,19 @@ CASES = [
         "batch-size ramp larger than the data set",
         ["batch.ramp=[[1,1024]]"],
         "(batch.ramp reaches 1024 at epoch 2); lower batch.ramp",
+    ),
+    (
+        "weights",
+        "init.weights not weights",
+        ["init.weights={not_weights}"],
+        "not_weights.pt: holds no state dict of tensors",
+    ),
+    ("weights", "init.weights missing", ["init.weights={tmp}/none.pt"], "none.pt: no such file"),
+    (
+        "weights",
+        "init.strict and a tensor the file lacks",
+        ["init.weights={headless_weights}", "init.strict=true"],
+        "not in the file: fc.bias",
     ),
     ("run dir", "run_dir is a file", ["run_dir={a_file}"], "is a file"),
     (
@@ -710,7 +733,7 @@ def test_polish_refuses_a_checkpoint_it_cannot_use(case, finished_run, tmp_path,
     errors = [
         line for line in proc.stderr.splitlines() if line.startswith("dstrain.polish: error:")
     ]
-    expected = "no config.yaml" if case == "not a run directory" else "belongs to a different model"
+    expected = "no config.yaml" if case == "not a run directory" else "belong to a different model"
     assert len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
     assert tree_digest(finished_run) == before
     evidence(

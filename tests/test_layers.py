@@ -27,6 +27,7 @@ ENTRY = {
     "dstrain.launch",
     "dstrain.polish",
     "dstrain.export",
+    "dstrain.evaluate",
 }
 
 

@@ -25,14 +25,9 @@ import torch
 
 from dstrain.core.errors import ConfigError
 from dstrain.core.files import atomic_write
-from dstrain.core.safe_load import load_data
-from dstrain.loop import checkpoint
-from dstrain.settings.config import load_config
-from dstrain.techniques.bn_refit import POLISHED_DIR
-from dstrain.techniques.ema import EMA_FILE
+from dstrain.run import finished
+from dstrain.run.finished import WEIGHTS
 from dstrain.techniques.models import plain_model
-
-WEIGHTS = ("trained", "ema", "polished")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,62 +44,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def source_file(run_dir: Path, weights: str, tag: str) -> Path:
-    """The file holding ``weights`` of the run in ``run_dir``; refused in one line when absent."""
-    if weights == "polished":
-        path = run_dir / POLISHED_DIR / "model.pt"
-        if not path.is_file():
-            raise ConfigError(
-                f"--weights polished: {path} missing; polish the run first "
-                f"(python -m dstrain.polish --checkpoint {run_dir})"
-            )
-        return path
-    root = run_dir / "checkpoints"
-    found, skipped = checkpoint.newest_intact(root, tag) if root.is_dir() else (None, [])
-    if not found:
-        if skipped:
-            raise checkpoint.damaged_error(root, skipped, f"--checkpoint {run_dir}")
-        raise ConfigError(f"--checkpoint {run_dir}: no complete checkpoint in {root}")
-    path = root / found / (EMA_FILE if weights == "ema" else checkpoint.MODEL_FILE)
-    if not path.is_file():
-        raise ConfigError(
-            f"--weights ema: {path.parent} has no {EMA_FILE} (the run trained without optim.ema)"
-        )
-    return path
-
-
-def plain_state(path: Path) -> dict[str, torch.Tensor]:
-    """The model's state dict in ``path`` (a DeepSpeed module-states file, an EMA file or a polished
-    ``model.pt``), floating tensors as float32."""
-    state = load_data(path)
-    if isinstance(state, dict) and isinstance(state.get("module"), dict):
-        state = state["module"]
-    if (
-        not isinstance(state, dict)
-        or not state
-        or not all(isinstance(v, torch.Tensor) for v in state.values())
-    ):
-        raise ConfigError(f"{path}: holds no state dict of tensors; not a dstrain weights file")
-    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
-
-
 def export(
     run_dir: Path, weights: str = "trained", tag: str = "", out: str = "", force=False
 ) -> dict:
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"--checkpoint {run_dir}: no config.yaml; pass a dstrain run directory")
-    cfg = load_config(str(run_dir / "config.yaml"))
+    cfg = finished.config(run_dir)
     target = Path(out) if out else run_dir / "exported" / f"{weights}.pt"
     if target.exists() and not force:
         raise ConfigError(f"{target} exists; pass --force to replace it")
-    source = source_file(run_dir, weights, tag)
-    state = plain_state(source)
-    result = plain_model(cfg.model).load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise ConfigError(
-            f"{source}: does not load into model.name={cfg.model.name} as the run's config describes it "
-            f"(missing {result.missing_keys[:3]}, unexpected {result.unexpected_keys[:3]})"
-        )
+    source = finished.weights_file(run_dir, weights, tag)
+    # loaded (strict) into the model outside dstrain would build: what a user's load will meet
+    state = finished.load_weights(plain_model(cfg.model), source)
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(target, lambda fh: torch.save(state, fh))
     return {

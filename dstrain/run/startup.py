@@ -12,7 +12,8 @@ for the job it is asked about; :func:`stage_lines` is the batch plan both print.
 3. the model, built once: what the precision needs of the device (bf16 weight casts with
    BatchNorm on a CPU), the optimizer's arguments (built on it once: what torch or our optimizers
    refuse, e.g. nesterov without momentum), room on the run directory's file system for two
-   checkpoints of it (``fault.check_disk``);
+   checkpoints of it (``fault.check_disk``), and for a fresh start from ``init.weights`` the file,
+   read as data and fitted to it (dstrain/techniques/warm_start.py);
 4. the data: the loader, its files and image counts (dstrain/data: a missing root, an empty or
    corrupt shard index...), at least one global batch of training images at every stage, and
    with ``polish.enabled`` a polish set the BN refit can use (2 images or more).
@@ -41,6 +42,7 @@ from dstrain.run.components import check_precision
 from dstrain.run.plan import Plan
 from dstrain.settings.config import TrainConfig, polish_batch
 from dstrain.settings.ramp import batch_at
+from dstrain.techniques import warm_start
 from dstrain.techniques.models import model_from_config
 from dstrain.techniques.optim import build_optimizer
 from dstrain.techniques.schedule import LRSchedule
@@ -59,6 +61,7 @@ class Start:
         str  # how the run uses its directory, in words, as found before anything is written
     )
     skipped: tuple[tuple[str, str], ...] = ()  # newer checkpoints passed over as damaged, with why
+    warm_start: str = ""  # init.weights for a fresh start: what of the file fits, in words
 
 
 @contextlib.contextmanager
@@ -106,10 +109,14 @@ def check(plan: Plan, device: torch.device, draw_seed: bool = True) -> Start:
         short = rundir.disk_shortfall(run_dir, size)
         if short:
             raise ConfigError(short)
+    warm = ""
+    if cfg.init.weights and not tag:  # a resume continues its checkpoint instead
+        found = warm_start.load(model, cfg.init.weights, cfg.model.name, cfg.init.strict)
+        warm = warm_start.describe(found, cfg.init.weights)
     images = count_images(cfg.data, cfg.model.num_classes)
     check_images(plan, images.n_train)
     check_polish_set(plan, images.n_train)
-    return Start(run_dir, tag, images, use, tuple(skipped))
+    return Start(run_dir, tag, images, use, tuple(skipped), warm)
 
 
 def resume_tag(plan: Plan, run_dir: Path) -> tuple[str | None, list[tuple[str, str]]]:
@@ -228,6 +235,12 @@ def plan_lines(plan: Plan, start: Start, job: str) -> list[str]:
         f"job          {job}",
         f"model        {cfg.model.name}, channels_last {str(cfg.model.channels_last).lower()}, "
         f"compile {compile_line(cfg)}, {bn_line(plan)}",
+    ]
+    if start.warm_start:
+        lines.append(f"init         {start.warm_start}")
+    elif cfg.init.weights:
+        lines.append(f"init         init.weights not read: continues from {start.resume_tag}")
+    lines += [
         f"data         {images.kind} loader, {images.n_train} train / {images.n_val} val images "
         f"from {images.source}",
     ]

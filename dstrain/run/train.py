@@ -27,7 +27,7 @@ from dstrain.run import compat, outcome, rundir, startup
 from dstrain.run.components import Components, build_components
 from dstrain.run.plan import Plan, prepare
 from dstrain.settings.config import TrainConfig
-from dstrain.techniques import comm
+from dstrain.techniques import comm, warm_start
 from dstrain.techniques.ema import EMAHook, WeightEMA
 from dstrain.techniques.lars import LARS, LARSLog
 from dstrain.techniques.models import compile_engine, keep_batchnorm_fp32
@@ -86,6 +86,7 @@ def build_trainer(
         set_cudnn(cfg.deterministic)
     first = plan.stages[0]
     parts = build_components(cfg, spec.precision, first, device, start.images, source=spec.path)
+    warm_start_from(cfg, parts.model, start.resume_tag)
     # the EMA's FP32 copy is taken before DeepSpeed casts or compiles the model
     ema = weight_ema(cfg, parts.model, device)
     engine_cfg = spec.engine_config(first.micro, first.accumulation, plan.world)
@@ -133,6 +134,14 @@ def build_trainer(
         )
         start_mlperf_log(mlperf_log, trainer, plan, run_dir, device)
     return trainer
+
+
+def warm_start_from(cfg: TrainConfig, model: torch.nn.Module, resume_tag: str | None) -> None:
+    """init.weights: a fresh run's weights from the file (checked at start-up, startup.check; the
+    plan's init line says what of it fits), before the EMA's copy and DeepSpeed's cast; a
+    resume's checkpoint wins."""
+    if cfg.init.weights and not resume_tag:
+        warm_start.load(model, cfg.init.weights, cfg.model.name, cfg.init.strict)
 
 
 def resolved(cfg: TrainConfig) -> dict:

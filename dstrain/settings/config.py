@@ -12,7 +12,7 @@ the trainer writes into the DeepSpeed config it hands to the engine (solved by
 ``dstrain/settings/ramp.py``). A JSON that sets any of the three is rejected (see
 ``dstrain/run/ds_config.py``). Each section is read by the module that owns its
 technique: ``optim`` by schedule.py, ``batch`` by ramp.py, ``data`` by data/,
-``polish`` by bn_refit.py, ``fault`` by fault.py, ``checkpoint`` by checkpoint.py.
+``polish`` by bn_refit.py, ``init`` by warm_start.py, ``fault`` by fault.py, ``checkpoint`` by checkpoint.py.
 """
 
 from __future__ import annotations
@@ -345,6 +345,21 @@ class PolishConfig:
 
 
 @dataclass
+class InitConfig:
+    weights: str = setting(
+        "",
+        "start a fresh run from these weights (a state dict file: python -m dstrain.export's, "
+        "torchvision's, timm's, a DeepSpeed module-states file), read as data; tensors whose name "
+        "or shape the model lacks keep their own initialisation and are listed (a fine-tune's new "
+        "head); the optimizer, schedule and step start fresh; a resume's checkpoint wins; "
+        "empty = none (path)",
+    )
+    strict: bool = setting(
+        False, "init.weights must fill every tensor of the model and hold no other (bool)"
+    )
+
+
+@dataclass
 class FaultConfig:
     collective_timeout_s: float = setting(
         600.0,
@@ -422,6 +437,7 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     polish: PolishConfig = field(default_factory=PolishConfig)
+    init: InitConfig = field(default_factory=InitConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
 
 
