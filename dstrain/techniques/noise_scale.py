@@ -252,7 +252,10 @@ class GradientNoise(Hook):
         return {k: v for k, v in self.last.items() if k in ("noise_scale",)}
 
     def checkpoint_files(self, trainer: Any) -> dict:
+        """The averages, once something was measured (before that a resume starts them anew)."""
         a = self.averages
+        if not a.steps:
+            return {}
         return {
             STATE_FILE: {
                 "grad_sq": a.grad_sq,
@@ -278,11 +281,10 @@ class GradientNoise(Hook):
 
     def summary(self, trainer: Any) -> dict:
         values = self.values()
-        return (
-            {"noise_scale": {**values, "decay": self.decay, "steps": self.averages.steps}}
-            if values
-            else {}
-        )
+        if not values:
+            return {}
+        settings = {"decay": self.decay, "every_steps": self.every_steps}
+        return {"noise_scale": {**values, **settings, "steps_measured": self.averages.steps}}
 
     def close(self) -> None:
         """The parameters' hooks removed (the next measured step puts them back)."""
