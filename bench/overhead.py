@@ -13,6 +13,9 @@ set-up phases as ``python -m dstrain`` (LR schedule set every step,
 accumulation boundary, NaN tracking, FP16 skip counter, stop-signal agreement over ranks, metric
 sums, a console/TensorBoard line every 10 steps). Each pass is timed; the ratio of the medians is the
 trainer's overhead. Alternating passes in one process cancel most of the drift of a shared machine.
+Where the run measures the gradient noise scale (``log.noise_scale``: several ranks, or
+accumulation), a third pass trains without it: ``noise_ratio`` is its cost, the trainer's median
+over that pass's.
 """
 
 from __future__ import annotations
@@ -45,10 +48,13 @@ def title(world: int, threads: int | None) -> str:
 
 def headline(result: dict) -> str:
     """One line of what a result measured: the ratio, and the bare step it is over."""
-    return (
+    line = (
         f"trainer step {result['overhead_ratio']:.3f}x a bare DeepSpeed step "
         f"(bare {result['median_step_ms']['bare']:.1f} ms)"
     )
+    if result.get("noise_ratio") is not None:
+        line += f"; measuring the gradient noise scale {result['noise_ratio']:.3f}x without"
+    return line
 
 
 def main() -> int:
@@ -128,6 +134,7 @@ def main() -> int:
         "median_step_ms": {k: 1000 * v / args.steps for k, v in med.items()},
         "images_per_sec": {k: args.batch * args.steps / v for k, v in med.items()},
         "overhead_ratio": med["trainer"] / med["bare"],
+        "noise_ratio": med["trainer"] / med["no_noise"] if "no_noise" in med else None,
     }
     if rank == 0:
         out = Path(args.out or REPO / f"results/bench/overhead_cpu_{world}rank.json")
@@ -169,9 +176,25 @@ def timed_passes(trainer, stage, pairs: int) -> dict[str, list[float]]:
         dist.barrier()
         return time.perf_counter() - t0
 
-    times = {"bare": [], "trainer": []}
+    def without_noise() -> float:
+        """The trainer with no noise-scale measurement (off the loop and its hooks)."""
+        from dstrain.core.hooks import Hooks
+
+        noise, hooks = trainer.noise, trainer.hooks
+        trainer.noise, trainer.hooks = None, Hooks([h for h in hooks if h is not noise])
+        try:
+            return trainer_pass()
+        finally:
+            trainer.noise, trainer.hooks = noise, hooks
+
+    passes = [("bare", bare), ("trainer", trainer_pass)]
+    if trainer.noise is not None:
+        trainer.noise.stage(stage.micro, stage.accumulation, dist.world_size())
+        if trainer.noise.measurable:
+            passes.append(("no_noise", without_noise))
+    times = {name: [] for name, _ in passes}
     for i in range(pairs):
-        order = (("bare", bare), ("trainer", trainer_pass))
+        order = tuple(passes)
         for name, fn in order if i % 2 == 0 else reversed(order):
             t = fn()
             if i > 0:  # the first pair warms up allocators and oneDNN kernels

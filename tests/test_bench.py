@@ -1865,10 +1865,15 @@ TINY_RUNS: dict[str, Tiny | str] = {
         slow=True,
     ),
     "bench/overhead.py": Tiny(
-        ("--steps", "2", "--pairs", "2", "--batch", "32", "--out", "{out}", *TINY_DATA),
+        # 2 micro batches a step: the gradient noise scale is measured, and its cost
+        ("--steps", "2", "--pairs", "2", "--batch", "32", "--out", "{out}", *TINY_DATA)
+        + ("batch.micro_per_rank=16",),
         lambda d: d["world_size"] == 1
-        and {k: len(v) for k, v in d["pass_seconds"].items()} == {"bare": 1, "trainer": 1}
+        and {k: len(v) for k, v in d["pass_seconds"].items()}
+        == {"bare": 1, "trainer": 1, "no_noise": 1}
         and d["overhead_ratio"] == d["pass_seconds"]["trainer"][0] / d["pass_seconds"]["bare"][0]
+        and d["noise_ratio"] == d["pass_seconds"]["trainer"][0] / d["pass_seconds"]["no_noise"][0]
+        and "measuring the gradient noise scale" in d["headline"]
         and d["title"] == "Trainer overhead, 1 rank",
         slow=True,
     ),

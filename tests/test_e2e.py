@@ -49,6 +49,38 @@ def test_two_rank_cpu_run_through_the_deepspeed_launcher(tiny_on_two_ranks):
     assert "job          2 rank(s) on cpu" in proc.stdout
 
 
+@pytest.mark.xdist_group("hosts")  # the worker that trains tiny_on_two_ranks (conftest) for others
+def test_the_noise_scale_of_two_ranks_is_that_of_one_rank_accumulating(
+    tiny_on_two_ranks, fake_fmnist, tmp_path
+):
+    """The gradient noise scale measured on 2 gloo ranks of 16 images each (each rank's micro
+    batch against the all-reduced gradient) equals one rank's over the same images in 2
+    accumulated micro batches of 16 (each micro batch's gradient against the step's): the same
+    estimates, window by window, in TensorBoard, the history and summary.json."""
+    from tests.conftest import ONE_THREAD
+
+    run_dir = tmp_path / "one"
+    args = ["--deepspeed_config", "ds_configs/fp32.json", *TINY, f"data.root={fake_fmnist}"]
+    proc = run_cli(
+        [*args, "batch.micro_per_rank=16", f"run_dir={run_dir}"], env={**CPU_ONLY, **ONE_THREAD}
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    two = json.loads((tiny_on_two_ranks.run_dir / "summary.json").read_text())
+    one = json.loads((run_dir / "summary.json").read_text())
+    assert one["noise_scale"]["noise_b_small"] == two["noise_scale"]["noise_b_small"] == 16
+    assert one["noise_scale"]["noise_b_big"] == two["noise_scale"]["noise_b_big"] == 32
+    assert one["noise_scale"]["steps_measured"] == 12  # every 4th of 48 steps
+    for key in ("noise_scale", "noise_grad_sq", "noise_trace"):
+        assert one["noise_scale"][key] == pytest.approx(two["noise_scale"][key], rel=1e-6), key
+    per_epoch = [[h["noise_scale"] for h in s["history"]] for s in (one, two)]
+    assert per_epoch[0] == pytest.approx(per_epoch[1], rel=1e-6)
+    windows = [tb_scalars(r)["train/noise_scale"] for r in (run_dir, tiny_on_two_ranks.run_dir)]
+    assert [s for s, _ in windows[0]] == [s for s, _ in windows[1]] == list(range(4, 49, 4))
+    assert [v for _, v in windows[0]] == pytest.approx([v for _, v in windows[1]], rel=1e-5)
+    lines = [line for line in proc.stdout.splitlines() if "img/s  B_noise " in line]
+    assert len(lines) == 12 and "noise scale  B_noise every 4 step(s)" in proc.stdout
+
+
 def tb_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar of the run's TensorBoard files: tag -> [(step, value), ...]."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -109,7 +141,10 @@ def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
 @pytest.mark.parametrize(
     "extra",
     [
-        pytest.param(["--deepspeed_config", "ds_configs/fp32.json"], id="sgd"),
+        # 2 micro batches a step: the gradient noise scale is measured, and resumed
+        pytest.param(
+            ["--deepspeed_config", "ds_configs/fp32.json", "batch.micro_per_rank=16"], id="sgd"
+        ),
         pytest.param(
             [
                 "--deepspeed_config",
@@ -149,6 +184,9 @@ def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path, extra):
     sa = json.loads((straight / "summary.json").read_text())
     sb = json.loads((broken / "summary.json").read_text())
     assert sa["final_top1"] == sb["final_top1"] and sb["steps"] == sa["steps"]
+    # the noise scale's moving averages continue from the checkpoint exactly
+    assert sa["noise_scale"] == sb["noise_scale"] and sa["noise_scale"]["steps_measured"] > 0
+    assert [h["noise_scale"] for h in sa["history"]] == [h["noise_scale"] for h in sb["history"]]
 
 
 def test_zero_stage_1_with_dstrains_sgd_trains_and_resumes_bit_for_bit(fake_fmnist, tmp_path):

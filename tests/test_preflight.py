@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 
 from dstrain.main import main
 from tests.conftest import REPO, TINY, run_cli
@@ -166,6 +167,21 @@ def test_the_docs_document_gpu_commands():
     assert any("docs/gpu.md" == page for page, _ in DOCUMENTED), DOCUMENTED
 
 
+def stand_in_weights(arg: str, argv: list[str], tmp_path: Path) -> str:
+    """``init.weights=FILE`` as ``python -m dstrain.export`` would have written FILE: the state
+    dict of the model the command's recipe and overrides describe, in scratch."""
+    if not arg.startswith("init.weights="):
+        return arg
+    from dstrain.settings.config import load_config
+    from dstrain.techniques.models import plain_model
+
+    recipe = argv[argv.index("--config") + 1] if "--config" in argv else None
+    overrides = [a for a in argv if "=" in a and not a.startswith(("--", "init.", "run_dir="))]
+    path = tmp_path / "weights.pt"
+    torch.save(plain_model(load_config(recipe, overrides).model).state_dict(), path)
+    return f"init.weights={path}"
+
+
 @pytest.mark.parametrize("page, command", DOCUMENTED, ids=[f"{p}:{c[:60]}" for p, c in DOCUMENTED])
 def test_every_documented_command_would_start(page, command, tmp_path, capfd):
     """Each command as written, with only the run directory moved to scratch and the data root, when
@@ -178,6 +194,8 @@ def test_every_documented_command_would_start(page, command, tmp_path, capfd):
         argv = argv[argv.index("dstrain") + 1 :]
     if not any(a.startswith("run_dir=") for a in argv):
         argv.append(f"run_dir={tmp_path / 'run'}")
+    if any(a.startswith("init.weights=") for a in argv):  # a file an earlier command exported:
+        argv = [stand_in_weights(a, argv, tmp_path) for a in argv]  # the recipe's model's own
     if "--device" not in argv:  # the GPU page's commands are for a GPU
         argv += ["--device", "cuda" if page == "docs/gpu.md" else "cpu"]
     code, out, err = check(capfd, argv)

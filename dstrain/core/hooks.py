@@ -12,6 +12,8 @@ order a run meets them:
   done (its evaluation and checkpoint not yet);
 - ``eval_start(trainer, epoch)``; ``eval_end(trainer, epoch, metrics)``: ``True`` from any hook
   makes this epoch the last (a quality target reached);
+- ``epoch_values(trainer, epoch)``: what the hook adds to the epoch's metrics (its row of the
+  history and its ``epoch/*`` scalars), e.g. the gradient noise scale at the epoch's end;
 - ``epoch_end(trainer, epoch, metrics)``: the epoch recorded in the history;
 - ``step_end(trainer, step)``: optimizer step ``step`` (1-based, global) is done;
 - ``window_values(trainer)``: what the hook adds to the log line about to be written (its
@@ -30,7 +32,8 @@ The trainer's type is a parameter (``LoopHook[Trainer]``): this floor knows noth
 
 Implementers: :class:`dstrain.loop.mlperf.MLPerfMarks` (MLPerf's marks),
 :class:`dstrain.loop.target.TargetStop` (``target_top1``), :class:`dstrain.techniques.lars.LARSLog`
-(LARS's trust ratios, ``log.lars_tensors``), :class:`dstrain.techniques.ema.EMAHook` (``optim.ema``).
+(LARS's trust ratios, ``log.lars_tensors``), :class:`dstrain.techniques.ema.EMAHook` (``optim.ema``),
+:class:`dstrain.techniques.noise_scale.GradientNoise` (``log.noise_scale``).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class LoopHook(Protocol[TrainerT]):
 
     def eval_end(self, trainer: TrainerT, epoch: int, metrics: dict) -> bool: ...
 
+    def epoch_values(self, trainer: TrainerT, epoch: int) -> dict: ...
     def epoch_end(self, trainer: TrainerT, epoch: int, metrics: dict) -> None: ...
 
     def step_end(self, trainer: TrainerT, step: int) -> None: ...
@@ -100,6 +104,9 @@ class Hook:
 
     def eval_end(self, trainer: Any, epoch: int, metrics: dict) -> bool:
         return False
+
+    def epoch_values(self, trainer: Any, epoch: int) -> dict:
+        return {}
 
     def epoch_end(self, trainer: Any, epoch: int, metrics: dict) -> None:
         pass
@@ -164,6 +171,12 @@ class Hooks(Generic[TrainerT]):
 
     def eval_end(self, trainer: TrainerT, epoch: int, metrics: dict) -> bool:
         return any([hook.eval_end(trainer, epoch, metrics) for hook in self.hooks])
+
+    def epoch_values(self, trainer: TrainerT, epoch: int) -> dict:
+        out: dict = {}
+        for hook in self.hooks:
+            out.update(hook.epoch_values(trainer, epoch))
+        return out
 
     def epoch_end(self, trainer: TrainerT, epoch: int, metrics: dict) -> None:
         for hook in self.hooks:

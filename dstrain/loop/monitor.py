@@ -111,7 +111,8 @@ class Monitor:
         """``train/*`` scalars at global step ``step`` and one console line.
 
         ``values``: loss, lr, global_batch, images_per_sec, and where known loss_scale,
-        comm_bytes_per_step (bytes), skipped_steps, trust_min/median/max (LARS)."""
+        comm_bytes_per_step (bytes), skipped_steps, trust_min/median/max (LARS), noise_scale and
+        its parts (log.noise_scale)."""
         if not self.enabled:
             return
         self.scalars("train", values, step)
@@ -125,6 +126,8 @@ class Monitor:
             line += f" skipped {values['skipped_steps']}"
         if values.get("comm_bytes_per_step") is not None:
             line += f"  sent {values['comm_bytes_per_step'] / 2**20:.2f} MiB/step"
+        if values.get("noise_scale") is not None:
+            line += f"  B_noise {values['noise_scale']:.4g}"
         if values.get("trust_median") is not None:
             line += (
                 f"  trust {values['trust_min']:.3g}/{values['trust_median']:.3g}/"

@@ -33,9 +33,10 @@ from dstrain.loop.watchdog import Watchdog
 from dstrain.settings.config import TrainConfig, evaluates_last_epoch, on_eval_grid
 from dstrain.settings.ramp import BatchStage, batch_at
 from dstrain.techniques.comm import GradientSync
-from dstrain.techniques.loss_scaling import backward_multiplier, loss_scale_of
+from dstrain.techniques.loss_scaling import backward_multiplier, loss_scale_of, scale_in_force
 from dstrain.techniques.losses import smoothed_cross_entropy
 from dstrain.techniques.models import compiled_graphs
+from dstrain.techniques.noise_scale import GradientNoise
 from dstrain.techniques.optim import StepCounter, apply_schedule
 from dstrain.techniques.schedule import LRSchedule, augment_at
 
@@ -114,6 +115,8 @@ class Trainer:
     grad_sync: GradientSync | None = (
         None  # our all-reduce (dstrain/techniques/comm.py), or None: DeepSpeed's
     )
+    # the gradient noise scale's measurement (dstrain/techniques/noise_scale.py; also in ``hooks``)
+    noise: GradientNoise | None = None
     state: TrainState = field(default_factory=TrainState)
     # what rides on the loop: its implementers are listed in dstrain/core/hooks.py
     hooks: Hooks[Trainer] = field(default_factory=Hooks)
@@ -199,6 +202,8 @@ class Trainer:
     def enter_stage(self, epoch: int) -> BatchStage:
         """The batch-size stage of ``epoch``; tells the engine when the ramp changes its accumulation."""
         stage = batch_at(epoch, self.stages)
+        if self.noise is not None:
+            self.noise.stage(stage.micro, stage.accumulation, dist.world_size())
         # a ramp switch, or a resume
         if stage.accumulation != self.engine.gradient_accumulation_steps():
             self.engine.set_train_batch_size(stage.global_size)
@@ -223,6 +228,7 @@ class Trainer:
             steps_per_epoch=steps,
             peak_lr=self.schedule.peak(stage.global_size),
             augment=int(self.augment_at(epoch)),
+            **self.hooks.epoch_values(self, epoch),
         )
         state.epoch, state.train_time_s = epoch + 1, state.train_time_s + metrics["epoch_time_s"]
         state.train_images += steps * stage.global_size
@@ -255,6 +261,8 @@ class Trainer:
         for i, (x, y) in enumerate(self.marked(loader, "data"), first * accumulation):
             if i % accumulation == 0:
                 lr = self.set_lr(epoch + (i // accumulation + 1) / steps, stage.global_size)
+                if self.noise is not None:
+                    self.noise.begin_step(state.step + 1)
             boundary = (i + 1) % accumulation == 0
             self.train_micro_batch(x, y, boundary, meter, accumulation)
             if not boundary:
@@ -323,9 +331,17 @@ class Trainer:
         self.checks.nonfinite.observe(loss, self.state.step + 1)
         # the native fp16 engine's loss scale, which DeepSpeed 0.19 does not apply (loss_scaling.py)
         engine.backward(loss if self.loss_multiplier is None else loss * self.loss_multiplier())
+        noise, scale = self.noise, None
+        if noise is not None:  # the micro batch's gradient norm, the scales divided out
+            scale = scale_in_force(engine)
+            noise.micro_batch_done(accumulation / scale)
+            if boundary and noise.local_big:  # this rank's own gradient, before a lossy sync
+                noise.step_done(1 / scale)
         if boundary and self.grad_sync is not None:
             self.phase("collective")
             self.grad_sync.sync()  # our all-reduce (dstrain/techniques/comm.py): the engine's is switched off
+        if boundary and noise is not None and not noise.local_big:
+            noise.step_done(1 / scale)  # the gradient the optimizer is given
         self.phase("optimizer")
         engine.step()
         meter.add_micro_batch(loss, logits, y, accumulation)

@@ -42,7 +42,7 @@ from dstrain.run.components import check_precision
 from dstrain.run.plan import Plan
 from dstrain.settings.config import TrainConfig, polish_batch
 from dstrain.settings.ramp import batch_at
-from dstrain.techniques import warm_start
+from dstrain.techniques import noise_scale, warm_start
 from dstrain.techniques.models import model_from_config
 from dstrain.techniques.optim import build_optimizer
 from dstrain.techniques.schedule import LRSchedule
@@ -248,10 +248,20 @@ def plan_lines(plan: Plan, start: Start, job: str) -> list[str]:
         lines.append(f"             note: {images.note}")
     *stages, steps = stage_lines(plan, images.n_train, schedule)
     lines += [f"batch        {line}" for line in stages]
-    lines += [f"schedule     {steps}", f"run_dir      {start.run_dir_use}"]
+    lines += [f"schedule     {steps}", f"noise scale  {noise_line(plan)}"]
+    lines.append(f"run_dir      {start.run_dir_use}")
     if cfg.log.mlperf:
         lines.append(mlperf_line(plan, images, schedule))
     return lines
+
+
+def noise_line(plan: Plan) -> str:
+    """log.noise_scale: whether and how the run measures the gradient noise scale."""
+    spec, log_ = plan.spec, plan.cfg.log
+    lossy = spec.comm is not None and spec.comm.config.compression != "none"
+    return noise_scale.plan_line(
+        log_.noise_scale, log_.noise_scale_every, spec.engine, lossy, plan.stages, plan.world
+    )
 
 
 def compile_line(cfg: TrainConfig) -> str:

@@ -27,10 +27,11 @@ from dstrain.run import compat, outcome, rundir, startup
 from dstrain.run.components import Components, build_components
 from dstrain.run.plan import Plan, prepare
 from dstrain.settings.config import TrainConfig
-from dstrain.techniques import comm, warm_start
+from dstrain.techniques import comm, noise_scale, warm_start
 from dstrain.techniques.ema import EMAHook, WeightEMA
 from dstrain.techniques.lars import LARS, LARSLog
 from dstrain.techniques.models import compile_engine, keep_batchnorm_fp32
+from dstrain.techniques.noise_scale import GradientNoise
 from dstrain.techniques.optim import build_optimizer, steps_suppressed
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ def build_trainer(
     ema = weight_ema(cfg, parts.model, device)
     engine_cfg = spec.engine_config(first.micro, first.accumulation, plan.world)
     engine, optimizer, grad_sync = build_engine(plan, parts, engine_cfg)
+    noise = gradient_noise(plan, engine, device)
     # every group gets the timeout, also those DeepSpeed and comm.py made
     dist.set_timeout_everywhere(cfg.fault.collective_timeout_s)
     rundir.create(run_dir)
@@ -117,8 +119,9 @@ def build_trainer(
         input_dtype=parts.input_dtype,
         memory_format=parts.memory_format,
         grad_sync=grad_sync,
+        noise=noise,
         state=state,
-        hooks=loop_hooks(cfg, mlperf_log, optimizer, ema),
+        hooks=loop_hooks(cfg, mlperf_log, optimizer, ema, noise),
     )
     if dist.is_main():
         rundir.write_run_files(
@@ -170,11 +173,29 @@ def weight_ema(cfg: TrainConfig, model: torch.nn.Module, device: torch.device) -
     return ema
 
 
+def gradient_noise(plan: Plan, engine, device: torch.device) -> GradientNoise | None:
+    """log.noise_scale: the measurement on the engine's parameters (dstrain/techniques/noise_scale.py),
+    or None (off, or a DeepSpeed config whose gradients it cannot read: said once)."""
+    cfg = plan.cfg
+    if not cfg.log.noise_scale:
+        return None
+    if why := noise_scale.unsupported(plan.spec.engine):
+        log.warning("log.noise_scale: not measured: %s", why)
+        return None
+    lossy = plan.spec.comm is not None and plan.spec.comm.config.compression != "none"
+    params = engine.module.parameters()
+    log_ = cfg.log
+    return GradientNoise(
+        params, log_.noise_scale_decay, device, log_.noise_scale_every, local_big=lossy
+    )
+
+
 def loop_hooks(
     cfg: TrainConfig,
     mlperf_log: mlperf.MLPerfLog,
     optimizer: torch.optim.Optimizer,
     ema: WeightEMA | None = None,
+    noise: GradientNoise | None = None,
 ) -> Hooks[Trainer]:
     """What rides on this run's loop (dstrain/core/hooks.py), in the order each event reaches them."""
     target = TargetStop(cfg.target_top1) if cfg.target_top1 else None
@@ -186,6 +207,8 @@ def loop_hooks(
         hooks.append(target)
     if isinstance(optimizer, LARS):  # its trust ratios on every log line
         hooks.append(LARSLog(tensors=cfg.log.lars_tensors))
+    if noise is not None:
+        hooks.append(noise)
     return Hooks(hooks)
 
 

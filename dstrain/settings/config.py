@@ -269,6 +269,20 @@ class LogConfig:
         "norm, ||step|| / ||w||, in TensorBoard (lars_trust/*, lars_step/*) and the largest step "
         "on the console; costs a copy of the parameters a step (bool)",
     )
+    noise_scale: bool = setting(
+        True,
+        "measure the gradient noise scale B_noise = tr(Sigma)/|G|^2 (McCandlish et al. 2018), the "
+        "batch past which more images per step stop paying, from each micro batch's gradient "
+        "against the step's; logged with the batch in force (train/noise_scale, history, "
+        "summary.json); needs two batch sizes: several ranks or accumulation (bool)",
+    )
+    noise_scale_every: int = setting(
+        4, "measure the gradient noise scale on every Nth optimizer step (steps)"
+    )
+    noise_scale_decay: float = setting(
+        0.95,
+        "the moving averages of B_noise's two estimates keep this much per measured step (fraction)",
+    )
     mlperf: bool = setting(
         False,
         "write RUN_DIR/mlperf.log: MLPerf Training :::MLLOG lines (ResNet rules, ruleset 4.0.0) "
@@ -520,7 +534,15 @@ def validate(cfg: TrainConfig, world_size: int, node_sizes: list[int] | None = N
     the rules are grouped by section below, and every broken one is reported at once.
     ``node_sizes``: the ranks of each node in rank order, where known (the node rules).
     """
-    sections = (_run_rules, _data_rules, _model_rules, _batch_rules, _optim_rules, _polish_rules)
+    sections = (
+        _run_rules,
+        _data_rules,
+        _model_rules,
+        _batch_rules,
+        _optim_rules,
+        _log_rules,
+        _polish_rules,
+    )
     problems = [msg for rules in sections for ok, msg in rules(cfg, world_size) if not ok]
     problems += [msg for ok, msg in _node_rules(cfg, node_sizes or []) if not ok]
     if len(problems) == 1:
@@ -765,6 +787,12 @@ def _batch_rules(cfg: TrainConfig, world_size: int) -> Rules:
             batch_plan(batch.global_size, batch.micro_per_rank, batch.ramp, world_size, cfg.epochs)
         except ConfigError as err:
             yield False, str(err)
+
+
+def _log_rules(cfg: TrainConfig, world_size: int) -> Rules:
+    decay, every = cfg.log.noise_scale_decay, cfg.log.noise_scale_every
+    yield 0 <= decay < 1, f"log.noise_scale_decay={decay}: must be in [0, 1)"
+    yield every >= 1, f"log.noise_scale_every={every}: must be >= 1"
 
 
 def _optim_rules(cfg: TrainConfig, world_size: int) -> Rules:

@@ -52,3 +52,15 @@ def backward_multiplier(engine) -> Callable[[], float] | None:
     if config is None or not config.use_grad_scaling:
         return None  # FP32, or a wrapper without FP16 loss scaling
     return lambda: config.cur_scale
+
+
+def scale_in_force(engine):
+    """The loss scale the current step's gradients carry, without a host sync: the GradScaler's
+    scale tensor (torch_autocast float16), the native fp16 engine's float, or 1.0."""
+    scaler = getattr(engine, "torch_autocast_z0_gradscaler", None)
+    if scaler is not None:
+        return scaler._scale if scaler._scale is not None else 1.0  # a device tensor
+    config = getattr(getattr(engine, "optimizer", None), "loss_scale_config", None)
+    if config is not None and config.use_grad_scaling:
+        return config.cur_scale
+    return 1.0
