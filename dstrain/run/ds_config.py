@@ -209,7 +209,9 @@ def locate(path: str | Path) -> Path:
 def read_json(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
-        where = "" if path.is_absolute() else f" here ({Path.cwd()}) or in {CHECKOUT}"
+        here = Path.cwd().resolve()
+        where = f" here ({here})" + ("" if here == CHECKOUT else f" or in {CHECKOUT}")
+        where = "" if path.is_absolute() else where
         raise ConfigError(
             f"--deepspeed_config {path}: no such file{where}. Shipped configs are in "
             f"{CHECKOUT / 'ds_configs'}/."
