@@ -406,8 +406,10 @@ def test_a_finished_run_is_read_not_retrained(tmp_path):
     run = tmp_path / "baseline-0"
     run.mkdir()
     hist = [{"epoch_time_s": 1.0, "val_top1": 0.5}, {"epoch_time_s": 1.0, "val_top1": 0.6}]
+    hist[1] |= {"train_loss": 0.9, "noise_scale": 140.0}  # measured from epoch 2 on
     summary = {
         "history": hist,
+        "noise_scale": {"noise_scale": 140.0, "noise_b_small": 64, "noise_b_big": 128},
         "final_top1": 0.6,
         "best_top1": 0.6,
         "epochs": 2,
@@ -420,6 +422,8 @@ def test_a_finished_run_is_read_not_retrained(tmp_path):
     (run / "meta.json").write_text(json.dumps({"git_sha": "abc1234"}))
     rec = study.run_record("baseline", 0, study.train("baseline", 0, args, run))
     assert rec["final_top1"] == 0.6 and rec["git_sha"] == "abc1234"
+    assert rec["noise_scale_per_epoch"] == [None, 140.0] and rec["train_loss_per_epoch"][1] == 0.9
+    assert rec["noise_scale"]["noise_b_big"] == 128
     assert "epochs=2" in rec["command"]
     # --finished-only: a report of what finished, naming the rest; nothing trains (seed 1 would)
     out = tmp_path / "out"

@@ -254,6 +254,11 @@ def run_record(row: str, seed: int, s: dict) -> dict:
         "time_to_92": time_to(hist, 0.92),
         "top1_per_epoch": [h.get("val_top1") for h in hist],
         "train_top1_per_epoch": [h.get("train_top1") for h in hist],
+        # the gradient noise scale at each epoch's end beside the loss it was measured at (runs
+        # with log.noise_scale and two batch sizes; None before it was measured)
+        "train_loss_per_epoch": [h.get("train_loss") for h in hist],
+        "noise_scale_per_epoch": [h.get("noise_scale") for h in hist],
+        **({"noise_scale": s["noise_scale"]} if "noise_scale" in s else {}),
         "command": s["command"],
         # what the JSON set when the run was reported: a later report compares by it (a derived
         # JSON under runs/ is gone in a new checkout, a shipped one may have changed)
