@@ -1482,6 +1482,48 @@ def test_a_report_across_commits_that_changed_dstrain_says_so_and_is_asked_for_b
     assert "dstrain/ changed between them" in (tmp_path / "out" / "n.md").read_text()
 
 
+def test_noise_read_predicts_each_runs_epochs_from_its_noise_scale(tmp_path):
+    """Issue 73, item 3: a run reaching the target at epoch e with B_noise b there predicts
+    (1 + B/b)/(1 + 128/b) times the reference row's epochs; the measured ratio beside it; a run
+    that measured nothing is refused by name."""
+    read = load("noise_read")
+    recipe = "--config fashion_mnist_fujitsu --deepspeed_config ds_configs/lars_fujitsu_fp32.json"
+
+    def run(row, batch, curve, noise):
+        cmd = f"python -m dstrain {recipe} epochs=4 seed=0 batch.global_size={batch}"
+        return {
+            "row": row,
+            "seed": 0,
+            "command": cmd,
+            "top1_per_epoch": curve,
+            "noise_scale_per_epoch": noise,
+            "train_loss_per_epoch": [2.0, 1.0, 0.5, 0.4],
+            "noise_scale": {"noise_scale": noise[-1]},
+        }
+
+    runs = [
+        run("b128", 128, [0.5, 0.91, 0.95, 0.95], [None, 100.0, 200.0, 300.0]),  # 2 epochs
+        run("b4096", 4096, [0.1, 0.5, 0.6, 0.92], [50.0, 100.0, 400.0, 1024.0]),  # 4
+    ]
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"grid": "study", "holdout": 6000, "runs": runs}))
+    out = tmp_path / "out"
+    argv = ["--reports", str(report), "--reference", "b128", "--out", str(out), "--name", "n"]
+    assert read.main(argv) == 0
+    rows = described(out / "n.json")["rows"]
+    big = next(r for r in rows if r["batch"] == 4096)
+    assert big["epochs_to_target"] == 4 and big["noise_scale_there"] == 1024.0
+    assert big["predicted_ratio"] == pytest.approx((1 + 4096 / 1024) / (1 + 128 / 1024))
+    assert big["measured_ratio"] == 2.0
+    assert (out / "n.png").stat().st_size > 0 and "| b4096 seed 0 | 4,096 | 4 |" in (
+        out / "n.md"
+    ).read_text()
+    runs[1].pop("noise_scale")
+    report.write_text(json.dumps({"grid": "study", "holdout": 6000, "runs": runs}))
+    with pytest.raises(SystemExit):
+        read.main(argv)
+
+
 def test_epochs_to_target_takes_each_batchs_best_lr(tmp_path):
     """Issue 52, item 3: per batch, the LR whose runs reach the level first (mean over seeds; a
     seed that never reaches it rules its LR out); ratios against batch 128 at its own best LR, or
@@ -1906,6 +1948,8 @@ TINY_RUNS: dict[str, Tiny | str] = {
     "results/harness/commit_ab.py": "test_commit_ab_trains_both_sides_and_identical_code_"
     "gives_identical_runs",
     "results/harness/epochs_tuned.py": "test_epochs_to_target_takes_each_batchs_best_lr",
+    "results/harness/noise_read.py": "test_noise_read_predicts_each_runs_epochs_from_its_noise_"
+    "scale",
     "results/harness/lars_tensors.py": Tiny(
         ("{tmp}/run", "--out", "{tmp}", "--name", "result"),
         lambda d: d["worst_step"] == 3
