@@ -32,7 +32,6 @@ B_noise are nearly free in epochs, batches well over it nearly free in steps.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -277,6 +276,7 @@ class GradientNoise(Hook):
                 float(state["weight"]),
                 int(state["steps"]),
             )
+            log.info("noise scale: its averages resumed from %s", saved)
         return False
 
     def summary(self, trainer: Any) -> dict:
@@ -291,7 +291,3 @@ class GradientNoise(Hook):
         for handle in self._handles:
             handle.remove()
         self._handles = []
-
-
-def describe(noise_scale: float | None) -> str:
-    return "n/a" if noise_scale is None or not math.isfinite(noise_scale) else f"{noise_scale:.0f}"
