@@ -327,6 +327,18 @@ CASES = [
         ["init.weights={headless_weights}", "init.strict=true"],
         "not in the file: fc.bias",
     ),
+    (
+        "batch",
+        "a batch that follows the noise without a cap",
+        ["batch.micro_per_rank=16", "batch.follow_noise=true"],
+        "batch.noise_cap=0: batch.follow_noise needs a cap above batch.global_size=32",
+    ),
+    (
+        "batch",
+        "a batch that follows a noise one rank cannot measure",
+        ["batch.follow_noise=true", "batch.noise_cap=64"],
+        "batch.follow_noise needs B_noise measured from the first batch: one rank and one micro",
+    ),
     ("run dir", "run_dir is a file", ["run_dir={a_file}"], "is a file"),
     (
         "run dir",

@@ -141,9 +141,12 @@ def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
 @pytest.mark.parametrize(
     "extra",
     [
-        # 2 micro batches a step: the gradient noise scale is measured, and resumed
+        # 2 micro batches a step: the gradient noise scale is measured, and the batch follows it
+        # (32 -> 64 after epoch 1: killed in epoch 2, steps 17-24), resumed
         pytest.param(
-            ["--deepspeed_config", "ds_configs/fp32.json", "batch.micro_per_rank=16"], id="sgd"
+            ["--deepspeed_config", "ds_configs/fp32.json", "batch.micro_per_rank=16"]
+            + ["batch.follow_noise=true", "batch.noise_cap=64"],
+            id="sgd",
         ),
         pytest.param(
             [
@@ -165,7 +168,8 @@ def test_single_process_bf16_lamb_run_logs_every_scalar(fake_fmnist, tmp_path):
 )
 @pytest.mark.oldest
 def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path, extra):
-    """Killed at step 21: in epoch 2 (sgd: steps 17-32; lars-ramp: batch 64 from epoch 2, steps 17-24)."""
+    """Killed at step 21: in epoch 2 (batch 64 from epoch 2, steps 17-24: sgd's following the
+    noise scale, lars-ramp's fixed)."""
     common = [*TINY, f"data.root={fake_fmnist}", "checkpoint.every_epochs=1", *extra]
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     assert run_cli(common + [f"run_dir={straight}"]).returncode == 0
@@ -184,9 +188,15 @@ def test_kill_and_resume_reaches_the_same_weights(fake_fmnist, tmp_path, extra):
     sa = json.loads((straight / "summary.json").read_text())
     sb = json.loads((broken / "summary.json").read_text())
     assert sa["final_top1"] == sb["final_top1"] and sb["steps"] == sa["steps"]
-    # the noise scale's moving averages continue from the checkpoint exactly
-    assert sa["noise_scale"] == sb["noise_scale"] and sa["noise_scale"]["steps_measured"] > 0
-    assert [h["noise_scale"] for h in sa["history"]] == [h["noise_scale"] for h in sb["history"]]
+    # the noise scale's moving averages, and the batch that follows them, continue exactly
+    assert sa["noise_scale"] == sb["noise_scale"]
+    assert [h.get("noise_scale") for h in sa["history"]] == [
+        h.get("noise_scale") for h in sb["history"]
+    ]
+    if "batch.follow_noise=true" in extra:
+        assert [h["global_batch"] for h in sb["history"]] == [32, 64, 64]
+        assert "batch.follow_noise: B_noise" in killed.stdout  # decided before the kill
+        assert "epoch 2: global batch -> 64" in resumed.stdout  # rebuilt from the train state
 
 
 def test_zero_stage_1_with_dstrains_sgd_trains_and_resumes_bit_for_bit(fake_fmnist, tmp_path):

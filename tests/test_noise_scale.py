@@ -159,3 +159,74 @@ def test_the_loss_scale_in_force_is_read_without_a_host_sync():
     native = SimpleNamespace(optimizer=SimpleNamespace(loss_scale_config=config))
     assert scale_in_force(native) == 65536.0
     assert scale_in_force(SimpleNamespace(optimizer=object())) == 1.0  # FP32, BF16
+
+
+# ---------------------------------------------------------------- batch.follow_noise
+def test_the_batch_grows_in_whole_micro_batches_up_to_the_cap():
+    from dstrain.settings.ramp import BatchStage, grown
+
+    stage = BatchStage(0, 32, 16, 2)
+    assert grown(stage, 2.0, 1024, 1) == 64 and grown(stage, 1.5, 1024, 1) == 48
+    assert grown(stage, 2.0, 40, 1) is None  # 40 holds no larger whole batch of 16
+    assert grown(BatchStage(0, 64, 16, 2), 1.5, 1024, 2) == 96  # 3 x (16 x 2 ranks)
+    assert grown(BatchStage(0, 64, 16, 2), 1.25, 1024, 2) is None  # 80 -> 64: units of 32
+    assert grown(BatchStage(0, 64, 16, 2), 2.0, 1024, 2) == 128
+    # the LR moves from the old batch's to the new one's over the rewarm epochs
+    ramp = BatchStage(2, 64, 16, 4, lr_from=32, lr_ramp_epochs=1.0)
+    assert [ramp.lr_batch(t) for t in (2.0, 2.5, 3.0, 7.0)] == [32, 48, 64, 64]
+    assert BatchStage(2, 64, 16, 4).lr_batch(2.0) == 64
+
+
+def ramp_trainer(noise_scale: float, epochs: int = 5, switches=()):
+    from types import SimpleNamespace
+
+    from dstrain.settings.ramp import BatchStage
+    from dstrain.techniques.noise_scale import NoiseRamp
+
+    noise = GradientNoise([], 0.9, torch.device("cpu"))
+    noise.averages = Averages(grad_sq=1.0, trace=noise_scale, weight=1.0, steps=4)
+    state = SimpleNamespace(batch_switches=[list(s) for s in switches])
+    trainer = SimpleNamespace(
+        cfg=SimpleNamespace(epochs=epochs), stages=[BatchStage(0, 32, 16, 2)], state=state
+    )
+    return trainer, NoiseRamp(noise, 2.0, 128, 0.5)
+
+
+def test_the_batch_follows_the_noise_scale_and_a_resume_rebuilds_it():
+    trainer, ramp = ramp_trainer(noise_scale=40.0)
+    ramp.epoch_end(trainer, 0, {})  # B_noise 40 >= 32: 64 from epoch 2 (0-based 1)
+    ramp.epoch_end(trainer, 1, {})  # 40 < 64: stays
+    assert trainer.state.batch_switches == [[1, 64, 40.0]]
+    last = trainer.stages[-1]
+    assert (last.epoch, last.global_size, last.accumulation) == (1, 64, 4)
+    assert (last.lr_from, last.lr_ramp_epochs) == (32, 0.5)
+    trainer.stages[-1:] = []
+    ramp.noise.averages.trace = 1000.0
+    ramp.epoch_end(trainer, 4, {})  # the last epoch: nothing after it to switch
+    assert trainer.state.batch_switches == [[1, 64, 40.0]]
+    resumed, again = ramp_trainer(noise_scale=40.0, switches=[[1, 64, 40.0], [3, 128, 200.0]])
+    again.fit_start(resumed)
+    assert [(s.epoch, s.global_size, s.lr_from) for s in resumed.stages] == [
+        (0, 32, 0),
+        (1, 64, 32),
+        (3, 128, 64),
+    ]
+
+
+def test_a_resume_keeps_following_the_noise_on_ranks_that_divide_its_batches():
+    from dstrain.core.errors import ConfigError
+    from dstrain.run.compat import check_batch_switches
+    from dstrain.settings.config import load_config
+
+    switches = [[1, 64, 40.0]]
+    on = load_config(
+        None,
+        ["batch.global_size=32", "batch.micro_per_rank=16", "batch.follow_noise=true"]
+        + ["batch.noise_cap=128"],
+    )
+    check_batch_switches(on, 1, switches)
+    check_batch_switches(on, 2, switches)  # 64 = 2 x 16 x 2
+    with pytest.raises(ConfigError, match="resume it with batch.follow_noise=true"):
+        check_batch_switches(load_config(None, ["batch.micro_per_rank=16"]), 1, switches)
+    with pytest.raises(ConfigError, match="not whole micro batches of 16 on 2 ranks"):
+        check_batch_switches(on, 2, [[1, 48, 50.0]])

@@ -63,6 +63,8 @@ class TrainState:
     epoch_step: int = 0  # optimizer steps done in the unfinished epoch (a stop part-way through it)
     epoch_sums: list = field(default_factory=list)  # its (loss*n, top1, top5, n) over all ranks
     epoch_elapsed_s: float = 0.0  # and its wall time so far
+    # batch.follow_noise's switches: [epoch it starts, global batch, the B_noise that passed it]
+    batch_switches: list = field(default_factory=list)
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps (its client_state and trainer_state.json): plain JSON values."""
@@ -260,7 +262,8 @@ class Trainer:
         started = time.perf_counter()
         for i, (x, y) in enumerate(self.marked(loader, "data"), first * accumulation):
             if i % accumulation == 0:
-                lr = self.set_lr(epoch + (i // accumulation + 1) / steps, stage.global_size)
+                progress = epoch + (i // accumulation + 1) / steps
+                lr = self.set_lr(progress, stage.lr_batch(progress))
                 if self.noise is not None:
                     self.noise.begin_step(state.step + 1)
             boundary = (i + 1) % accumulation == 0
@@ -311,8 +314,9 @@ class Trainer:
             augment=augment,
         )
 
-    def set_lr(self, progress: float, global_batch: int) -> float:
-        """Set the LR (and, with optim.wd_follows_lr, the weight decay) of the step ending at ``progress``."""
+    def set_lr(self, progress: float, global_batch: float) -> float:
+        """Set the LR (and, with optim.wd_follows_lr, the weight decay) of the step ending at
+        ``progress``, as the scaling rule gives it for ``global_batch``."""
         lr, wd_factor = self.schedule.at(progress, global_batch)
         apply_schedule(self.optimizer, lr, wd_factor, self.schedule.peak(global_batch))
         return lr

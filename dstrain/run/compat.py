@@ -25,7 +25,7 @@ from dstrain.loop.trainer import refuse_newer_state
 from dstrain.run.ds_config import DeepSpeedSpec
 from dstrain.run.rundir import MODEL_KEYS, check_same_model
 from dstrain.settings.config import TrainConfig
-from dstrain.settings.ramp import global_size_at
+from dstrain.settings.ramp import batch_arithmetic, global_size_at
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,7 @@ def check(run_dir: Path, cfg: TrainConfig, spec: DeepSpeedSpec, world: int, stat
     # a newer dstrain's train state: the very check the run's resume makes, found before anything
     # is built or written (and by --check)
     refuse_newer_state(state)
+    check_batch_switches(cfg, world, state.get("batch_switches") or [])
     saved = saved_fingerprint(run_dir)
     if saved is None:
         log.warning(
@@ -143,3 +144,25 @@ def check(run_dir: Path, cfg: TrainConfig, spec: DeepSpeedSpec, world: int, stat
             "Resume with the settings it was started with (its config.yaml and meta.json), or start a "
             "new run_dir (docs/faults.md lists what may change on resume)"
         )
+
+
+def check_batch_switches(cfg: TrainConfig, world: int, switches: list) -> None:
+    """batch.follow_noise's switches so far (the train state's): the resume rebuilds them
+    (dstrain/techniques/noise_scale.py: NoiseRamp), so it must follow the noise too, and each
+    switched batch must be whole micro batches on this world's ranks."""
+    if not switches:
+        return
+    done = ", ".join(f"{size} from epoch {epoch + 1}" for epoch, size, *_ in switches)
+    if not cfg.batch.follow_noise:
+        raise ConfigError(
+            f"the run's batch followed the noise scale ({done}); resume it with "
+            "batch.follow_noise=true"
+        )
+    micro, _ = batch_arithmetic(cfg.batch.global_size, cfg.batch.micro_per_rank, world)
+    for epoch, size, *_ in switches:
+        if size % (micro * world):
+            raise ConfigError(
+                f"batch.follow_noise: the run switched to global batch {size} at epoch "
+                f"{epoch + 1}, not whole micro batches of {micro} on {world} ranks; resume on a "
+                "world size that divides it"
+            )

@@ -41,7 +41,7 @@ from dstrain.run import compat, rundir
 from dstrain.run.components import check_precision
 from dstrain.run.plan import Plan
 from dstrain.settings.config import TrainConfig, polish_batch
-from dstrain.settings.ramp import batch_at
+from dstrain.settings.ramp import batch_at, grown
 from dstrain.techniques import noise_scale, warm_start
 from dstrain.techniques.models import model_from_config
 from dstrain.techniques.optim import build_optimizer
@@ -113,6 +113,7 @@ def check(plan: Plan, device: torch.device, draw_seed: bool = True) -> Start:
     if cfg.init.weights and not tag:  # a resume continues its checkpoint instead
         found = warm_start.load(model, cfg.init.weights, cfg.model.name, cfg.init.strict)
         warm = warm_start.describe(found, cfg.init.weights)
+    check_noise_ramp(plan)
     images = count_images(cfg.data, cfg.model.num_classes)
     check_images(plan, images.n_train)
     check_polish_set(plan, images.n_train)
@@ -149,6 +150,25 @@ def check_creatable(path: Path) -> None:
     raise ConfigError(
         f"run_dir={str(path)!r}: not writable ({reason}) in {parent}; choose another run_dir"
     )
+
+
+def check_noise_ramp(plan: Plan) -> None:
+    """batch.follow_noise: the noise scale measured from the first batch on, and a larger batch of
+    whole micro batches under the cap."""
+    cfg, spec, first = plan.cfg, plan.spec, plan.stages[0]
+    if not cfg.batch.follow_noise:
+        return
+    lossy = spec.comm is not None and spec.comm.config.compression != "none"
+    why = noise_scale.unsupported(spec.engine) or noise_scale.unmeasurable(
+        plan.world, first.accumulation, lossy
+    )
+    if why:
+        raise ConfigError(f"batch.follow_noise needs B_noise measured from the first batch: {why}")
+    if grown(first, cfg.batch.noise_factor, cfg.batch.noise_cap, plan.world) is None:
+        raise ConfigError(
+            f"batch.noise_cap={cfg.batch.noise_cap}: no larger batch of whole micro batches "
+            f"({first.micro} x {plan.world} ranks) fits under it; raise it"
+        )
 
 
 def check_images(plan: Plan, n_train: int) -> None:
@@ -211,8 +231,20 @@ def stage_lines(plan: Plan, n_train: int, schedule: LRSchedule) -> list[str]:
         f"{n_train // stage.global_size} steps/epoch, peak lr {schedule.peak(stage.global_size):.4g}"
         for stage in plan.stages
     ]
+    batch = cfg.batch
+    if batch.follow_noise:
+        rewarm = (
+            f", the LR moving to the new batch's over {batch.noise_rewarm_epochs:g} epochs"
+            if batch.noise_rewarm_epochs
+            else ""
+        )
+        lines.append(
+            f"then x{batch.noise_factor:g} at an epoch's end where B_noise has passed the batch, "
+            f"up to {batch.noise_cap} (batch.follow_noise){rewarm}"
+        )
+    most = "at most " if batch.follow_noise else ""
     return lines + [
-        f"{steps} optimizer steps; warmup {cfg.optim.warmup_epochs:g} epochs "
+        f"{most}{steps} optimizer steps; warmup {cfg.optim.warmup_epochs:g} epochs "
         f"({cfg.optim.warmup}), decay {cfg.optim.decay}"
     ]
 

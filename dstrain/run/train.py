@@ -31,7 +31,7 @@ from dstrain.techniques import comm, noise_scale, warm_start
 from dstrain.techniques.ema import EMAHook, WeightEMA
 from dstrain.techniques.lars import LARS, LARSLog
 from dstrain.techniques.models import compile_engine, keep_batchnorm_fp32
-from dstrain.techniques.noise_scale import GradientNoise
+from dstrain.techniques.noise_scale import GradientNoise, NoiseRamp
 from dstrain.techniques.optim import build_optimizer, steps_suppressed
 
 log = logging.getLogger(__name__)
@@ -209,6 +209,11 @@ def loop_hooks(
         hooks.append(LARSLog(tensors=cfg.log.lars_tensors))
     if noise is not None:
         hooks.append(noise)
+        if cfg.batch.follow_noise:  # after the measurement: it decides on its averages
+            batch = cfg.batch
+            hooks.append(
+                NoiseRamp(noise, batch.noise_factor, batch.noise_cap, batch.noise_rewarm_epochs)
+            )
     return Hooks(hooks)
 
 

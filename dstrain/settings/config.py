@@ -173,6 +173,24 @@ class BatchConfig:
         [],
         "batch-size ramp: later [epoch, global_size] switches, e.g. [[5, 4096]] (epochs, images)",
     )
+    follow_noise: bool = setting(
+        False,
+        "a batch ramp that follows the gradient noise scale: at an epoch's end where the measured "
+        "B_noise (log.noise_scale) has passed the global batch, the batch grows by "
+        "batch.noise_factor up to batch.noise_cap from the next epoch, the LR following the "
+        "scaling rule (bool)",
+    )
+    noise_factor: float = setting(
+        2.0,
+        "batch.follow_noise: the growth at a switch, rounded down to whole micro batches on "
+        "every rank (factor)",
+    )
+    noise_cap: int = setting(0, "batch.follow_noise: the largest global batch (images)")
+    noise_rewarm_epochs: float = setting(
+        0.0,
+        "batch.follow_noise: after a switch the LR moves from the old batch's to the new one's "
+        "over this many epochs; 0 = at the switch (epochs)",
+    )
 
 
 @dataclass
@@ -782,6 +800,31 @@ def _batch_rules(cfg: TrainConfig, world_size: int) -> Rules:
         f"batch.micro_per_rank={batch.micro_per_rank}: must be >= 0 (0 = global/world)",
     )
     yield batch.eval_per_rank >= 1, f"batch.eval_per_rank={batch.eval_per_rank}: must be >= 1"
+    if batch.follow_noise:
+        yield (
+            not batch.ramp,
+            "batch.follow_noise and batch.ramp: one ramp at a time (the fixed one, or the one "
+            "that follows the noise scale); drop one",
+        )
+        yield (
+            cfg.log.noise_scale,
+            "batch.follow_noise needs the noise scale measured: set log.noise_scale=true",
+        )
+        yield (
+            batch.noise_cap > batch.global_size,
+            f"batch.noise_cap={batch.noise_cap}: batch.follow_noise needs a cap above "
+            f"batch.global_size={batch.global_size}",
+        )
+        yield batch.noise_factor > 1, f"batch.noise_factor={batch.noise_factor}: must be > 1"
+        yield (
+            batch.noise_rewarm_epochs >= 0,
+            f"batch.noise_rewarm_epochs={batch.noise_rewarm_epochs}: must be >= 0",
+        )
+        yield (
+            not (cfg.log.mlperf and cfg.log.mlperf_division == "closed"),
+            "batch.follow_noise with log.mlperf_division=closed: MLPerf's closed division fixes "
+            "the batch schedule before the run; use the open division",
+        )
     if batch.global_size >= 1 and batch.micro_per_rank >= 0:
         try:  # the ramp's own rules (dstrain/settings/ramp.py), with this world size
             batch_plan(batch.global_size, batch.micro_per_rank, batch.ramp, world_size, cfg.epochs)

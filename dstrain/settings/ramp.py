@@ -27,6 +27,17 @@ class BatchStage:
     global_size: int  # images per optimizer step over all ranks
     micro: int  # images per forward on one rank
     accumulation: int  # micro batches per optimizer step
+    # batch.noise_rewarm_epochs: the LR moves from that of batch ``lr_from`` to this stage's over
+    # ``lr_ramp_epochs`` epochs from the stage's start (0: at once)
+    lr_from: int = 0
+    lr_ramp_epochs: float = 0.0
+
+    def lr_batch(self, progress: float) -> float:
+        """The batch whose LR (the scaling rule's) the step ending at ``progress`` (epochs) takes."""
+        if not self.lr_ramp_epochs or progress >= self.epoch + self.lr_ramp_epochs:
+            return self.global_size
+        done = max(0.0, progress - self.epoch) / self.lr_ramp_epochs
+        return self.lr_from + (self.global_size - self.lr_from) * done
 
 
 def batch_arithmetic(global_size: int, micro_per_rank: int, world_size: int) -> tuple[int, int]:
@@ -105,3 +116,11 @@ def global_size_at(epoch: int, global_size: int, ramp) -> int:
         BatchStage(int(e), int(b), 1, 1) for e, b in sorted(map(tuple, ramp or [])) if e > 0
     ]
     return batch_at(epoch, [BatchStage(0, global_size, 1, 1), *switches]).global_size
+
+
+def grown(stage: BatchStage, factor: float, cap: int, world: int) -> int | None:
+    """batch.follow_noise: the global batch after ``stage``'s at a switch, ``factor`` times it
+    rounded down to whole micro batches on every rank and at most ``cap``; None when it cannot grow."""
+    unit = stage.micro * world
+    size = min(int(stage.global_size * factor), cap) // unit * unit
+    return size if size > stage.global_size else None

@@ -41,6 +41,7 @@ import torch
 from dstrain.core import dist
 from dstrain.core.hooks import Hook
 from dstrain.core.safe_load import load_data
+from dstrain.settings.ramp import BatchStage, batch_at, grown
 
 log = logging.getLogger(__name__)
 
@@ -291,3 +292,53 @@ class GradientNoise(Hook):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+class NoiseRamp(Hook):
+    """``batch.follow_noise``: a batch-size ramp decided while training. At the end of each epoch
+    but the last, where the averages measured B_noise at or above the global batch in force, the
+    next epoch's batch is ``factor`` times it (whole micro batches on every rank, at most ``cap``;
+    :func:`dstrain.settings.ramp.grown`), the LR following the scaling rule at the new batch, over
+    ``rewarm_epochs`` from the old batch's LR. Every rank decides alike (the averages come from one
+    all-reduce); each switch is logged and kept in the train state (``batch_switches``), so a resume
+    rebuilds the stages and continues the ramp exactly. Goes after :class:`GradientNoise` in the
+    hooks (its epoch's last window is in the averages when this one decides)."""
+
+    def __init__(self, noise: GradientNoise, factor: float, cap: int, rewarm_epochs: float):
+        self.noise, self.factor, self.cap, self.rewarm = noise, factor, cap, rewarm_epochs
+
+    def stage_for(self, epoch: int, size: int, before: BatchStage, world: int) -> BatchStage:
+        unit = before.micro * world
+        return BatchStage(epoch, size, before.micro, size // unit, before.global_size, self.rewarm)
+
+    def fit_start(self, trainer: Any) -> bool:
+        """Resumed: the stages the run switched to before, from its train state."""
+        world = dist.world_size()  # each switch divides it (start-up's compat.check_batch_switches)
+        for epoch, size, *_ in trainer.state.batch_switches:
+            before = batch_at(epoch - 1, trainer.stages)
+            trainer.stages.append(self.stage_for(epoch, size, before, world))
+        return False
+
+    def epoch_end(self, trainer: Any, epoch: int, metrics: dict) -> None:
+        if epoch + 1 >= trainer.cfg.epochs:
+            return
+        noise = self.noise.averages.noise_scale()
+        stage = batch_at(epoch, trainer.stages)
+        if noise is None or noise < stage.global_size:
+            return
+        world = dist.world_size()
+        size = grown(stage, self.factor, self.cap, world)
+        if size is None:
+            return
+        trainer.stages.append(self.stage_for(epoch + 1, size, stage, world))
+        trainer.state.batch_switches.append([epoch + 1, size, noise])
+        log.info(
+            "batch.follow_noise: B_noise %.0f passed the global batch %d after epoch %d: %d "
+            "from epoch %d%s",
+            noise,
+            stage.global_size,
+            epoch + 1,
+            size,
+            epoch + 2,
+            f" (the LR moving to its over {self.rewarm:g} epochs)" if self.rewarm else "",
+        )
