@@ -239,6 +239,11 @@ class DeepSpeedSpec:
     comm: comm.CommSpec | None  # the "dstrain_communication" block, or None: DeepSpeed's all-reduce
     precision: str  # fp32 | fp16 | bf16 | autocast-<dtype>
 
+    @property
+    def lossy_comm(self) -> bool:
+        """Whether the gradient sync compresses (sign, PowerSGD): its average is not the gradient's."""
+        return self.comm is not None and self.comm.config.compression != "none"
+
     def engine_config(self, micro: int, accumulation: int, world: int) -> dict:
         """The dict handed to deepspeed.initialize: the user's JSON plus the trainer-owned batch keys."""
         out = copy.deepcopy(self.engine)

@@ -29,14 +29,11 @@ from pathlib import Path
 import torch
 
 from dstrain.core import dist
-from dstrain.core.errors import ConfigError, RunStopped
+from dstrain.core.errors import ConfigError
 from dstrain.core.files import atomic_write_text
-from dstrain.core.logs import setup_logging
 from dstrain.loop.evaluate import evaluate
 from dstrain.run import ds_config, finished
 from dstrain.run.components import build_components
-from dstrain.run.launch import adopt_mpi_env
-from dstrain.run.outcome import ending_of
 from dstrain.settings.config import TrainConfig, load_config
 from dstrain.settings.ramp import BatchStage
 
@@ -62,13 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--tag", default="", help="checkpoint tag (default: the newest intact one)")
     p.add_argument("--out", default="", help="also write the result (JSON) to this file")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="config overrides, e.g. data.root=DIR or init.weights=FILE",
-    )
+    finished.command_args(p, "config overrides, e.g. data.root=DIR or init.weights=FILE")
     return p.parse_intermixed_args(argv)
 
 
@@ -140,18 +131,10 @@ def evaluate_weights(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    adopt_mpi_env()  # ranks started by mpirun: RANK before the log reads it
-    setup_logging(sys.stderr)  # stdout is the result
-    dist.quiet_deepspeed()
-    try:
-        result = evaluate_weights(args)
-    except (ConfigError, RunStopped) as err:
-        ending = ending_of(err)
-        sys.stderr.write(f"dstrain.evaluate: error: {ending.message}\n")  # one write: whole line
-        sys.stderr.flush()
-        return ending.exit_code
-    finally:
-        dist.shutdown()  # the group left before exit: gloo's teardown at exit can abort
+    # the log to stderr: stdout is the result
+    code, result = finished.run_command("evaluate", lambda: evaluate_weights(args), sys.stderr)
+    if code:
+        return code
     if dist.is_main():
         text = json.dumps(result, indent=2) + "\n"
         if args.out:

@@ -1,14 +1,18 @@
 """A finished run, as the commands that work on one see it (``python -m dstrain.polish``,
 ``.evaluate``, ``.export``): its config, the checkpoint ``resume=auto`` would choose, the file
 holding the weights asked for, those weights loaded as data into the model its config describes,
-and the process group its evaluation joins. One place, so the three commands choose and refuse
+the process group its evaluation joins, and the commands' arguments and frame (a
+rank's log, one error line, the group left before exit). One place, so the three commands choose and refuse
 alike.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -16,9 +20,12 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from dstrain.core import dist
-from dstrain.core.errors import ConfigError
+from dstrain.core.errors import ConfigError, RunStopped
+from dstrain.core.logs import setup_logging
 from dstrain.loop import checkpoint
 from dstrain.run import ds_config, rundir
+from dstrain.run.launch import adopt_mpi_env
+from dstrain.run.outcome import ending_of
 from dstrain.settings.config import TrainConfig, load_config, validate
 from dstrain.techniques.bn_refit import POLISHED_DIR
 from dstrain.techniques.ema import EMA_FILE
@@ -146,3 +153,30 @@ def autocast(model: nn.Module, precision: str, device: torch.device) -> Autocast
         input_dtype(precision) if device.type == "cuda" or precision == "bf16" else torch.float32
     )
     return Autocast(model, dtype, device.type)
+
+
+# ---------------------------------------------------------------- the commands' frame
+def command_args(p: argparse.ArgumentParser, overrides_help: str) -> None:
+    """What a command on a finished run takes beside its own options: the launcher's
+    ``--local_rank`` and ``key=value`` config overrides."""
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help=overrides_help)
+
+
+def run_command(name: str, work: Callable[[], dict], log_stream=None) -> tuple[int, dict | None]:
+    """``python -m dstrain.<name>``'s frame on every rank: the launcher's or mpirun's rank, the log
+    (to ``log_stream``, default stdout), ``work()``; how it ended as a run's ending is (one
+    ``dstrain.<name>: error:`` line, the run's exit statuses), the process group left before exit
+    (gloo's teardown at exit can abort). (exit status, work's result or None)."""
+    adopt_mpi_env()  # ranks started by mpirun: RANK before the log reads it
+    setup_logging(log_stream)
+    dist.quiet_deepspeed()
+    try:
+        return 0, work()
+    except (ConfigError, RunStopped) as err:
+        ending = ending_of(err)
+        sys.stderr.write(f"dstrain.{name}: error: {ending.message}\n")  # one write: whole line
+        sys.stderr.flush()
+        return ending.exit_code, None
+    finally:
+        dist.shutdown()

@@ -23,14 +23,11 @@ from pathlib import Path
 import torch
 
 from dstrain.core import dist
-from dstrain.core.errors import ConfigError, RunStopped
-from dstrain.core.logs import setup_logging
+from dstrain.core.errors import ConfigError
 from dstrain.loop import checkpoint
 from dstrain.loop.evaluate import evaluate
 from dstrain.run import finished
 from dstrain.run.components import build_components
-from dstrain.run.launch import adopt_mpi_env
-from dstrain.run.outcome import ending_of
 from dstrain.settings.config import PolishConfig, polish_batch
 from dstrain.settings.ramp import batch_plan
 from dstrain.techniques.bn_refit import POLISHED_DIR, polish_model, save_polished, summarize
@@ -65,32 +62,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--force", action="store_true", help="replace an existing RUN_DIR/polished/ (polished_ema/)"
     )
-    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="trainer config overrides, e.g. data.root=DIR",
-    )
+    finished.command_args(p, "trainer config overrides, e.g. data.root=DIR")
     return p.parse_intermixed_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    adopt_mpi_env()  # ranks started by mpirun: RANK before the log reads it
-    setup_logging()
-    dist.quiet_deepspeed()
-    try:
-        result = polish_run_dir(args)
-    except (ConfigError, RunStopped) as err:  # how it ended: the same states and statuses as a run
-        ending = ending_of(err)
-        sys.stderr.write(
-            f"dstrain.polish: error: {ending.message}\n"
-        )  # one write: lines stay whole
-        sys.stderr.flush()
-        return ending.exit_code
-    finally:
-        dist.shutdown()  # the group left before exit: gloo's teardown at exit can abort
+    code, result = finished.run_command("polish", lambda: polish_run_dir(args))
+    if code:
+        return code
     if dist.is_main():
         print(json.dumps(result, indent=2))
     return 0

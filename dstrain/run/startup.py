@@ -62,6 +62,8 @@ class Start:
     )
     skipped: tuple[tuple[str, str], ...] = ()  # newer checkpoints passed over as damaged, with why
     warm_start: str = ""  # init.weights for a fresh start: what of the file fits, in words
+    # and its tensors that fit, read once here (as images' counts are), loaded by the build
+    init_tensors: dict | None = None
 
 
 @contextlib.contextmanager
@@ -109,15 +111,16 @@ def check(plan: Plan, device: torch.device, draw_seed: bool = True) -> Start:
         short = rundir.disk_shortfall(run_dir, size)
         if short:
             raise ConfigError(short)
-    warm = ""
+    warm, tensors = "", None
     if cfg.init.weights and not tag:  # a resume continues its checkpoint instead
-        found = warm_start.load(model, cfg.init.weights, cfg.model.name, cfg.init.strict)
-        warm = warm_start.describe(found, cfg.init.weights)
+        init = cfg.init
+        tensors, found = warm_start.fitting(model, init.weights, cfg.model.name, init.strict)
+        warm = warm_start.describe(found, init.weights)
     check_noise_ramp(plan)
     images = count_images(cfg.data, cfg.model.num_classes)
     check_images(plan, images.n_train)
     check_polish_set(plan, images.n_train)
-    return Start(run_dir, tag, images, use, tuple(skipped), warm)
+    return Start(run_dir, tag, images, use, tuple(skipped), warm, tensors)
 
 
 def resume_tag(plan: Plan, run_dir: Path) -> tuple[str | None, list[tuple[str, str]]]:
@@ -158,9 +161,8 @@ def check_noise_ramp(plan: Plan) -> None:
     cfg, spec, first = plan.cfg, plan.spec, plan.stages[0]
     if not cfg.batch.follow_noise:
         return
-    lossy = spec.comm is not None and spec.comm.config.compression != "none"
     why = noise_scale.unsupported(spec.engine) or noise_scale.unmeasurable(
-        plan.world, first.accumulation, lossy
+        plan.world, first.accumulation, spec.lossy_comm
     )
     if why:
         raise ConfigError(f"batch.follow_noise needs B_noise measured from the first batch: {why}")
@@ -290,9 +292,13 @@ def plan_lines(plan: Plan, start: Start, job: str) -> list[str]:
 def noise_line(plan: Plan) -> str:
     """log.noise_scale: whether and how the run measures the gradient noise scale."""
     spec, log_ = plan.spec, plan.cfg.log
-    lossy = spec.comm is not None and spec.comm.config.compression != "none"
     return noise_scale.plan_line(
-        log_.noise_scale, log_.noise_scale_every, spec.engine, lossy, plan.stages, plan.world
+        log_.noise_scale,
+        log_.noise_scale_every,
+        spec.engine,
+        spec.lossy_comm,
+        plan.stages,
+        plan.world,
     )
 
 

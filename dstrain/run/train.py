@@ -87,7 +87,8 @@ def build_trainer(
         set_cudnn(cfg.deterministic)
     first = plan.stages[0]
     parts = build_components(cfg, spec.precision, first, device, start.images, source=spec.path)
-    warm_start_from(cfg, parts.model, start.resume_tag)
+    if start.init_tensors:  # init.weights, read and fitted by the start-up checks (a fresh run)
+        warm_start.apply(parts.model, start.init_tensors)
     # the EMA's FP32 copy is taken before DeepSpeed casts or compiles the model
     ema = weight_ema(cfg, parts.model, device)
     engine_cfg = spec.engine_config(first.micro, first.accumulation, plan.world)
@@ -139,14 +140,6 @@ def build_trainer(
     return trainer
 
 
-def warm_start_from(cfg: TrainConfig, model: torch.nn.Module, resume_tag: str | None) -> None:
-    """init.weights: a fresh run's weights from the file (checked at start-up, startup.check; the
-    plan's init line says what of it fits), before the EMA's copy and DeepSpeed's cast; a
-    resume's checkpoint wins."""
-    if cfg.init.weights and not resume_tag:
-        warm_start.load(model, cfg.init.weights, cfg.model.name, cfg.init.strict)
-
-
 def resolved(cfg: TrainConfig) -> dict:
     """The config as the run resolved it (what config.yaml holds), for the trackers."""
     from omegaconf import OmegaConf
@@ -182,11 +175,14 @@ def gradient_noise(plan: Plan, engine, device: torch.device) -> GradientNoise | 
     if why := noise_scale.unsupported(plan.spec.engine):
         log.warning("log.noise_scale: not measured: %s", why)
         return None
-    lossy = plan.spec.comm is not None and plan.spec.comm.config.compression != "none"
     params = engine.module.parameters()
     log_ = cfg.log
     return GradientNoise(
-        params, log_.noise_scale_decay, device, log_.noise_scale_every, local_big=lossy
+        params,
+        log_.noise_scale_decay,
+        device,
+        log_.noise_scale_every,
+        local_big=plan.spec.lossy_comm,
     )
 
 

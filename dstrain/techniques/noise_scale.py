@@ -73,6 +73,11 @@ def norm_dtype(grad: torch.Tensor) -> torch.dtype:
     return torch.float64 if grad.dtype == torch.float64 else torch.float32
 
 
+def batch_sizes(micro: int, accumulation: int, world: int, local_big: bool) -> tuple[int, int]:
+    """(B_small, B_big): the micro batch, and the global batch (or, ``local_big``, one rank's)."""
+    return micro, micro * accumulation * (1 if local_big else world)
+
+
 def unsupported(engine_cfg: dict) -> str:
     """Why a DeepSpeed config keeps the gradients where this measurement cannot read them ('' if
     it does not)."""
@@ -102,7 +107,7 @@ def plan_line(on: bool, every: int, engine_cfg: dict, lossy: bool, stages: list,
         if why := unmeasurable(world, stage.accumulation, lossy):
             parts.append(f"{where}not measured: {why}")
             continue
-        big = stage.micro * stage.accumulation * (1 if lossy else world)
+        _, big = batch_sizes(stage.micro, stage.accumulation, world, lossy)
         whose = "each rank's gradient before the lossy sync" if lossy else "the global batch"
         parts.append(f"{where}B_small {stage.micro} (a micro batch) vs B_big {big} ({whose})")
     return (
@@ -149,14 +154,14 @@ class GradientNoise(Hook):
         self.params = [p for p in params if p.requires_grad]
         self.decay, self.local_big, self.device = decay, local_big, device
         self.every_steps = every_steps
-        self.measurable = False  # this stage has two batch sizes
         self.averages = Averages()
         self._norms: list[torch.Tensor] = []  # this micro batch's per-parameter norms (FP32)
         self._small = torch.zeros((), dtype=torch.float64, device=device)  # this step's sum
         self._micro = 0
         # the window's sums over measured steps: mean |G_small|², |G_big|², steps
         self._window = torch.zeros(3, dtype=torch.float64, device=device)
-        self._sizes: tuple[int, int] | None = None  # (B_small, B_big) of the window
+        # (B_small, B_big) of the stage in force, None where it has one batch size only
+        self._sizes: tuple[int, int] | None = None
         self.last: dict = {}
         self.active = False  # this step is measured
         self._handles: list = []
@@ -172,11 +177,15 @@ class GradientNoise(Hook):
         if self.active:
             self._norms.append(torch.linalg.vector_norm(grad, dtype=norm_dtype(grad)))
 
+    @property
+    def measurable(self) -> bool:
+        """The stage in force has two batch sizes."""
+        return self._sizes is not None
+
     def stage(self, micro: int, accumulation: int, world: int) -> None:
         """A batch-size stage begins: whether it can measure, and its two batch sizes."""
-        self.measurable = not unmeasurable(world, accumulation, self.local_big)
-        big = micro * accumulation * (1 if self.local_big else world)
-        self._sizes = (micro, big) if self.measurable else None
+        sizes = batch_sizes(micro, accumulation, world, self.local_big)
+        self._sizes = None if unmeasurable(world, accumulation, self.local_big) else sizes
 
     def begin_step(self, step: int) -> None:
         """Optimizer step ``step`` (1-based, global) begins: measured every ``every_steps``-th, the
@@ -249,7 +258,7 @@ class GradientNoise(Hook):
         }
 
     def epoch_values(self, trainer: Any, epoch: int) -> dict:
-        return {k: v for k, v in self.last.items() if k in ("noise_scale",)}
+        return {"noise_scale": self.last["noise_scale"]} if self.last else {}
 
     def checkpoint_files(self, trainer: Any) -> dict:
         """The averages, once something was measured (before that a resume starts them anew)."""

@@ -136,14 +136,27 @@ def check_fit(found: Fit, source: str, model_name: str, strict: bool) -> None:
         )
 
 
-def load(model: nn.Module, source: str | Path, model_name: str, strict: bool = False) -> Fit:
-    """Read ``source`` as data and load what fits into ``model`` (each tensor cast to the model's
-    dtype); refused as :func:`check_fit` says."""
+def fitting(
+    model: nn.Module, source: str | Path, model_name: str, strict: bool = False
+) -> tuple[dict[str, torch.Tensor], Fit]:
+    """Read ``source`` as data: the tensors of it that fit ``model`` (each cast to the model's
+    dtype), for :func:`apply`, and how it fits; refused as :func:`check_fit` says."""
     state = read_weights(source)
     found = fit(model, state)
     check_fit(found, str(source), model_name, strict)
     own = model.state_dict()
-    model.load_state_dict({k: state[k].to(own[k].dtype) for k in found.loaded}, strict=False)
+    return {k: state[k].to(own[k].dtype) for k in found.loaded}, found
+
+
+def apply(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """:func:`fitting`'s tensors into a model of the same description."""
+    model.load_state_dict(tensors, strict=False)
+
+
+def load(model: nn.Module, source: str | Path, model_name: str, strict: bool = False) -> Fit:
+    """Read ``source`` as data and load what fits into ``model``."""
+    tensors, found = fitting(model, source, model_name, strict)
+    apply(model, tensors)
     return found
 
 
