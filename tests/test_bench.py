@@ -93,7 +93,8 @@ def test_the_study_refuses_a_kept_run_of_another_definition(tmp_path):
     run_dir = runs / "baseline-0"
     run_dir.mkdir(parents=True)
     stored = [
-        "/x/dstrain/__main__.py",
+        "dstrain/main.py",
+        "--local_rank=0",  # a launched rank's argv (meta.json keeps it): not the definition
         *study.trainer_args(study.command("baseline", 0, args, run_dir)),
     ]
     stored += [f"run_dir={run_dir}", "data.root=/elsewhere"]  # locations are not the definition

@@ -151,7 +151,7 @@ def stored_differs(run_dir: Path, cmd: list[str]) -> str | None:
     stored = json.loads(meta.read_text()).get("command") or []
     if not stored:
         return None
-    changes = changes_between(stored[1:], trainer_args(cmd))
+    changes = changes_between(trainer_args(stored), trainer_args(cmd))
     if changes is None:
         return None
     return (

@@ -17,12 +17,15 @@ from results.harness.study.rows import json_settings
 
 # where a run lives and reads its data: not part of a row's definition (a GPU job's tree moves)
 LOCATIONS = ("run_dir=", "data.root=")
+# what a launcher adds to each rank's command line (deepspeed's --local_rank=N): not the run's
+LAUNCHER_ARGS = ("--local_rank",)
 
 
 def trainer_args(cmd: list[str]) -> list[str]:
-    """The trainer's own arguments in a command: what follows ``dstrain`` or a script path."""
+    """The trainer's own arguments in a command: what follows ``dstrain`` or a script path, less
+    the locations and what a launcher adds to it (a run's meta.json keeps the rank's own argv)."""
     start = next(i for i, a in enumerate(cmd) if a == "dstrain" or a.endswith(".py"))
-    return [a for a in cmd[start + 1 :] if not a.startswith(LOCATIONS)]
+    return [a for a in cmd[start + 1 :] if not a.startswith(LOCATIONS + LAUNCHER_ARGS)]
 
 
 def definition(trainer_argv: list[str], ds_settings: dict | None = None) -> dict:
