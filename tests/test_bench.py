@@ -1298,6 +1298,17 @@ def test_the_ablation_and_baseline_tuning_rows_change_what_they_name(tmp_path):
         "batch.global_size: 4096 -> 8192, optim.base_lr: 10.0 -> 20.0"
     )
     assert changes("chosen_b4096", study_rows.CHOSEN) == "optim.base_lr: 10.0 -> 20.0"
+    # issue 73, item 4: the two ramps from 2,048 to 8,192 against the fixed 4,096 they must beat
+    assert changes("noise_follow", "chosen_b4096_warmup27") == (
+        "batch.follow_noise: False -> True, batch.global_size: 4096 -> 2048, "
+        "batch.noise_cap: 0 -> 8192"
+    )
+    assert changes("noise_mikami", "chosen_b4096_warmup27") == (
+        "batch.global_size: 4096 -> 2048, batch.ramp: [] -> [[13, 4096], [27, 8192]]"
+    )
+    assert changes("chosen_b8192_warmup27", "chosen_b4096_warmup27") == (
+        "batch.global_size: 4096 -> 8192"
+    )
     assert changes("chosen_b4096_warmup27", "chosen_b4096") == (
         "optim.decay_epochs: 52.0 -> 61.0, optim.warmup_epochs: 36.0 -> 27.0"
     )

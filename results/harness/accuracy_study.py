@@ -51,6 +51,10 @@ Grid ``study`` (rows; K = the last 5/90 of the epochs, W = the first 40%):
   chosen_<change>  one change each from the chosen batch-4,096 row (issue 52, item 4): no_ls, no_tail,
                    ramp (2,048 through the warmup, then 4,096), b8192 (LARS at 8,192), b8192_lamb
                    (LAMB at 8,192); chosen_no_refit reads the chosen row's runs before the refit
+  noise_follow, noise_mikami, chosen_b8192_warmup27   issue 73, item 4: from 2,048 to 8,192 at LR 20
+                   and 4,096's warmup, the batch doubling where the measured B_noise passed it
+                   (batch.follow_noise), or on Mikami's fixed ramp (4,096 at half the warmup,
+                   8,192 after it); the fixed 8,192 at the same LR and warmup
 Every recipe row ends with the BN refit (Final Polishing) and is scored after it; derived rows read
 the same runs before the refit (``*_no_refit``), so the two polishing ablations share one LR schedule.
 Grid ``target``: the chosen row (``CHOSEN``: fujitsu_span32 with BN/bias at 0.1x the LR) at batch
