@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from dstrain.core.errors import ConfigError
-from dstrain.data import Shard, build_data, epoch_order, val_range
+from dstrain.data import Shard, build_data, epoch_order, sharding, val_range
 from dstrain.data.fashion_mnist import TensorLoader, load_fashion_mnist, read_idx
 from dstrain.settings.config import DataConfig
 from tests.conftest import write_idx
@@ -30,6 +30,50 @@ def test_global_batches_do_not_depend_on_world_size(world, micro, acc):
         assert sorted(together.tolist()) == sorted(one[s].tolist())
     flat = torch.cat([torch.cat(b) for b in per_rank])
     assert len(set(flat.tolist())) == len(flat)  # no image twice in an epoch
+
+
+@pytest.mark.parametrize(
+    "world, micro, batches",
+    [(1, 16, [48, 48, 48, 48]), (2, 8, [48, 48, 32, 64]), (3, 4, [24, 60, 60, 36])],
+)
+def test_fill_reads_the_permutations_as_one_stream(world, micro, batches):
+    """data.last_batch=fill (issue 74, item 1): an epoch's last batch is completed from the next
+    epoch's permutation, which starts after those images, on any number of ranks and across a
+    batch ramp: the global batches of E epochs are the permutations, end to end, cut into batches
+    (every image once an epoch; E x N images to within one batch), where drop leaves N mod B an
+    epoch unseen."""
+    n, seed = 100, 7
+    stream, seen, offsets = [], 0, []
+    for epoch, batch in enumerate(batches):
+        offset = sharding.epoch_offset(n, batches[:epoch])
+        offsets.append(offset)
+        acc = batch // (micro * world)
+        lists = [
+            epoch_order(n, Shard(r, world, micro, acc, seed=seed, fill=True), epoch, offset=offset)
+            for r in range(world)
+        ]
+        steps = sharding.epoch_steps(n, batch, True, offset)
+        assert all(len(mine) == steps * acc for mine in lists)
+        for s in range(steps):
+            stream += [
+                i
+                for r in range(world)
+                for b in lists[r][s * acc : (s + 1) * acc]
+                for i in b.tolist()
+            ]
+        seen += steps * batch
+    perms = [sharding.permutation(n, Shard(seed=seed), e) for e in range(len(batches) + 1)]
+    assert stream == torch.cat(perms).tolist()[:seen]
+    assert len(batches) * n <= seen < len(batches) * n + max(batches)
+    assert offsets[0] == 0 and offsets[1] == -n % batches[0]  # 100 = 2 x 48 + 4: 44 carried over
+    assert sharding.steps_per_epoch(n, batches, True) == [
+        sharding.epoch_steps(n, b, True, o) for b, o in zip(batches, offsets)
+    ]
+    assert sharding.steps_per_epoch(n, batches, False) == [n // b for b in batches]
+    with pytest.raises(ValueError, match="data.last_batch=fill"):
+        epoch_order(
+            n, Shard(0, 1, micro, 1, seed=seed), 1, offset=4
+        )  # drop starts every epoch at 0
 
 
 def test_epochs_reshuffle_and_are_reproducible():

@@ -235,6 +235,50 @@ def test_batch_size_ramp_recuts_batches_without_a_new_loader(jpeg_folder, loader
     assert len(samples(data.train)) == 20
 
 
+@pytest.mark.parametrize("loader", LOADERS)
+def test_fill_completes_the_last_batch_from_the_next_epochs_order(jpeg_folder, loader):
+    """data.last_batch=fill: 24 files at global batch 20 give 2 steps, the second taking 16 files
+    from epoch 2's order; epoch 2 (offset 16) reads its other 8 and 12 of epoch 3's. Both epochs
+    are read through one kept pipeline (DALI feeds the next epoch ahead, offset included)."""
+    shard = Shard(0, 1, 4, 5, eval_batch=4, fill=True)
+    data = build_data(cfg_for(jpeg_folder, loader), shard, 3, 3)
+    data.train.start_epoch(0, augment=False)
+    first = samples(data.train)
+    data.train.start_epoch(1, offset=16, augment=False)
+    second = samples(data.train)
+    assert len(first) == 40 and len(second) == 20
+    everything = sorted({*first})
+    assert len(everything) == N_TRAIN and sorted(first[:24]) == everything
+    assert sorted(first[24:] + second[:8]) == everything  # epoch 2's order, once
+
+
+def test_fill_draws_the_carried_images_crops_from_their_own_epoch():
+    """torchvision's crops are keyed by (seed, epoch, image): an image in an epoch's own part and
+    again in the part its last batch takes from the next epoch's order gets that epoch's key
+    there, so the two crops differ, on any number of ranks."""
+    from dstrain.data.folder import ShardBatchSampler
+
+    def keys(world: int, micro: int) -> list[tuple[int, int]]:
+        out = []
+        for r in range(world):
+            sampler = ShardBatchSampler(
+                24, Shard(r, world, micro, 20 // (micro * world), fill=True), "train"
+            )
+            sampler.start_epoch(0)
+            out.append([k for batch in sampler for k in batch])
+        per_rank = len(out[0]) // 2  # two steps
+        return [
+            k for s in range(2) for mine in out for k in mine[s * per_rank : (s + 1) * per_rank]
+        ]
+
+    one = keys(1, 4)
+    assert keys(2, 2) == one and len(one) == 40
+    epoch = [seed // 2**24 for _, seed in one]  # seed 0: (0 * 1_000_003 + epoch) * 2^24 + image
+    assert epoch == [0] * 24 + [1] * 16
+    twice = {i for i, _ in one[:24]} & {i for i, _ in one[24:]}
+    assert len(twice) == 16 and len({seed for _, seed in one}) == 40
+
+
 def test_dali_fp16_channels_last_output(jpeg_folder):
     data = build_data(
         cfg_for(jpeg_folder, "dali"),

@@ -164,6 +164,36 @@ def test_fit_follows_the_batch_plan_in_process(fake_fmnist, tmp_path, world_of_o
     assert summary["steps"] == 24 and summary["global_batch"] == 64 and summary["final_top1"] > 0.1
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
+def test_fill_trains_every_epoch_on_its_whole_data_set_across_a_ramp(
+    fake_fmnist, tmp_path, world_of_one
+):
+    """data.last_batch=fill (issue 74, item 1): 512 images at batch 96 (6 steps, the sixth
+    completed from epoch 2's order), then at 64 (the 448 left, 7 steps): 2 epochs are 1,024
+    images, where drop trains 992 (5 x 96 + 8 x 64). The plan says so, the history and the train state count it,
+    and the loader's batches of each epoch hold every image of that epoch's order once."""
+    ramp = ("epochs=2", "batch.global_size=96", "batch.ramp=[[1,64]]", "batch.micro_per_rank=32")
+    trainer, plan = make_trainer(fake_fmnist, tmp_path, *ramp, "data.last_batch=fill")
+    lines = startup.stage_lines(plan, 512, trainer.schedule)
+    assert "5.33 steps/epoch (data.last_batch=fill" in lines[0] and "8 steps/epoch" in lines[1]
+    assert lines[-1].startswith("13 optimizer steps")
+    trainer.fit()
+    state = trainer.state
+    assert [h["steps_per_epoch"] for h in state.history] == [6, 7]
+    assert (state.step, state.train_images) == (13, 1024)
+    loader, order = trainer.data.train, []
+    for epoch, stage in enumerate(trainer.stages):
+        loader.start_epoch(
+            epoch, accumulation=stage.accumulation, offset=trainer.epoch_offset(epoch)
+        )
+        order += [i for batch in loader.batches() for i in batch.tolist()]
+    assert trainer.epoch_offset(1) == 64 and sorted(order) == sorted(list(range(512)) * 2)
+    dropping, plan = make_trainer(fake_fmnist, tmp_path / "drop", *ramp)  # 5 x 96 + 8 x 64 = 992
+    lines = startup.stage_lines(plan, 512, dropping.schedule)
+    assert "5 steps/epoch" in lines[0] and "8 steps/epoch" in lines[1]
+    assert dropping.epoch_offset(1) == 0
+
+
 @pytest.mark.gpu
 def test_a_stop_signal_ends_the_epoch_after_the_step_in_flight(fake_fmnist, tmp_path, world_of_one):
     trainer, _ = make_trainer(fake_fmnist, tmp_path, "epochs=1")

@@ -61,7 +61,7 @@ from dstrain.data.images import (
     corrupt_image_message,
     decode_error,
 )
-from dstrain.data.sharding import Output, Shard, ShardedBatches, index_lists
+from dstrain.data.sharding import Output, Shard, ShardedBatches, index_lists, next_offset
 from dstrain.settings.config import DataConfig
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def crop_window(q: np.ndarray, draws: dict[str, np.ndarray], aspect) -> np.ndarr
 class _Pass:
     """One pass (an epoch, an evaluation) as the pipeline's feed hands it over, batch by batch."""
 
-    key: tuple  # what decides its batches: (epoch, start, accumulation, augment)
+    key: tuple  # what decides its batches: (epoch, start, accumulation, augment, offset)
     size: int  # its batches
     items: Iterator  # (batch indices, what the feed hands DALI for it), made as they are fed
     claimed: bool = False  # a consumer iterates it (False: fed ahead, on a prediction)
@@ -306,18 +306,24 @@ class DaliLoader(ShardedBatches):
     def _max_batch(self) -> int:
         return self.shard.micro if self.mode == "train" else self.shard.eval_batch
 
-    def _pass(self, epoch: int, start: int, accumulation: int, augment: bool) -> _Pass:
+    def _pass(
+        self, epoch: int, start: int, accumulation: int, augment: bool, offset: int = 0
+    ) -> _Pass:
         shard = replace(self.shard, accumulation=accumulation)
-        batches = index_lists(self.n, shard, self.mode, epoch, self.limit)[start:]
+        batches = index_lists(self.n, shard, self.mode, epoch, self.limit, offset)[start:]
         draws = (self.augment_seed(epoch), self.area, self.aspect) if augment else None
         items = feed_items(self.images, batches, start, draws)
-        return _Pass((epoch, start, accumulation, augment), len(batches), items)
+        return _Pass((epoch, start, accumulation, augment, offset), len(batches), items)
 
     def _predict(self, done: _Pass) -> _Pass:
         """The pass after ``done``: a training loader's next epoch from its start; an evaluation
         (val, polish) again."""
-        epoch, _, accumulation, augment = done.key
-        return self._pass(epoch + (self.mode == "train"), 0, accumulation, augment)
+        epoch, _, accumulation, augment, offset = done.key
+        if self.mode != "train":
+            return self._pass(epoch, 0, accumulation, augment)
+        global_batch = replace(self.shard, accumulation=accumulation).global_batch
+        after = next_offset(self.n, global_batch, offset) if self.shard.fill else 0
+        return self._pass(epoch + 1, 0, accumulation, augment, after)
 
     def close(self) -> None:
         """Stop the pipeline's threads now (they run ahead between passes). DALI's pipeline holds
@@ -358,7 +364,7 @@ class DaliLoader(ShardedBatches):
     def __iter__(self):
         """This pass's batches from the kept pipeline (see :class:`_Stream`)."""
         epoch = self.epoch if self.mode == "train" else 0
-        new = self._pass(epoch, self.start, self.shard.accumulation, self.augment)
+        new = self._pass(epoch, self.start, self.shard.accumulation, self.augment, self.offset)
         if not new.size:
             return
         pipe, stream = self._pipeline(self.augment)

@@ -15,7 +15,7 @@ from dstrain.data.images import (
     corrupt_image_message,
     first_corrupt_line,
 )
-from dstrain.data.sharding import Output, Shard, ShardedBatches
+from dstrain.data.sharding import Output, Shard, ShardedBatches, filled_from
 from dstrain.settings.config import DataConfig
 
 
@@ -97,10 +97,25 @@ class ShardBatchSampler(ShardedBatches, torch.utils.data.Sampler):
     index): a resumed run, any number of workers and any world size draw the same crops."""
 
     def __iter__(self):
-        base = (self.shard.seed * 1_000_003 + self.epoch) * 2**24
-        return iter(
-            [[(i, base + i) for i in batch.tolist()] for batch in self.batches()[self.start :]]
-        )
+        batches = self.batches()
+        keys = [[(i, self._seed(self.epoch, i)) for i in batch.tolist()] for batch in batches]
+        if self.shard.fill and self.mode == "train" and batches:
+            self._next_epoch_crops(keys)
+        return iter(keys[self.start :])
+
+    def _seed(self, epoch: int, i: int) -> int:
+        return (self.shard.seed * 1_000_003 + epoch) * 2**24 + i
+
+    def _next_epoch_crops(self, keys: list[list[tuple[int, int]]]) -> None:
+        """data.last_batch=fill: the images the epoch's last global batch takes from the next
+        epoch's permutation draw that epoch's crops (an image can be in both parts)."""
+        per_rank = self.shard.micro * self.shard.accumulation
+        first = filled_from(self.n, self.shard, self.offset) - self.shard.rank * per_rank
+        last_step = keys[-self.shard.accumulation :]
+        for k in range(max(first, 0), per_rank):
+            batch = last_step[k // self.shard.micro]
+            i = batch[k % self.shard.micro][0]
+            batch[k % self.shard.micro] = (i, self._seed(self.epoch + 1, i))
 
 
 class TorchvisionLoader:
@@ -137,9 +152,10 @@ class TorchvisionLoader:
         accumulation: int | None = None,
         start: int = 0,
         augment: bool | None = None,
+        offset: int = 0,
     ) -> None:
         """See :meth:`dstrain.data.sharding.ShardedBatches.start_epoch`."""
-        self.sampler.start_epoch(epoch, accumulation=accumulation, start=start)
+        self.sampler.start_epoch(epoch, accumulation=accumulation, start=start, offset=offset)
         if augment is not None and (augment and self.mode == "train") != self.augment:
             self.augment, self._loader = augment and self.mode == "train", None
 

@@ -1,12 +1,21 @@
 """Which images each rank reads: one rule shared by every loader.
 
 Training: each epoch draws one permutation of the data set from ``(seed,
-epoch)``, cuts it into global batches (the last, incomplete one is dropped), and
-rank ``r`` takes the ``r``-th slice of every global batch, split into micro
-batches. A run therefore sees the same global batches on any number of ranks,
-a resumed run sees the same images as an uninterrupted one, and a batch-size
-ramp needs no new loader: each epoch's index lists are cut again from the
-accumulation that ``start_epoch`` passes.
+epoch)``, cuts it into global batches, and rank ``r`` takes the ``r``-th slice
+of every global batch, split into micro batches. A run therefore sees the same
+global batches on any number of ranks, a resumed run sees the same images as an
+uninterrupted one, and a batch-size ramp needs no new loader: each epoch's index
+lists are cut again from the accumulation that ``start_epoch`` passes.
+
+The last, incomplete global batch of an epoch (``data.last_batch``): ``drop``
+leaves it out (N mod B images an epoch unseen: 4.3% of Fashion-MNIST at batch
+4,096); ``fill`` completes it with the first images of the next epoch's
+permutation and starts the next epoch after them (its ``offset``), so the
+permutations are read as one stream cut into global batches: every image once
+an epoch, an epoch of ceil((N - offset) / B) steps, and E epochs of any batch
+size ``E x N`` images to within one batch. The offset of an epoch follows from
+the batches of the epochs before it (:func:`epoch_offset`), so a ramp and a
+resume need nothing kept.
 
 Validation: contiguous, disjoint shards; every val image is evaluated exactly
 once across ranks.
@@ -33,8 +42,8 @@ MODES = ("train", "val", "polish")
 class Loader(Protocol):
     """What the trainer asks of a loader (tensor, DALI, torchvision, synthetic): an epoch's batches
     of (images, labels) on the device, from micro batch ``start``, with a batch-size ramp's
-    accumulation and training augmentation switched at epoch starts; ``len()`` counts the epoch's
-    micro batches on this rank."""
+    accumulation, training augmentation and (data.last_batch=fill) the epoch's offset set at epoch
+    starts; ``len()`` counts the epoch's micro batches on this rank."""
 
     def start_epoch(
         self,
@@ -43,6 +52,7 @@ class Loader(Protocol):
         accumulation: int | None = None,
         start: int = 0,
         augment: bool | None = None,
+        offset: int = 0,
     ) -> None: ...
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
@@ -76,18 +86,72 @@ class Shard:
     accumulation: int = 1  # micro batches per optimizer step
     eval_batch: int = 1000  # images per eval forward on this rank
     seed: int = 0
+    fill: bool = False  # data.last_batch=fill: an epoch's last batch taken from the next epoch's
 
     @property
     def global_batch(self) -> int:
         return self.micro * self.accumulation * self.world
 
 
-def epoch_order(n: int, shard: Shard, epoch: int, shuffle: bool = True) -> list[torch.Tensor]:
-    """This rank's micro-batch index lists for one training epoch."""
+def permutation(n: int, shard: Shard, epoch: int, shuffle: bool = True) -> torch.Tensor:
     g = torch.Generator().manual_seed(shard.seed * 100_003 + epoch)
-    order = torch.randperm(n, generator=g) if shuffle else torch.arange(n)
+    return torch.randperm(n, generator=g) if shuffle else torch.arange(n)
+
+
+def epoch_steps(n: int, global_batch: int, fill: bool, offset: int = 0) -> int:
+    """The optimizer steps of an epoch of ``n`` images at ``global_batch`` that starts ``offset``
+    images into its permutation (data.last_batch=fill; 0 with drop)."""
+    return -(-(n - offset) // global_batch) if fill else n // global_batch
+
+
+def next_offset(n: int, global_batch: int, offset: int) -> int:
+    """data.last_batch=fill: how far into the next epoch's permutation this epoch's last batch
+    reads (0 when the epoch's images fill whole batches)."""
+    return epoch_steps(n, global_batch, True, offset) * global_batch - (n - offset)
+
+
+def epoch_offset(n: int, batches: list[int]) -> int:
+    """data.last_batch=fill: where an epoch starts in its permutation, given the global batch of
+    every epoch before it (a ramp's stages, or the noise ramp's switches)."""
+    offset = 0
+    for batch in batches:
+        offset = next_offset(n, batch, offset)
+    return offset
+
+
+def steps_per_epoch(n: int, batches: list[int], fill: bool) -> list[int]:
+    """The optimizer steps of each epoch, given each epoch's global batch."""
+    steps, offset = [], 0
+    for batch in batches:
+        steps.append(epoch_steps(n, batch, fill, offset))
+        offset = next_offset(n, batch, offset) if fill else 0
+    return steps
+
+
+def filled_from(n: int, shard: Shard, offset: int) -> int:
+    """data.last_batch=fill: the position in the epoch's last global batch from which its images
+    are the next epoch's (the global batch when none are)."""
+    rest = (n - offset) % shard.global_batch
+    return rest or shard.global_batch
+
+
+def epoch_order(
+    n: int, shard: Shard, epoch: int, shuffle: bool = True, offset: int = 0
+) -> list[torch.Tensor]:
+    """This rank's micro-batch index lists for one training epoch, ``offset`` images into its
+    permutation (data.last_batch=fill; see the module's docstring)."""
+    order = permutation(n, shard, epoch, shuffle)
+    if shard.fill:
+        order = order[offset:]
+        short = -len(order) % shard.global_batch
+        if short:
+            order = torch.cat([order, permutation(n, shard, epoch + 1, shuffle)[:short]])
+    elif offset:
+        raise ValueError(
+            f"offset {offset}: an epoch starts part-way only with data.last_batch=fill"
+        )
     per_rank = shard.micro * shard.accumulation
-    steps = n // shard.global_batch
+    steps = len(order) // shard.global_batch
     out = []
     for s in range(steps):
         start = s * shard.global_batch + shard.rank * per_rank
@@ -119,11 +183,12 @@ def polish_batches(n: int, shard: Shard, limit: int = 0) -> list[torch.Tensor]:
 
 
 def index_lists(
-    n: int, shard: Shard, mode: str, epoch: int = 0, limit: int = 0
+    n: int, shard: Shard, mode: str, epoch: int = 0, limit: int = 0, offset: int = 0
 ) -> list[torch.Tensor]:
-    """This rank's batches of indices for ``mode`` (train | val | polish)."""
+    """This rank's batches of indices for ``mode`` (train | val | polish); a training epoch from
+    ``offset`` images into its permutation (data.last_batch=fill)."""
     if mode == "train":
-        return epoch_order(n, shard, epoch)
+        return epoch_order(n, shard, epoch, offset=offset)
     if mode == "polish":
         return polish_batches(n, shard, limit)
     if mode != "val":
@@ -143,14 +208,8 @@ class ShardedBatches:
     """
 
     def __init__(self, n: int, shard: Shard, mode: str, limit: int = 0):
-        self.n, self.shard, self.mode, self.limit, self.epoch, self.start = (
-            n,
-            shard,
-            mode,
-            limit,
-            0,
-            0,
-        )
+        self.n, self.shard, self.mode, self.limit = n, shard, mode, limit
+        self.epoch, self.start, self.offset = 0, 0, 0
 
     def start_epoch(
         self,
@@ -159,11 +218,13 @@ class ShardedBatches:
         accumulation: int | None = None,
         start: int = 0,
         augment: bool | None = None,
+        offset: int = 0,
     ) -> None:
         """Iterate epoch ``epoch`` from micro batch ``start`` (a run resumed part-way through it; ``len()``
         still counts the whole epoch), cut into global batches of ``accumulation`` micro batches per rank
-        (None: unchanged), with training augmentation on or off (None: unchanged)."""
-        self.epoch, self.start = epoch, start
+        (None: unchanged), with training augmentation on or off (None: unchanged), from ``offset``
+        images into its permutation (data.last_batch=fill: :func:`epoch_offset`)."""
+        self.epoch, self.start, self.offset = epoch, start, offset
         if accumulation is not None and accumulation != self.shard.accumulation:
             self.shard = replace(self.shard, accumulation=accumulation)
         if augment is not None:
@@ -173,7 +234,7 @@ class ShardedBatches:
         pass
 
     def batches(self) -> list[torch.Tensor]:
-        return index_lists(self.n, self.shard, self.mode, self.epoch, self.limit)
+        return index_lists(self.n, self.shard, self.mode, self.epoch, self.limit, self.offset)
 
     def __len__(self) -> int:
         return len(self.batches())

@@ -275,7 +275,12 @@ def run_values(plan, n_train: int, n_val: int, schedule) -> dict:
                     end_lr(optim, peak) if optim.decay in ("poly", "cosine") else peak
                 ),
                 f"{p}_opt_learning_rate_decay_steps": round(
-                    decay_epochs * (n_train // last.global_size)
+                    decay_epochs
+                    * (  # data.last_batch=fill: epochs count images, steps N/B an epoch
+                        n_train / last.global_size
+                        if cfg.data.last_batch == "fill"
+                        else n_train // last.global_size
+                    )
                 ),
                 f"{p}_opt_momentum": float(params.get("momentum", 0.0)),
                 f"{p}_opt_weight_decay": float(params.get("weight_decay", 0.0)),

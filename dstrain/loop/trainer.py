@@ -24,7 +24,7 @@ import torch
 from dstrain.core import dist
 from dstrain.core.errors import ConfigError, Preempted
 from dstrain.core.hooks import Hooks
-from dstrain.data import Data
+from dstrain.data import Data, sharding
 from dstrain.loop import checkpoint
 from dstrain.loop.evaluate import evaluate
 from dstrain.loop.fault import StepChecks
@@ -217,12 +217,23 @@ class Trainer:
             )
         return stage
 
+    def epoch_offset(self, epoch: int) -> int:
+        """Where ``epoch`` starts in its permutation: data.last_batch=fill's images the epochs
+        before it took from it (0 with drop)."""
+        if self.cfg.data.last_batch != "fill":
+            return 0
+        before = [batch_at(k, self.stages).global_size for k in range(epoch)]
+        return sharding.epoch_offset(self.data.n_train, before)
+
     def end_epoch(
         self, epoch: int, stage: BatchStage, metrics: dict, t0: float, train_s: float
     ) -> None:
         """Record the epoch's metrics in the state, the history and the monitor."""
         state = self.state
-        steps = self.data.n_train // stage.global_size
+        fill = self.cfg.data.last_batch == "fill"
+        steps = sharding.epoch_steps(
+            self.data.n_train, stage.global_size, fill, self.epoch_offset(epoch)
+        )
         metrics.update(
             epoch_time_s=time.perf_counter() - t0,
             train_s=train_s,
@@ -312,6 +323,7 @@ class Trainer:
             accumulation=stage.accumulation,
             start=first_step * stage.accumulation,
             augment=augment,
+            offset=self.epoch_offset(epoch),
         )
 
     def set_lr(self, progress: float, global_batch: float) -> float:

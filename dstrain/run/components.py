@@ -78,6 +78,7 @@ def build_components(
         accumulation=stage.accumulation,
         eval_batch=cfg.batch.eval_per_rank,
         seed=cfg.seed,
+        fill=cfg.data.last_batch == "fill",
     )
     dtype, channels_last = input_dtype(precision), cfg.model.channels_last
     hazards = cpu_channels_last_hazards(model) if channels_last and device.type == "cpu" else []

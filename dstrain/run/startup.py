@@ -36,6 +36,7 @@ import torch
 from dstrain.core import dist
 from dstrain.core.errors import ConfigError
 from dstrain.data import ImageCounts, count_images
+from dstrain.data.sharding import steps_per_epoch
 from dstrain.loop import checkpoint, mlperf
 from dstrain.run import compat, rundir
 from dstrain.run.components import check_precision
@@ -226,11 +227,23 @@ def stage_lines(plan: Plan, n_train: int, schedule: LRSchedule) -> list[str]:
     """The batch plan, one line per stage, and the total steps: the run logs these lines and
     ``--check`` prints them."""
     cfg = plan.cfg
-    steps = sum(n_train // batch_at(epoch, plan.stages).global_size for epoch in range(cfg.epochs))
+    fill = cfg.data.last_batch == "fill"
+    batches = [batch_at(epoch, plan.stages).global_size for epoch in range(cfg.epochs)]
+    per_epoch = steps_per_epoch(n_train, batches, fill)
+    steps = sum(per_epoch)
+
+    def epoch_steps(stage) -> str:
+        if not fill or n_train % stage.global_size == 0:
+            return f"{n_train // stage.global_size} steps/epoch"
+        return (
+            f"{n_train / stage.global_size:.2f} steps/epoch (data.last_batch=fill: an epoch's last "
+            "batch completed from the next epoch's images)"
+        )
+
     lines = [
         f"from epoch {stage.epoch + 1}: global {stage.global_size} = {stage.micro} micro x "
         f"{stage.accumulation} accumulation x {plan.world} ranks, "
-        f"{n_train // stage.global_size} steps/epoch, peak lr {schedule.peak(stage.global_size):.4g}"
+        f"{epoch_steps(stage)}, peak lr {schedule.peak(stage.global_size):.4g}"
         for stage in plan.stages
     ]
     batch = cfg.batch

@@ -64,6 +64,12 @@ class DataConfig:
         True, "fashion_mnist only: download with torchvision when root has no idx files (bool)"
     )
     augment: bool = setting(True, "apply training augmentation (bool)")
+    last_batch: Literal["drop", "fill"] = setting(
+        "drop",
+        "an epoch's last, incomplete global batch: drop (N mod B images unseen each epoch) | fill "
+        "(completed from the next epoch's order, which starts after them: every batch size sees "
+        "epochs x N images; compare batch sizes with it)",
+    )
     image_size: int = setting(
         224, "imagefolder/synthetic: training crop and val crop side (pixels)"
     )
