@@ -172,15 +172,22 @@ def test_known_keys_exist_in_the_installed_deepspeed():
         assert not_a_key not in read, not_a_key
 
 
-@pytest.mark.parametrize("kind", ["LARS", "Lamb"])
-def test_layerwise_optimizers_need_zero_stage_0(kind):
+@pytest.mark.parametrize(
+    "kind, what",
+    [
+        ("LARS", "is layer-wise"),
+        ("Lamb", "is layer-wise"),
+        ("Muon", "steps each filter as a whole matrix"),
+    ],
+)
+def test_whole_tensor_optimizers_need_zero_stage_0(kind, what):
     cfg = {
         "optimizer": {"type": kind, "params": {}},
         "zero_optimization": {"stage": 1},
         "gradient_clipping": 0.0,
     }
     with pytest.raises(
-        ConfigError, match=f"optimizer {kind} is layer-wise and needs zero_optimization.stage 0"
+        ConfigError, match=f"optimizer {kind} {what} and needs zero_optimization.stage 0"
     ):
         ds_config.parse(cfg, "x.json")
 

@@ -1,3 +1,4 @@
+import math
 import os
 import subprocess
 import sys
@@ -104,7 +105,9 @@ def test_every_shipped_optimizer_block_builds(path):
     assert isinstance(opt, torch.optim.Optimizer)
     if parsed.layerwise:  # the table's layer-wise types: no trust ratio for the BN/bias group
         assert [g.get("lars_exclude", False) for g in opt.param_groups] == [False, True]
-    assert [g["weight_decay"] for g in opt.param_groups][1] == 0.0
+    # the BN/bias tensors (ndim <= 1) are in groups without weight decay
+    assert all(g["weight_decay"] == 0.0 for g in opt.param_groups if g["params"][0].ndim <= 1)
+    assert any(g["params"][0].ndim <= 1 for g in opt.param_groups)
 
 
 def test_lamb_is_dstrains_lamb_everywhere(caplog):
@@ -295,14 +298,15 @@ def test_trainer_skips_deepspeeds_allreduce_only_for_one_rank_without_zero(
 
 
 def _group_options(optimizer) -> list[tuple]:
-    """Per group: (parameter ids, weight decay, trust ratio off?) as the optimizer will apply them."""
-    out = []
+    """Per (weight decay, trust ratio off?) as the optimizer will apply them: the ids of the
+    parameters it applies to (Muon splits the weights into filters and the rest: one entry)."""
+    out: dict[tuple, frozenset] = {}
     for g in optimizer.param_groups:
-        ids = frozenset(id(p) for p in g["params"])
         # dstrain's LARS/LAMB: a flag; FusedLamb: its per-group ratio clamp pinned to [1, 1]
         no_ratio = g.get("lars_exclude", False) or g.get("min_coeff") == g.get("max_coeff") == 1.0
-        out.append((ids, g["weight_decay"], no_ratio))
-    return sorted(out, key=lambda t: -t[1])
+        key = (g["weight_decay"], no_ratio)
+        out[key] = out.get(key, frozenset()) | {id(p) for p in g["params"]}
+    return sorted(((ids, *key) for key, ids in out.items()), key=lambda t: -t[1])
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
@@ -363,7 +367,12 @@ def test_bn_bias_lr_factor_sets_the_excluded_groups_lr_and_old_groups_still_step
 
 
 # what each declared state layout (OPTIMIZERS[kind].state) holds per parameter tensor
-TENSORS_PER_PARAM = {"none": 0, "momentum buffer": 1, "first and second moments": 2}
+TENSORS_PER_PARAM = {
+    "none": 0,
+    "momentum buffer": 1,
+    "first and second moments": 2,
+    "momentum buffers (a matrix per filter)": 1,  # a filter's: [out, in x kh x kw]
+}
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
@@ -382,7 +391,10 @@ def test_each_optimizer_keeps_the_state_its_table_entry_declares(kind, momentum)
     state = optimizer.state_dict()["state"]
     shapes = [tuple(p.shape) for g in optimizer.param_groups for p in g["params"]]
     for index, shape in enumerate(shapes):
+        matrix = (shape[0], math.prod(shape[1:])) if len(shape) > 2 else None
         per_param = [
-            v for v in state.get(index, {}).values() if torch.is_tensor(v) and v.shape == shape
+            v
+            for v in state.get(index, {}).values()
+            if torch.is_tensor(v) and tuple(v.shape) in (shape, matrix)
         ]
         assert len(per_param) == TENSORS_PER_PARAM[spec.state_layout], (kind, index, shape)

@@ -309,10 +309,12 @@ def parse(raw: dict, path: str | Path, cuda_available: bool | None = None) -> De
     if stage not in (0, 1, 2, 3):
         raise ConfigError(f"{path}: zero_optimization.stage={stage!r}: use 0, 1, 2 or 3")
     optimizer = optim.parse_spec(cfg.get("optimizer"), str(path))
-    if optimizer.layerwise and stage != 0:
+    if optimizer.whole_tensors and stage != 0:
+        what = "is layer-wise" if optimizer.layerwise else "steps each filter as a whole matrix"
+        lost = "per-layer norms are" if optimizer.layerwise else "a filter's matrix is"
         raise ConfigError(
-            f"{path}: optimizer {optimizer.name} is layer-wise and needs zero_optimization.stage 0 "
-            f"(stage {stage} hands it flat partitions, so per-layer norms are meaningless). "
+            f"{path}: optimizer {optimizer.name} {what} and needs zero_optimization.stage 0 "
+            f"(stage {stage} hands it flat partitions, so {lost} meaningless). "
             'Set "zero_optimization": {"stage": 0}.'
         )
     # every problem with the block is reported before anything starts
@@ -480,7 +482,13 @@ def help_lines() -> list[str]:
 
     lines = []
     for kind, entry in OPTIMIZERS.items():
-        what = " (layer-wise: ZeRO stage 0)" if entry.layerwise else ""
+        what = (
+            " (layer-wise: ZeRO stage 0)"
+            if entry.layerwise
+            else " (whole tensors: ZeRO stage 0)"
+            if entry.whole_tensors
+            else ""
+        )
         lines.append(f'"optimizer": {{"type": "{kind}" (any case){what}, "params": {{...}}}}')
         lines += ["  " + line for line in lines_of(entry.params, "optimizer.params.")]
     return lines + lines_of(CommConfig, "dstrain_communication.")

@@ -28,6 +28,7 @@ from dstrain.core import jsonspec
 from dstrain.core.errors import ConfigError
 from dstrain.techniques.lamb import LAMB
 from dstrain.techniques.lars import LARS, TRUST_DECAY
+from dstrain.techniques.muon import ADJUST_LR, Muon, muon_groups
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,22 @@ def _adam(groups, lr, betas, eps, weight_decay):
 # weight_decay is accepted by every builder but already set per group by param_groups().
 def _lars(groups, lr, weight_decay, **params):
     return LARS(groups, lr=lr, **params)
+
+
+def _muon(groups, lr, sgd_lr_factor, **params):
+    """``"type": "Muon"``: convolution filters by Muon, the rest by Nesterov SGD (muon.py)."""
+    groups = muon_groups(groups, sgd_lr_factor)
+    filters = sum(len(g["params"]) for g in groups if g["muon"])
+    others = sum(len(g["params"]) for g in groups if not g["muon"])
+    log.info(
+        "Muon: %d convolution filters as matrices, %d other tensors by Nesterov SGD at %g x the LR",
+        filters,
+        others,
+        sgd_lr_factor,
+    )
+    if not filters:
+        raise ValueError("the model has no convolution filters for Muon to step; use SGD or LARS")
+    return Muon(groups, lr=lr, **params)
 
 
 class OpBuildError(RuntimeError):
@@ -251,6 +268,30 @@ class LARSParams(Common):
 
 
 @dataclass(frozen=True)
+class MuonParams(Common):
+    momentum: float = S(0.95, "Muon's momentum (of the filters)", json=FRACTION)
+    nesterov: bool = S(True, "Nesterov momentum for the filters", json=BOOL)
+    ns_steps: int = S(
+        5,
+        "Newton-Schulz iterations per step",
+        json=jsonspec.integer(lambda v: 0 < v < 100, "must be in [1, 100)"),
+    )
+    adjust_lr: str = S(
+        "original",
+        "the filters' LR by their matrix shape: original (x sqrt(max(1, out/in))), "
+        "match_rms_adamw, spectral_unclamped or none (torch's Muon's adjust_lr_fn)",
+        json=jsonspec.choice(*ADJUST_LR),
+    )
+    sgd_momentum: float = S(
+        0.9, "momentum of the SGD-stepped tensors (head, BN, biases)", json=FRACTION
+    )
+    sgd_nesterov: bool = S(True, "Nesterov momentum for the SGD-stepped tensors", json=BOOL)
+    sgd_lr_factor: float = S(
+        1.0, "the SGD-stepped tensors' LR as a fraction of the scheduled LR", json=NUMBER
+    )
+
+
+@dataclass(frozen=True)
 class LAMBParams(Common):
     betas: tuple[float, float] = S((0.9, 0.999), "[beta1, beta2]", json=BETAS)
     eps: float = S(1e-6, "added to the denominator", json=NUMBER)
@@ -272,6 +313,10 @@ def _momentum(params: dict) -> str:
     return "momentum buffer" if params["momentum"] > 0 else "none"  # defaults filled in
 
 
+def _muon_state(params: dict) -> str:
+    return "momentum buffers (a matrix per filter)"
+
+
 @dataclass(frozen=True)
 class OptimizerType:
     """One JSON optimizer "type": what it takes, how it is built, what it keeps per tensor."""
@@ -280,6 +325,8 @@ class OptimizerType:
     build: Callable[..., torch.optim.Optimizer]  # builder(groups, lr=..., **params)
     # per-tensor norms (a trust ratio): ZeRO stage 0 only, and no ratio for the BN/bias group
     layerwise: bool = False
+    # steps whole tensors by their shape (Muon's filter matrices): ZeRO stage 0 only
+    whole_tensors: bool = False
     # what a checkpoint keeps per tensor, given the parameters: a resume must agree (compat.py)
     state: Callable[[dict], str] = _moments
 
@@ -293,6 +340,7 @@ OPTIMIZERS = {
     "lars": OptimizerType(LARSParams, _lars, layerwise=True, state=_momentum),
     "lamb": OptimizerType(LAMBParams, _lamb, layerwise=True),
     "fusedlamb": OptimizerType(FusedLambParams, _fused_lamb, layerwise=True),
+    "muon": OptimizerType(MuonParams, _muon, whole_tensors=True, state=_muon_state),
 }
 BLOCK_KEYS = ("type", "params")  # what the "optimizer" block holds
 REMOVED_1BIT = {"onebitadam", "onebitlamb", "zerooneadam"}
@@ -319,6 +367,11 @@ class OptimizerSpec:
     @property
     def layerwise(self) -> bool:
         return OPTIMIZERS[self.kind].layerwise
+
+    @property
+    def whole_tensors(self) -> bool:
+        """It reads each tensor whole (norms, matrices): ZeRO's flat partitions would break it."""
+        return OPTIMIZERS[self.kind].layerwise or OPTIMIZERS[self.kind].whole_tensors
 
     @property
     def state_layout(self) -> str:
