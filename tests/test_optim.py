@@ -372,6 +372,8 @@ TENSORS_PER_PARAM = {
     "momentum buffer": 1,
     "first and second moments": 2,
     "momentum buffers (a matrix per filter)": 1,  # a filter's: [out, in x kh x kw]
+    # SOAP: the moments; its statistics and eigenbases are lists of per-dimension matrices
+    "first and second moments, preconditioner statistics and eigenbases": 2,
 }
 
 

@@ -310,12 +310,10 @@ def parse(raw: dict, path: str | Path, cuda_available: bool | None = None) -> De
         raise ConfigError(f"{path}: zero_optimization.stage={stage!r}: use 0, 1, 2 or 3")
     optimizer = optim.parse_spec(cfg.get("optimizer"), str(path))
     if optimizer.whole_tensors and stage != 0:
-        what = "is layer-wise" if optimizer.layerwise else "steps each filter as a whole matrix"
-        lost = "per-layer norms are" if optimizer.layerwise else "a filter's matrix is"
         raise ConfigError(
-            f"{path}: optimizer {optimizer.name} {what} and needs zero_optimization.stage 0 "
-            f"(stage {stage} hands it flat partitions, so {lost} meaningless). "
-            'Set "zero_optimization": {"stage": 0}.'
+            f"{path}: optimizer {optimizer.name} {optimizer.whole_tensors} and needs "
+            f"zero_optimization.stage 0 (stage {stage} hands it flat partitions of the "
+            'tensors). Set "zero_optimization": {"stage": 0}.'
         )
     # every problem with the block is reported before anything starts
     communication = comm.parse(cfg, str(path))
@@ -485,7 +483,7 @@ def help_lines() -> list[str]:
         what = (
             " (layer-wise: ZeRO stage 0)"
             if entry.layerwise
-            else " (whole tensors: ZeRO stage 0)"
+            else f" ({entry.whole_tensors}: ZeRO stage 0)"
             if entry.whole_tensors
             else ""
         )

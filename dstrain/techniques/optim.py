@@ -17,6 +17,7 @@ its trust ratio, gets the BN/bias group's ratio clamp pinned to [1, 1]
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -103,6 +104,25 @@ def _muon(groups, lr, sgd_lr_factor, **params):
     if not filters:
         raise ValueError("the model has no convolution filters for Muon to step; use SGD or LARS")
     return Muon(groups, lr=lr, **params)
+
+
+def _soap(groups, lr, betas, **params):
+    """``"type": "SOAP"``: pytorch_optimizer's SOAP (Vyas et al. 2024, Adam in Shampoo's
+    eigenbasis), pinned in pyproject.toml's ``optimizers`` extra. Tensors keep their logical shape
+    (data_format channels_first whatever the memory layout: its channels_last means NHWC-shaped
+    tensors, which torch's are not)."""
+    from pytorch_optimizer import SOAP
+
+    log.info(
+        "SOAP: pytorch_optimizer %s (Adam in Shampoo's eigenbasis)", _version("pytorch_optimizer")
+    )
+    return SOAP(groups, lr=lr, betas=tuple(betas), data_format="channels_first", **params)
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
 
 
 class OpBuildError(RuntimeError):
@@ -292,6 +312,36 @@ class MuonParams(Common):
 
 
 @dataclass(frozen=True)
+class SOAPParams(Common):
+    betas: tuple[float, float] = S((0.95, 0.95), "[beta1, beta2] of Adam's moments", json=BETAS)
+    shampoo_beta: float = S(
+        0.95,
+        "decay of the preconditioner statistics (L = G G^T, R = G^T G per dimension)",
+        json=FRACTION,
+    )
+    eps: float = S(1e-8, "added to the denominator", json=NUMBER)
+    precondition_frequency: int = S(
+        10,
+        "steps between refreshes of the eigenbases (one power iteration and a QR each)",
+        json=jsonspec.integer(lambda v: v >= 1, "must be >= 1"),
+    )
+    max_precondition_dim: int = S(
+        10000,
+        "a dimension larger than this gets no preconditioner (identity)",
+        json=jsonspec.integer(lambda v: v >= 1, "must be >= 1"),
+    )
+    merge_dims: bool = S(
+        False,
+        "merge a tensor's small dimensions (a filter's in x kh x kw) into one preconditioned "
+        "dimension, up to max_precondition_dim",
+        json=BOOL,
+    )
+    precondition_1d: bool = S(False, "precondition 1-D tensors too (BN, biases)", json=BOOL)
+    correct_bias: bool = S(True, "Adam's bias correction of the moments", json=BOOL)
+    normalize_gradient: bool = S(False, "the update divided by its RMS", json=BOOL)
+
+
+@dataclass(frozen=True)
 class LAMBParams(Common):
     betas: tuple[float, float] = S((0.9, 0.999), "[beta1, beta2]", json=BETAS)
     eps: float = S(1e-6, "added to the denominator", json=NUMBER)
@@ -317,6 +367,10 @@ def _muon_state(params: dict) -> str:
     return "momentum buffers (a matrix per filter)"
 
 
+def _soap_state(params: dict) -> str:
+    return "first and second moments, preconditioner statistics and eigenbases"
+
+
 @dataclass(frozen=True)
 class OptimizerType:
     """One JSON optimizer "type": what it takes, how it is built, what it keeps per tensor."""
@@ -325,8 +379,11 @@ class OptimizerType:
     build: Callable[..., torch.optim.Optimizer]  # builder(groups, lr=..., **params)
     # per-tensor norms (a trust ratio): ZeRO stage 0 only, and no ratio for the BN/bias group
     layerwise: bool = False
-    # steps whole tensors by their shape (Muon's filter matrices): ZeRO stage 0 only
-    whole_tensors: bool = False
+    # what it does with whole tensors beyond a layer-wise norm (Muon's filter matrices, SOAP's
+    # per-dimension preconditioners), which ZeRO's flat partitions would break: ZeRO stage 0 only
+    whole_tensors: str = ""
+    # the package that implements it, when not torch or dstrain: (import name, pip's words)
+    package: tuple[str, str] | None = None
     # what a checkpoint keeps per tensor, given the parameters: a resume must agree (compat.py)
     state: Callable[[dict], str] = _moments
 
@@ -340,7 +397,16 @@ OPTIMIZERS = {
     "lars": OptimizerType(LARSParams, _lars, layerwise=True, state=_momentum),
     "lamb": OptimizerType(LAMBParams, _lamb, layerwise=True),
     "fusedlamb": OptimizerType(FusedLambParams, _fused_lamb, layerwise=True),
-    "muon": OptimizerType(MuonParams, _muon, whole_tensors=True, state=_muon_state),
+    "muon": OptimizerType(
+        MuonParams, _muon, whole_tensors="steps each filter as a matrix", state=_muon_state
+    ),
+    "soap": OptimizerType(
+        SOAPParams,
+        _soap,
+        whole_tensors="preconditions each tensor along its dimensions",
+        state=_soap_state,
+        package=("pytorch_optimizer", "pip install 'dstrain[optimizers]' (pytorch_optimizer 4.1)"),
+    ),
 }
 BLOCK_KEYS = ("type", "params")  # what the "optimizer" block holds
 REMOVED_1BIT = {"onebitadam", "onebitlamb", "zerooneadam"}
@@ -369,9 +435,11 @@ class OptimizerSpec:
         return OPTIMIZERS[self.kind].layerwise
 
     @property
-    def whole_tensors(self) -> bool:
-        """It reads each tensor whole (norms, matrices): ZeRO's flat partitions would break it."""
-        return OPTIMIZERS[self.kind].layerwise or OPTIMIZERS[self.kind].whole_tensors
+    def whole_tensors(self) -> str:
+        """What it does with each tensor whole (norms, matrices), which ZeRO's flat partitions
+        would break; empty for element-wise optimizers."""
+        entry = OPTIMIZERS[self.kind]
+        return "is layer-wise (per-tensor norms)" if entry.layerwise else entry.whole_tensors
 
     @property
     def state_layout(self) -> str:
@@ -406,6 +474,12 @@ def parse_spec(block: dict | None, source: str = "optimizer") -> OptimizerSpec:
             f"{source}: optimizer.params.lr={given['lr']!r}: {LR_HOME}; delete lr from this file "
             f"and set optim.base_lr in the recipe or on the command line (e.g. "
             f"optim.base_lr={given['lr']})"
+        )
+    package = OPTIMIZERS[kind].package
+    if package and importlib.util.find_spec(package[0]) is None:
+        raise ConfigError(
+            f"{source}: optimizer type {name!r} comes from the {package[0]} package, which is not "
+            f"installed here: {package[1]}"
         )
     typed = jsonspec.read_into(
         OPTIMIZERS[kind].params,
