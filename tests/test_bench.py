@@ -1273,6 +1273,34 @@ def test_runs_are_the_same_only_where_their_deepspeed_json_sets_the_same(tmp_pat
     assert study.reported_runs([str(report)], [("chosen_b8192", 0)], args) == ({}, None)
 
 
+def test_json_set_changes_the_rows_optimizer_parameters_by_a_derivable_name(tmp_path):
+    """--json-set momentum=0.9 (issue 74's knobs): every row's JSON is a copy of its own with the
+    parameter changed, named by it; the definition shows the one change, and a new checkout
+    without the copy derives it again from the name."""
+    study = load("accuracy_study")
+    from results.harness.study import definition as study_definition
+    from results.harness.study import rows as study_rows
+
+    runs = ["--epochs", "90", "--seeds", "0", "--runs", str(tmp_path)]
+    plain = study.parse_args([*runs, "--rows", "chosen_b4096_warmup27"])
+    tuned = study.parse_args(
+        [*runs, "--rows", "chosen_b4096_warmup27", "--json-set", "momentum=0.9"]
+    )
+    row = "chosen_b4096_warmup27"
+    a, b = (study.command(row, 0, x, tmp_path / "r") for x in (plain, tuned))
+    path = b[b.index("--deepspeed_config") + 1]
+    assert path.endswith("lars_fujitsu_bnlr01+momentum=0.9_fp32.json")
+    params = json.loads(Path(path).read_text())["optimizer"]["params"]
+    assert params["momentum"] == 0.9 and params["bn_bias_lr_factor"] == 0.1
+    changes = study_definition.changes_between(study.trainer_args(a), study.trainer_args(b))
+    assert "momentum" in changes and "0.96" in changes and "0.9" in changes, changes
+    settings = study_rows.json_settings(path)
+    Path(path).unlink()
+    assert study_rows.json_settings(path) == settings  # derived again from the name
+    with pytest.raises(SystemExit):
+        study.parse_args([*runs, "--json-set", "momentum"])
+
+
 def test_the_ablation_and_baseline_tuning_rows_change_what_they_name(tmp_path):
     """Issue 52: each ablation row is the chosen batch-4,096 row with one technique changed, and
     each batch-128 tuning row the baseline with its LR, warmup or techniques (the BN refit on in

@@ -67,6 +67,10 @@ puts MLPerf's ResNet-50 reference convergence points beside it (ruleset 4.0.0, r
 mlperf-logging), each batch also as its share of the training set per step (batch 4,096 is 6.83% of
 Fashion-MNIST; MLPerf's 67,840, 5.30% of ImageNet).
 
+A knob of the DeepSpeed JSON is turned with ``--json-set KEY=VALUE ...`` (optimizer parameters,
+e.g. ``momentum=0.9 trust_coefficient=0.005``): each row's JSON is copied with them set, named
+``<stem>+momentum=0.9_<precision>.json`` beside the runs, a name a new checkout derives it from.
+
 Runs are kept in ``--runs`` (default runs/accuracy_study/<grid>-<epochs>ep[_holdoutN]/<row>-<seed>);
 a run whose summary.json exists is read, not retrained, and an interrupted one resumes from its last
 checkpoint (every 5 epochs, ``resume=auto``), so a grid stopped (or split across machines) continues
@@ -110,6 +114,7 @@ from results.harness.study.rows import (  # noqa: E402
     grid_rows,
     json_for,
     json_settings,
+    set_in_stem,
 )
 from results.harness.study.stats import FASHION_MNIST_TRAIN, gaps, reached, time_to  # noqa: E402
 
@@ -127,7 +132,7 @@ def command(row: str, seed: int, args, run_dir: Path) -> list[str]:
         "--config",
         recipe,
         "--deepspeed_config",
-        json_for(stem, args.precision, run_dir.parent),
+        json_for(set_in_stem(stem, args.json_set), args.precision, run_dir.parent),
         f"epochs={args.epochs}",
         f"seed={seed}",
         f"model.width={args.width}",
@@ -361,6 +366,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", help="result file stem (default from grid, epochs, holdout)")
     p.add_argument("--extra", nargs="*", default=[], help="more trainer overrides for every run")
     p.add_argument(
+        "--json-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="optimizer parameters changed in every row's DeepSpeed JSON (e.g. momentum=0.9 "
+        "weight_decay=1e-4): a copy named by them is written beside the runs",
+    )
+    p.add_argument(
         "--reuse",
         nargs="+",
         default=[],
@@ -386,6 +399,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"--rows {' '.join(unknown)}: not in grid {args.grid} ({', '.join(rows)})")
     args.rows = args.rows or list(rows)
+    try:
+        set_in_stem("", args.json_set)
+    except ValueError as e:
+        p.error(str(e))
     if args.jobs < 1:
         p.error(f"--jobs {args.jobs}: must be >= 1")
     suffix = f"{args.epochs}ep" + (f"_holdout{args.holdout}" if args.holdout else "")

@@ -358,9 +358,43 @@ EMA_DERIVED = {
 }
 
 
+def set_in_stem(stem: str, settings: list[str]) -> str:
+    """``stem`` with optimizer parameters set (``--json-set momentum=0.9``): ``stem+momentum=0.9``,
+    a name the JSON can be derived from again (a new checkout, a reused report)."""
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key or "+" in setting:
+            raise ValueError(f"--json-set {setting!r}: use optimizer.params KEY=VALUE")
+        stem += f"+{key}={value}"
+    return stem
+
+
+def stem_params(stem: str) -> tuple[str, dict]:
+    """(the JSON's base stem, the optimizer parameters its name changes)."""
+    if stem in DERIVED_JSON:
+        return DERIVED_JSON[stem]
+    base, *settings = stem.split("+")
+    params = {}
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        try:
+            params[key] = json.loads(value)
+        except ValueError:
+            params[key] = value  # a word, e.g. trust_decay=weight_decay_x_peak_lr
+    if base in DERIVED_JSON:
+        inner, first = DERIVED_JSON[base]
+        return inner, {**first, **params}
+    return base, params
+
+
+def derived(stem: str) -> bool:
+    return stem in DERIVED_JSON or "+" in stem
+
+
 def derived_json(stem: str, precision: str) -> dict:
-    """A study JSON (``DERIVED_JSON``): its shipped base with some optimizer parameters changed."""
-    base, params = DERIVED_JSON[stem]
+    """A study JSON (``DERIVED_JSON``, or a stem with ``+key=value`` parts): its shipped base with
+    some optimizer parameters changed."""
+    base, params = stem_params(stem)
     raw = json.loads((REPO / json_for(base, precision)).read_text())
     raw["optimizer"]["params"].update(params)
     raw["_comment"] = f"{json_for(base, precision)} with {params} (results/harness/study/rows.py)"
@@ -368,9 +402,9 @@ def derived_json(stem: str, precision: str) -> dict:
 
 
 def json_for(stem: str, precision: str, runs: Path | None = None) -> str:
-    """The DeepSpeed JSON of a row: a shipped one, or (DERIVED_JSON) a copy of one with some
-    optimizer parameters changed, written once under ``runs``."""
-    if stem in DERIVED_JSON:
+    """The DeepSpeed JSON of a row: a shipped one, or (DERIVED_JSON, ``+key=value``) a copy of one
+    with some optimizer parameters changed, written once under ``runs``."""
+    if derived(stem):
         out = (runs or REPO / "runs/accuracy_study") / f"{stem}_{precision}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(derived_json(stem, precision), indent=2) + "\n")
@@ -390,6 +424,9 @@ def json_settings(path: str) -> dict:
     when neither can be."""
     file = Path(path) if Path(path).is_absolute() else REPO / path
     derivable = {f"{stem}_{p}.json": (stem, p) for stem in DERIVED_JSON for p in PRECISIONS}
+    for p in PRECISIONS:  # a stem with +key=value parts: derived from its name
+        if "+" in file.name and file.name.endswith(f"_{p}.json"):
+            derivable[file.name] = (file.name[: -len(f"_{p}.json")], p)
     if file.is_file():
         raw = json.loads(file.read_text())
     elif file.name in derivable:
