@@ -143,6 +143,9 @@ def test_what_cannot_be_measured_says_why():
     assert "ZeRO" in plan_line(True, 4, {"zero_optimization": {"stage": 2}}, False, stages, 2)
     single = [BatchStage(0, 64, 64, 1)]
     assert plan_line(True, 4, {}, False, single, 1).startswith("not measured: one rank")
+    # BN groups: a rank's gradient carries its group's other images through the shared statistics
+    grouped = plan_line(True, 4, {}, False, stages, 2, bn_group=2)
+    assert grouped.startswith("not measured: model.bn_group=2: BN statistics shared"), grouped
 
 
 def test_the_loss_scale_in_force_is_read_without_a_host_sync():

@@ -162,7 +162,7 @@ def check_noise_ramp(plan: Plan) -> None:
     cfg, spec, first = plan.cfg, plan.spec, plan.stages[0]
     if not cfg.batch.follow_noise:
         return
-    why = noise_scale.unsupported(spec.engine) or noise_scale.unmeasurable(
+    why = noise_scale.unsupported(spec.engine, cfg.model.bn_group) or noise_scale.unmeasurable(
         plan.world, first.accumulation, spec.lossy_comm
     )
     if why:
@@ -312,6 +312,7 @@ def noise_line(plan: Plan) -> str:
         spec.lossy_comm,
         plan.stages,
         plan.world,
+        plan.cfg.model.bn_group,
     )
 
 

@@ -172,7 +172,7 @@ def gradient_noise(plan: Plan, engine, device: torch.device) -> GradientNoise | 
     cfg = plan.cfg
     if not cfg.log.noise_scale:
         return None
-    if why := noise_scale.unsupported(plan.spec.engine):
+    if why := noise_scale.unsupported(plan.spec.engine, cfg.model.bn_group):
         log.warning("log.noise_scale: not measured: %s", why)
         return None
     params = engine.module.parameters()
