@@ -71,9 +71,13 @@ def test_fill_reads_the_permutations_as_one_stream(world, micro, batches):
     ]
     assert sharding.steps_per_epoch(n, batches, False) == [n // b for b in batches]
     with pytest.raises(ValueError, match="data.last_batch=fill"):
-        epoch_order(
-            n, Shard(0, 1, micro, 1, seed=seed), 1, offset=4
-        )  # drop starts every epoch at 0
+        epoch_order(n, Shard(0, 1, micro, 1, seed=seed), 1, offset=4)  # drop: each epoch from 0
+    # the synthetic loader (no images) counts the same steps
+    from dstrain.data.synthetic import SyntheticLoader
+
+    synthetic = SyntheticLoader(n, (1, 4, 4), 10, Shard(0, 1, 16, 3, fill=True), "train")
+    synthetic.start_epoch(1, offset=44)
+    assert len(synthetic) == sharding.epoch_steps(n, 48, True, 44) * 3 == 6
 
 
 def test_epochs_reshuffle_and_are_reproducible():
@@ -200,9 +204,11 @@ def test_batch_larger_than_data_set_is_a_clear_error():
     from types import SimpleNamespace
 
     from dstrain.run import startup
+    from dstrain.settings.config import load_config
     from dstrain.settings.ramp import batch_plan
 
-    plan = SimpleNamespace(stages=batch_plan(256, 64, [[2, 1024]], 1, 3))
+    cfg = load_config(None, [])
+    plan = SimpleNamespace(stages=batch_plan(256, 64, [[2, 1024]], 1, 3), cfg=cfg)
     startup.check_images(plan, 1024)
     with pytest.raises(ConfigError, match=r"\(batch.global_size=256\); lower batch.global_size"):
         startup.check_images(plan, 255)
@@ -210,6 +216,12 @@ def test_batch_larger_than_data_set_is_a_clear_error():
         ConfigError, match=r"batch.ramp reaches 1024 at epoch 3\); lower batch.ramp"
     ):
         startup.check_images(plan, 1000)
+    # batch.follow_noise may grow the batch to its cap: the cap must fit the data too
+    noisy = load_config(None, ["batch.follow_noise=true", "batch.noise_cap=2048"])
+    plan = SimpleNamespace(stages=batch_plan(256, 64, [], 1, 3), cfg=noisy)
+    startup.check_images(plan, 2048)
+    with pytest.raises(ConfigError, match=r"\(batch.noise_cap=2048\); lower batch.noise_cap"):
+        startup.check_images(plan, 2047)
 
 
 def test_holdout_evaluates_on_a_fixed_part_of_the_training_set(fake_fmnist):

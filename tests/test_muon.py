@@ -71,6 +71,16 @@ def test_muon_steps_filters_as_torchs_muon_and_the_rest_as_torchs_nesterov_sgd(c
     assert [g["muon"] for g in opt.param_groups] == [True, False, False]
 
 
+def test_the_sgd_parts_lr_factor_is_the_product_of_its_two_factors():
+    """sgd_lr_factor times the BN/bias group's bn_bias_lr_factor, also where the product is 1."""
+    for bn, sgd in ((0.25, 4.0), (0.1, 1.0), (1.0, 3.0)):
+        params = {"bn_bias_lr_factor": bn, "sgd_lr_factor": sgd}
+        opt = build_optimizer(tiny_net(), parse_spec({"type": "Muon", "params": params}), 1.0)
+        apply_schedule(opt, 2.0)
+        lrs = [g["lr"] for g in opt.param_groups]
+        assert lrs == pytest.approx([2.0, 2.0 * sgd, 2.0 * bn * sgd]), (bn, sgd, lrs)
+
+
 def test_the_filters_update_is_orthogonal_and_the_lr_follows_the_matrix_shape():
     """One step from zero momentum on a square filter matrix: the update's singular values are
     near 1 (Newton-Schulz's quintic leaves them in about [0.7, 1.2]), whatever the gradient's

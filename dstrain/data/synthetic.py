@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dstrain.data.sharding import Output, Shard, ShardedBatches, val_range
+from dstrain.data.sharding import Output, Shard, ShardedBatches, epoch_steps, val_range
 
 
 class SyntheticLoader(ShardedBatches):
@@ -31,7 +31,9 @@ class SyntheticLoader(ShardedBatches):
 
     def __len__(self) -> int:
         if self.mode == "train":  # read at each epoch: a batch-size ramp changes the accumulation
-            return (self.n // self.shard.global_batch) * self.shard.accumulation
+            shard = self.shard
+            steps = epoch_steps(self.n, shard.global_batch, shard.fill, self.offset)
+            return steps * shard.accumulation
         return -(-len(val_range(self.n, self.shard.rank, self.shard.world)) // len(self.y))
 
     def __iter__(self):

@@ -39,6 +39,8 @@ MUST_MATCH = {
     "zero_optimization.stage": "ZeRO stages partition the optimizer state differently",
     "data.dataset": "the model was trained on this data",
     "data.holdout": "it decides which training images train and which evaluate",
+    "data.last_batch": "it decides where each epoch starts in its order (fill: after the images "
+    "the epoch before took from it)",
 }
 
 
@@ -56,6 +58,7 @@ def fingerprint(cfg: TrainConfig, spec: DeepSpeedSpec, world: int) -> dict:
         "seed": cfg.seed,
         "data.dataset": cfg.data.dataset,
         "data.holdout": cfg.data.holdout,
+        "data.last_batch": cfg.data.last_batch,
         "world_size": world,
     }
     return json.loads(json.dumps(fp, default=list))  # as meta.json will hold it (lists, not tuples)
@@ -87,10 +90,15 @@ def differences(saved: dict, now: dict, epochs_done: int = 0, mid_epoch: bool = 
                 "and batch.ramp may change only for epochs not yet started)"
             )
             break
-    if mid_epoch and saved["seed"] != now["seed"]:
+    filled = now.get("data.last_batch") == "fill"
+    if (mid_epoch or filled) and saved["seed"] != now["seed"]:
         out.append(
             f"seed {saved['seed']!r} there, {now['seed']!r} here (it orders the data of the epoch "
-            "being continued; resume at an epoch boundary to change it)"
+            + (
+                "to come, whose first images the last epoch took (data.last_batch=fill))"
+                if filled and not mid_epoch
+                else "being continued; resume at an epoch boundary to change it)"
+            )
         )
     for key, why in MUST_MATCH.items():
         if key not in saved or saved[key] == now[key]:

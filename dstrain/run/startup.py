@@ -189,6 +189,12 @@ def check_images(plan: Plan, n_train: int) -> None:
             f"data: {n_train} training images is less than one global batch ({asks}); "
             f"lower {key} or use more data"
         )
+    batch = plan.cfg.batch
+    if batch.follow_noise and batch.noise_cap > n_train:
+        raise ConfigError(
+            f"data: {n_train} training images is less than the batch batch.follow_noise may grow "
+            f"to (batch.noise_cap={batch.noise_cap}); lower batch.noise_cap or use more data"
+        )
 
 
 def polish_images(plan: Plan, n_train: int) -> int:

@@ -160,8 +160,5 @@ def muon_groups(groups: list[dict], sgd_lr_factor: float) -> list[dict]:
             out.append({**group, "params": filters, "muon": True})
         if others:
             factor = group.get("lr_factor", 1.0) * sgd_lr_factor
-            sgd = {**group, "params": others, "muon": False}
-            if factor != 1.0:
-                sgd["lr_factor"] = factor
-            out.append(sgd)
+            out.append({**group, "params": others, "muon": False, "lr_factor": factor})
     return out
