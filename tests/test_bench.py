@@ -149,6 +149,15 @@ def test_study_table_mean_spread_and_reach_counts():
     assert lars[4] == "-1.50" and lars[5] == "-"  # 89.5 vs 91.0; no training top-1 recorded
     assert "mean ± sample sd" in lines[0] and lars[14] == "-"  # one seed: no interval
     assert cells[14] == "-"  # the reference row itself
+    assert cells[15] == cells[16] == "never (0/2)"  # no per-epoch curve here
+    # epochs and steps to 90% (a batch ramp: the steps per epoch vary), over the seeds reaching it
+    curves = [
+        {**records[0], "top1_per_epoch": [0.5, 0.9, 0.95], "step_per_epoch": [26, 52, 65]},
+        {**records[1], "top1_per_epoch": [0.5, 0.8, 0.91], "step_per_epoch": [26, 39, 45]},
+        {**records[1], "seed": 2, "top1_per_epoch": [0.5, 0.8, 0.85], "step_per_epoch": [1, 2, 3]},
+    ]
+    row = [c.strip() for c in study_report.table(curves, ["baseline"])[2].split("|")[1:-1]]
+    assert row[15] == "2.5 (2/3)" and row[16] == "48 (2/3)"  # epochs 2 and 3; steps 52 and 45
 
 
 def test_every_table_prints_one_seed_as_its_mean_alone_and_more_as_mean_plus_sample_sd():

@@ -262,6 +262,8 @@ def run_record(row: str, seed: int, s: dict) -> dict:
         "time_to_90": time_to(hist, 0.90),
         "time_to_92": time_to(hist, 0.92),
         "top1_per_epoch": [h.get("val_top1") for h in hist],
+        # the optimizer steps done at each epoch's end: steps to a target where the batch varies
+        "step_per_epoch": [h.get("step") for h in hist],
         "train_top1_per_epoch": [h.get("train_top1") for h in hist],
         # the gradient noise scale at each epoch's end beside the loss it was measured at (runs
         # with log.noise_scale and two batch sizes; None before it was measured)

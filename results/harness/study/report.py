@@ -14,11 +14,13 @@ from results.harness.study.rows import DERIVED, EMA_DERIVED
 from results.harness.study.stats import (
     FASHION_MNIST_TRAIN,
     IMAGENET_TRAIN,
+    epochs_to,
     gaps,
     largest_dip,
     mean_pm,
     mean_sd,
     reached,
+    steps_to,
     worst_seed_choice,
 )
 
@@ -31,8 +33,9 @@ def table(records: list[dict], rows: list[str], reference: str = "baseline") -> 
     lines = [
         "| row | final top-1 % (mean ± sample sd) | worst seed % | largest dip (pt) | "
         "vs baseline (pt) | train top-1 % | best top-1 % | epochs | steps | wall s | GPU-time s | "
-        "s to 90% | s to 92% | seeds | gap's 95% interval (pt, Welch) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "s to 90% | s to 92% | seeds | gap's 95% interval (pt, Welch) | epochs to 90% | "
+        "steps to 90% |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         rs = [r for r in records if r["row"] == row]
@@ -58,9 +61,21 @@ def table(records: list[dict], rows: list[str], reference: str = "baseline") -> 
             f"{gap} | {train} | {mean_pm(b, bs, len(rs))} | {rs[0]['epochs']} | "
             f"{rs[0]['steps']} | {statistics.mean(r['wall_s'] for r in rs):.0f} | "
             f"{statistics.mean(r['gpu_time_s'] for r in rs):.0f} | {reach('time_to_90')} | "
-            f"{reach('time_to_92')} | {len(rs)} | {interval_cell(intervals.get(row))} |"
+            f"{reach('time_to_92')} | {len(rs)} | {interval_cell(intervals.get(row))} | "
+            f"{counted([epochs_to(r.get('top1_per_epoch') or [], 0.9) for r in rs], '.1f')} | "
+            f"{counted([steps_to(r, 0.9) for r in rs])} |"
         )
     return lines
+
+
+def counted(values: list) -> str:
+    """The mean of the seeds that reached a level, and how many did: "45 (3/3)", "never (0/3)"."""
+    got = [v for v in values if v is not None]
+    return (
+        f"{statistics.mean(got):.0f} ({len(got)}/{len(values)})"
+        if got
+        else f"never (0/{len(values)})"
+    )
 
 
 def interval_cell(gap: dict | None) -> str:

@@ -28,6 +28,14 @@ def epochs_to(top1_per_epoch: list[float | None], target: float) -> int | None:
     return None
 
 
+def steps_to(record: dict, target: float) -> int | None:
+    """The optimizer steps done when the run's top-1 first reached ``target`` (the end of that
+    epoch); None if it never did or the run recorded no steps per epoch."""
+    epoch = epochs_to(record.get("top1_per_epoch") or [], target)
+    steps = record.get("step_per_epoch") or []
+    return steps[epoch - 1] if epoch and epoch <= len(steps) else None
+
+
 def mean_sd(values: list[float]) -> tuple[float, float]:
     """The mean and the sample standard deviation (n - 1 in the denominator; 0 for one value): the
     ± every table prints."""
