@@ -68,14 +68,12 @@ def table(records: list[dict], rows: list[str], reference: str = "baseline") -> 
     return lines
 
 
-def counted(values: list) -> str:
+def counted(values: list, spec: str = ".0f") -> str:
     """The mean of the seeds that reached a level, and how many did: "45 (3/3)", "never (0/3)"."""
     got = [v for v in values if v is not None]
-    return (
-        f"{statistics.mean(got):.0f} ({len(got)}/{len(values)})"
-        if got
-        else f"never (0/{len(values)})"
-    )
+    if not got:
+        return f"never (0/{len(values)})"
+    return f"{statistics.mean(got):{spec}} ({len(got)}/{len(values)})"
 
 
 def interval_cell(gap: dict | None) -> str:
