@@ -1,5 +1,6 @@
 """Time one optimizer step on ResNet-50's parameter set: our LARS/LAMB vs SGD(foreach), timm's Lars and
-DeepSpeed's FusedLamb (where its CUDA op builds); LAMB also on channels_last (NHWC) parameters.
+DeepSpeed's FusedLamb (where its CUDA op builds); LAMB also on channels_last (NHWC) parameters;
+Muon (filters by Newton-Schulz, the rest by SGD) and SOAP (pytorch_optimizer's, where installed).
 
     .venv/bin/python bench/optimizer_step.py [--device cpu|cuda] [--rounds 30] [--model resnet50]
 
@@ -29,6 +30,7 @@ sys.path.insert(0, str(REPO))
 from bench.common import provenance, write_result  # noqa: E402
 from dstrain.techniques.lamb import LAMB  # noqa: E402
 from dstrain.techniques.lars import LARS  # noqa: E402
+from dstrain.techniques.muon import Muon, muon_groups  # noqa: E402
 from dstrain.techniques.optim import param_groups  # noqa: E402
 
 
@@ -82,6 +84,17 @@ def fused_lamb_row(groups) -> tuple[dict, str]:
     return {"deepspeed_fused_lamb": FusedLamb(plain, lr=1e-3)}, ""
 
 
+def soap_row(groups) -> tuple[dict, str]:
+    """pytorch_optimizer's SOAP (``"type": "SOAP"``, the optimizers extra) where it is installed.
+    Its eigenbases are refreshed every 10th step (a QR per preconditioned dimension): the median
+    step is a step between refreshes, the mean (``mean_step_ms``) carries them."""
+    try:
+        from pytorch_optimizer import SOAP
+    except ImportError as err:
+        return {}, f"SOAP not run: {err} (pip install 'dstrain[optimizers]')"
+    return {"soap": SOAP(groups(), lr=3e-3, data_format="channels_first")}, ""
+
+
 def make_optimizers(model, model_cl) -> tuple[dict, list[str]]:
     """The rows, and a note for each row that could not run here."""
 
@@ -101,8 +114,10 @@ def make_optimizers(model, model_cl) -> tuple[dict, list[str]]:
         # the same parameters stored NHWC (model.channels_last=true), which FusedLamb refuses
         "dstrain_lamb_channels_last": LAMB(groups(layerwise=True, m=model_cl), lr=1e-3),
     }
+    # Muon on the filters (Newton-Schulz on each as a matrix), Nesterov SGD on the rest
+    opts["dstrain_muon"] = Muon(muon_groups(groups(), 4.0), lr=0.02)
     notes = []
-    for rows, note in (timm_lars_rows(groups), fused_lamb_row(groups)):
+    for rows, note in (timm_lars_rows(groups), fused_lamb_row(groups), soap_row(groups)):
         opts.update(rows)
         if note:
             notes.append(note)
@@ -187,6 +202,7 @@ def main() -> int:
         "parameter_set": f"torchvision {args.model}: {len(params)} tensors, {sum(p.numel() for p in params)} values",
         "rounds": args.rounds,
         "median_step_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+        "mean_step_ms": {k: round(statistics.mean(ts) * 1e3, 3) for k, ts in times.items()},
         "ratio_vs_sgd_foreach": {k: round(v / base, 3) for k, v in med.items()},
         # per-round ratios: median and the middle 80% (10th to 90th percentile) over the rounds
         "round_ratio_vs_sgd_foreach": {k: spread(v) for k, v in per_round.items()},

@@ -1955,8 +1955,9 @@ TINY_RUNS: dict[str, Tiny | str] = {
         lambda d: d["rounds"] == 1
         and d["parameter_set"].startswith("torchvision resnet18: 62 tensors")
         and d["ratio_vs_sgd_foreach"]["sgd_foreach"] == 1
-        and {"dstrain_lars", "dstrain_lamb", "dstrain_lamb_channels_last"}
-        <= set(d["median_step_ms"]),
+        and {"dstrain_lars", "dstrain_lamb", "dstrain_lamb_channels_last", "dstrain_muon", "soap"}
+        <= set(d["median_step_ms"])
+        == set(d["mean_step_ms"]),
         slow=True,
     ),
     "bench/overhead.py": Tiny(
