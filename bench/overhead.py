@@ -5,6 +5,9 @@
     .venv/bin/deepspeed --num_gpus 2 bench/overhead.py   # -> results/bench/overhead_cpu_2rank.json
     .venv/bin/python bench/overhead.py --steps 2 --pairs 2 --batch 32 --out /tmp/o.json \\
         model.width=4 data.root=DIR            # tiny (the test suite's run)
+    .venv/bin/python bench/overhead.py --config imagenet_resnet50 --deepspeed_config \\
+        ds_configs/bf16.json --batch 256 data.loader=synthetic batch.micro_per_rank=128
+                                               # a GPU: ResNet-50, two micro batches a step
 
 One engine (resnet_small, Fashion-MNIST from memory, global batch 256, ds_configs/fp32.json) runs
 alternating passes of ``--steps`` optimizer steps: a bare loop (forward, cross-entropy,
@@ -70,6 +73,12 @@ def main() -> int:
     p.add_argument(
         "--out", default="", help="result file (default results/bench/overhead_cpu_<N>rank.json)"
     )
+    p.add_argument(
+        "--config",
+        default="fashion_mnist",
+        help="the recipe (on a GPU node: imagenet_resnet50 with data.loader=synthetic)",
+    )
+    p.add_argument("--deepspeed_config", default="ds_configs/fp32.json", help="the DeepSpeed JSON")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="more trainer overrides (key=value)")
     args = p.parse_args()
@@ -92,12 +101,13 @@ def main() -> int:
     # job, the start-up checks, build_trainer), in this process; rank 0's directory is the run's
     tmp = Path(tempfile.mkdtemp(prefix="dstrain-overhead."))
     cfg = load_config(
-        "fashion_mnist",
+        args.config,
         [
             f"batch.global_size={args.batch}",
             "epochs=1",
             "optim.warmup_epochs=0",
             f"data.limit_train={args.batch * args.steps}",
+            f"data.synthetic_train_size={args.batch * args.steps}",  # data.loader=synthetic
             "log.tensorboard=false",
             "checkpoint.every_epochs=0",
             "fault.check_disk=false",
@@ -105,7 +115,7 @@ def main() -> int:
             *args.overrides,
         ],
     )
-    plan = prepare(cfg, str(REPO / "ds_configs/fp32.json"))
+    plan = prepare(cfg, str(REPO / args.deepspeed_config))
     dist.init_process_group(cfg.fault.collective_timeout_s)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -129,6 +139,9 @@ def main() -> int:
         "global_batch": args.batch,
         "steps_per_pass": args.steps,
         "torch_threads": torch.get_num_threads(),
+        "recipe": args.config,
+        "deepspeed_config": args.deepspeed_config,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "overrides": args.overrides,
         "pass_seconds": times,
         "median_step_ms": {k: 1000 * v / args.steps for k, v in med.items()},

@@ -22,8 +22,10 @@ Parts, in priority order (``PARTS``, issue 50), each with a budget (``--budget P
   tests       the tests whose path differs on a GPU (``-m gpu``) on pytest-xdist workers, continued
               test by test across jobs -> suite_gpu_<gpu>.json; the rest of the suite is CI's
   micro       BN span's cost on ResNet-50 (cuDNN), the BN group layer's arithmetic on one GPU,
-              one optimizer step of SGD, LARS, LAMB, FusedLamb, timm's Lars -> bn_span_<gpu>.json,
-              bn_group_<gpu>.json, optimizer_step_<gpu>.json
+              the trainer's and the gradient noise scale's overhead on ResNet-50 (bf16, two micro
+              batches a step), one optimizer step of SGD, LARS, LAMB, FusedLamb, timm's Lars, Muon,
+              SOAP -> bn_span_<gpu>.json, bn_group_<gpu>.json, overhead_<gpu>.json,
+              optimizer_step_<gpu>.json
   smoke       a short synthetic ResNet-50 run per shipped ImageNet JSON as a user runs it (fp16,
               fp16_native in NCHW, bf16, lamb_fp16, lars_bf16): a row whose training loss does not
               fall fails -> smoke_<gpu>.json
@@ -552,8 +554,9 @@ class Run:
         }
 
     def micro(self, budget: Budget) -> dict:
-        """BN span's cost (ResNet-50, cuDNN), the BN group layer's arithmetic on one GPU, and one
-        optimizer step (SGD, LARS, LAMB, FusedLamb, timm's Lars). BN span first: the 9a9aaeb pass
+        """BN span's cost (ResNet-50, cuDNN), the BN group layer's arithmetic on one GPU, the
+        trainer's and the noise scale's overhead (ResNet-50), and one optimizer step (SGD, LARS,
+        LAMB, FusedLamb, timm's Lars, Muon, SOAP). BN span first: the 9a9aaeb pass
         measured the optimizer step, and BN span never got its 60 s; it now runs 3 rounds of 5
         steps at batch 128 (~30 s on an H100)."""
         device = "cuda" if self.cuda else "cpu"
@@ -579,6 +582,22 @@ class Run:
                     else ("--model", "resnet50", "--image-size", "224", "--batch", "64")
                     + ("--steps", "5", "--rounds", "3")
                 ),
+            ],
+            # the trainer's step against a bare DeepSpeed step, and the gradient noise scale's
+            # cost (issue 73: <= 1% of a step), on ResNet-50 accumulating two micro batches
+            "overhead": [
+                "bench/overhead.py",
+                "--config",
+                "imagenet_resnet50",
+                *(
+                    ("--steps", "2", "--pairs", "2", "--batch", "8")
+                    + ("model.name=resnet_small", "model.width=4", "data.image_size=16")
+                    + ("data.val_resize=16", "batch.micro_per_rank=4")
+                    if self.args.tiny
+                    else ("--deepspeed_config", "ds_configs/bf16.json", "--batch", "256")
+                    + ("--steps", "10", "--pairs", "5", "batch.micro_per_rank=128")
+                ),
+                "data.loader=synthetic",
             ],
             "optimizer_step": [
                 "bench/optimizer_step.py",
