@@ -1346,6 +1346,15 @@ def test_the_ablation_and_baseline_tuning_rows_change_what_they_name(tmp_path):
     assert changes("chosen_b8192_warmup27", "chosen_b4096_warmup27") == (
         "batch.global_size: 4096 -> 8192"
     )
+    # issue 74: the third pass's rows count epochs in images; an optimizer row is the LARS row
+    # with its JSON and LR changed
+    assert changes("t3_lars_b4096", "chosen_b4096_warmup27") == "data.last_batch: drop -> fill"
+    assert changes("t3_baseline", "b128_lr0.8_tail") == "data.last_batch: drop -> fill"
+    muon = changes("t3_muon_b8192", "t3_lars_b8192")
+    assert "optimizer.type: LARS -> Muon" in muon and "optim.base_lr: 20.0 -> 0.1" in muon, muon
+    assert "batch" not in muon and "warmup" not in muon, muon  # the same schedule and batch
+    nesterov = changes("t3_nesterov_b4096", "t3_lars_b4096")
+    assert "optimizer.type: LARS -> SGD" in nesterov and "nesterov: None -> True" in nesterov
     assert changes("chosen_b4096_warmup27", "chosen_b4096") == (
         "optim.decay_epochs: 52.0 -> 61.0, optim.warmup_epochs: 36.0 -> 27.0"
     )

@@ -55,6 +55,10 @@ Grid ``study`` (rows; K = the last 5/90 of the epochs, W = the first 40%):
                    and 4,096's warmup, the batch doubling where the measured B_noise passed it
                    (batch.follow_noise), or on Mikami's fixed ramp (4,096 at half the warmup,
                    8,192 after it); the fixed 8,192 at the same LR and warmup
+  t3_*             issue 74 (epochs counted in images, data.last_batch=fill): t3_baseline (the
+                   tuned batch 128), and at 4,096 and 8,192 the chosen LARS row (t3_lars_b*) and the
+                   same schedule with Muon, SOAP or Nesterov SGD (t3_muon_b*, t3_soap_b*,
+                   t3_nesterov_b*), at first-screen LRs (--extra optim.base_lr=... for the ladder)
 Every recipe row ends with the BN refit (Final Polishing) and is scored after it; derived rows read
 the same runs before the refit (``*_no_refit``), so the two polishing ablations share one LR schedule.
 Grid ``target``: the chosen row (``CHOSEN``: fujitsu_span32 with BN/bias at 0.1x the LR) at batch

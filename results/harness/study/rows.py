@@ -249,6 +249,47 @@ def noise_rows(epochs: int) -> dict[str, tuple[str, str, list[str]]]:
     }
 
 
+# issue 74's first-screen LRs of the new optimizers at batch 4,096 and 8,192 (lr_scaling none):
+# the shipped JSONs' starting points; their ladders are run with --extra optim.base_lr=...
+THIRD_PASS_LR = {"muon": 0.1, "soap": 0.03, "nesterov": 1.6}  # Nesterov: goyal_4096's 1.6
+FILL = "data.last_batch=fill"  # issue 74, item 1: every batch sees the same images an epoch
+
+
+def third_pass(epochs: int) -> dict[str, tuple[str, str, list[str]]]:
+    """Issue 74: every row counts its epochs in images (``data.last_batch=fill``). The tuned
+    batch-128 baseline (``t3_baseline``); at 4,096 and 8,192 the chosen LARS row at LR 20 and 30%
+    warmup (``t3_lars_b*``), and the same schedule (warmup, poly 2.2 decay, label smoothing, the
+    un-augmented tail, BN over 32 images, the refit) with the optimizer changed by its JSON: Muon
+    on the filters (``t3_muon_b*``), SOAP (``t3_soap_b*``) and Nesterov SGD without LARS, Nado et
+    al.'s protocol (``t3_nesterov_b*``: the baseline's SGD JSON with nesterov true). The knobs of
+    item 2 are turned on these rows with --extra and --json-set."""
+    recipe, stem, base = brakes(epochs)[CHOSEN]
+    tuned = [*base, f"optim.base_lr={B4096_LR:g}", *b4096_warmup(epochs), FILL]
+    b128 = baseline_tuning(epochs)["b128_lr0.8_tail"]
+    rows = {"t3_baseline": (b128[0], b128[1], [*b128[2], FILL])}
+    for batch in (4096, 8192):
+        size = f"batch.global_size={batch}"
+        rows |= {
+            f"t3_lars_b{batch}": (recipe, stem, [*tuned, size]),
+            f"t3_muon_b{batch}": (
+                recipe,
+                "muon",
+                [*tuned, size, f"optim.base_lr={THIRD_PASS_LR['muon']:g}"],
+            ),
+            f"t3_soap_b{batch}": (
+                recipe,
+                "soap",
+                [*tuned, size, f"optim.base_lr={THIRD_PASS_LR['soap']:g}"],
+            ),
+            f"t3_nesterov_b{batch}": (
+                recipe,
+                "fp32+nesterov=true",
+                [*tuned, size, f"optim.base_lr={THIRD_PASS_LR['nesterov']:g}"],
+            ),
+        }
+    return rows
+
+
 # the EMA of the weights (issue 54, optim.ema) at each batch: timm's warmup, and a decay whose
 # half-life is 2.8 epochs of the held-out split's 54,000 training images, as timm's 0.9998 is at
 # ImageNet's 1,251 steps per epoch (batch 1,024): d = 2^(-1 / (2.8 x steps per epoch))
@@ -339,6 +380,7 @@ def grid_rows(grid: str, epochs: int) -> dict[str, tuple[str, str, list[str]]]:
         **ablation(epochs),
         **ema_rows(epochs),
         **noise_rows(epochs),
+        **third_pass(epochs),
     }
 
 
