@@ -10,7 +10,6 @@ import torch
 from dstrain.core.errors import ConfigError
 from dstrain.techniques.models import build_model
 from dstrain.techniques.optim import apply_schedule, build_optimizer, parse_spec
-from tests.test_trainer import make_trainer, world_of_one  # noqa: F401 (a fixture)
 
 
 def tiny_net() -> torch.nn.Module:
@@ -135,31 +134,3 @@ def test_muon_refuses_what_it_cannot_step():
         parse_spec({"type": "Muon", "params": {"adjust_lr": "rms"}}, "x.json")
     with pytest.raises(ConfigError, match="ns_steps"):
         parse_spec({"type": "Muon", "params": {"ns_steps": 0}}, "x.json")
-
-
-@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
-@pytest.mark.usefixtures("world_of_one")
-def test_a_run_with_the_shipped_muon_json_trains_through_deepspeed(fake_fmnist, tmp_path):
-    """ds_configs/muon_fp32.json through the trainer (DeepSpeed's engine steps the client
-    optimizer, channels_last filters): the loss falls and every filter moved as a matrix."""
-    trainer, plan = make_trainer(
-        fake_fmnist,
-        tmp_path,
-        "epochs=2",
-        "optim.lr_scaling=none",
-        "optim.base_lr=0.1",
-        "model.channels_last=true",
-        ds="muon_fp32",
-    )
-    assert plan.spec.optimizer.kind == "muon"
-    before = {n: p.detach().clone() for n, p in trainer.engine.module.named_parameters()}
-    trainer.fit()
-    history = trainer.state.history
-    assert history[-1]["train_loss"] < history[0]["train_loss"]
-    for name, p in trainer.engine.module.named_parameters():
-        assert not torch.equal(p, before[name]), name
-    optimizer = trainer.optimizer
-    filters = [p for g in optimizer.param_groups if g["muon"] for p in g["params"]]
-    assert filters and all(
-        optimizer.state[p]["momentum_buffer"].shape == (p.shape[0], p[0].numel()) for p in filters
-    )

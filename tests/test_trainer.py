@@ -194,6 +194,35 @@ def test_fill_trains_every_epoch_on_its_whole_data_set_across_a_ramp(
     assert dropping.epoch_offset(1) == 0
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
+def test_a_run_with_the_shipped_muon_json_trains_through_deepspeed(
+    fake_fmnist, tmp_path, world_of_one
+):
+    """ds_configs/muon_fp32.json through the trainer (DeepSpeed's engine steps the client
+    optimizer, channels_last filters): the loss falls and every filter moved as a matrix."""
+    trainer, plan = make_trainer(
+        fake_fmnist,
+        tmp_path,
+        "epochs=2",
+        "optim.lr_scaling=none",
+        "optim.base_lr=0.1",
+        "model.channels_last=true",
+        ds="muon_fp32",
+    )
+    assert plan.spec.optimizer.kind == "muon"
+    before = {n: p.detach().clone() for n, p in trainer.engine.module.named_parameters()}
+    trainer.fit()
+    history = trainer.state.history
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    for name, p in trainer.engine.module.named_parameters():
+        assert not torch.equal(p, before[name]), name
+    optimizer = trainer.optimizer
+    filters = [p for g in optimizer.param_groups if g["muon"] for p in g["params"]]
+    assert filters and all(
+        optimizer.state[p]["momentum_buffer"].shape == (p.shape[0], p[0].numel()) for p in filters
+    )
+
+
 @pytest.mark.gpu
 def test_a_stop_signal_ends_the_epoch_after_the_step_in_flight(fake_fmnist, tmp_path, world_of_one):
     trainer, _ = make_trainer(fake_fmnist, tmp_path, "epochs=1")
