@@ -223,6 +223,36 @@ def test_a_run_with_the_shipped_muon_json_trains_through_deepspeed(
     )
 
 
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
+def test_a_resume_steps_with_the_settings_it_was_given_and_the_state_it_saved(
+    fake_fmnist, tmp_path, world_of_one
+):
+    """Momentum and weight decay changed at resume (the resume check allows it): torch's
+    load_state_dict would keep the checkpoint's values; the run steps with the new ones, from the
+    saved momentum buffers, and says so."""
+    from dstrain.loop import checkpoint
+
+    first, _ = make_trainer(fake_fmnist, tmp_path / "a", "epochs=1")
+    first.fit()
+    tag = "epoch0001"
+    saved = {
+        id(p): first.optimizer.state[p]["momentum_buffer"].clone()
+        for p in first.engine.module.parameters()
+    }
+    changed = json.loads((REPO / "ds_configs/fp32.json").read_text())
+    changed["optimizer"]["params"].update(momentum=0.5, weight_decay=1e-3)
+    path = tmp_path / "changed.json"
+    path.write_text(json.dumps(changed))
+    again, _ = make_trainer(fake_fmnist, tmp_path / "b", "epochs=2", ds=str(path))
+    checkpoint.load(again.engine, first.checkpoint_root, tag)
+    groups = again.optimizer.param_groups  # load_state_dict replaces the list
+    assert [g["momentum"] for g in groups] == [0.5, 0.5]
+    assert [g["weight_decay"] for g in groups] == [1e-3, 0.0]  # BN/bias: none, as built
+    assert "initial_weight_decay" not in groups[0] or groups[0]["initial_weight_decay"] == 1e-3
+    loaded = [again.optimizer.state[p]["momentum_buffer"] for p in again.engine.module.parameters()]
+    assert all(torch.equal(b, s) for b, s in zip(loaded, saved.values()))
+
+
 @pytest.mark.gpu
 def test_a_stop_signal_ends_the_epoch_after_the_step_in_flight(fake_fmnist, tmp_path, world_of_one):
     trainer, _ = make_trainer(fake_fmnist, tmp_path, "epochs=1")

@@ -275,9 +275,35 @@ def damaged_error(root: Path, skipped: list[tuple[str, str]], what: str) -> Conf
     )
 
 
+def configured_groups(optimizer) -> list[dict]:
+    """The optimizer's settings per parameter group as this run's JSON and config built them."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+
+def keep_configured(optimizer, configured: list[dict]) -> list[str]:
+    """After a checkpoint's optimizer state is loaded, put back the settings this run was built
+    with: torch's ``load_state_dict`` keeps the saved groups' values (momentum, weight decay, the
+    trust coefficient ...), so a setting changed at resume, which the resume check allows, would
+    be silently ignored. What a group gathered while training (a step count, the last LR) and is
+    not a setting stays as loaded; the weight decay the schedule scales is taken from the new
+    setting. Returns the changes, ``key: saved -> now``."""
+    changed = []
+    for group, now in zip(optimizer.param_groups, configured, strict=True):
+        for key, value in now.items():
+            saved = group.get(key)
+            if key != "lr" and saved != value and not hasattr(value, "shape"):
+                changed.append(f"{key}: {saved!r} -> {value!r}")
+        if "initial_weight_decay" not in now:
+            group.pop("initial_weight_decay", None)  # apply_schedule takes it from weight_decay
+        group.update(now)
+    return sorted(set(changed))
+
+
 def load(engine, root: Path, tag: str) -> dict:
-    """Load a complete checkpoint into the engine; returns the trainer state saved with it."""
+    """Load a complete checkpoint into the engine; returns the trainer state saved with it. The
+    optimizer keeps this run's settings (:func:`keep_configured`), the checkpoint's state."""
     refuse_foreign_code(root / tag)  # before DeepSpeed unpickles its files
+    configured = configured_groups(engine.optimizer) if engine.optimizer is not None else None
     try:
         path, client_state = engine.load_checkpoint(
             str(root), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False
@@ -299,6 +325,13 @@ def load(engine, root: Path, tag: str) -> dict:
         ) from None
     if path is None or not client_state or "dstrain" not in client_state:
         raise RuntimeError(f"{root / tag}: DeepSpeed could not load this checkpoint")
+    if configured is not None:
+        changed = keep_configured(engine.optimizer, configured)
+        if changed:
+            log.info(
+                "resumed with this run's optimizer settings, not the checkpoint's: %s",
+                ", ".join(changed),
+            )
     rng_file = root / tag / f"rng_rank{dist.rank():05d}.pt"
     if rng_file.is_file():
         set_rng_state(load_data(rng_file, NUMPY_ARRAYS))
