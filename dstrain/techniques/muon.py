@@ -28,6 +28,8 @@ import math
 
 import torch
 
+from dstrain.techniques.multitensor import GroupwiseOptimizer
+
 ADJUST_LR = ("original", "match_rms_adamw", "spectral_unclamped", "none")
 NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)  # torch.optim.Muon's (Keller Jordan's) quintic
 NS_EPS = 1e-7
@@ -65,7 +67,7 @@ def adjusted_lr(lr: float, how: str, rows: int, cols: int) -> float:
     return lr
 
 
-class Muon(torch.optim.Optimizer):
+class Muon(GroupwiseOptimizer):
     """Muon for the groups marked ``"muon": True`` (filters), Nesterov SGD for the others."""
 
     def __init__(
@@ -102,19 +104,11 @@ class Muon(torch.optim.Optimizer):
             if group["muon"] and not all(is_filter(p) for p in group["params"]):
                 raise ValueError("Muon: a group marked muon holds a tensor that is not a filter")
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if group["muon"]:
-                self._muon(group, params)
-            else:
-                self._sgd(group, params)
-        return loss
+    def _step_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        if group["muon"]:
+            self._muon(group, params)
+        else:
+            self._sgd(group, params)
 
     def _muon(self, group: dict, params: list[torch.Tensor]) -> None:
         lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
