@@ -126,6 +126,10 @@ def test_the_estimators_and_their_averages():
     b = Averages()
     b.update(-1.0, 10.0, steps=1, decay=0.5)
     assert b.noise_scale() is None  # |G|^2 not yet above 0: no value rather than a negative one
+    c = Averages()
+    c.update(2.0, -0.5, steps=1, decay=0.5)
+    assert c.noise_scale() is None  # tr(Σ) below resolution: no value, rather than B_noise < 0
+    assert c.trace == pytest.approx(-0.5 * 0.5)  # the part itself is kept for the history
 
 
 def test_what_cannot_be_measured_says_why():

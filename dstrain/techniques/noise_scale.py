@@ -143,8 +143,10 @@ class Averages:
         self.steps += steps
 
     def noise_scale(self) -> float | None:
-        """tr(Σ)/|G|², or None while |G|² is not yet estimated above 0 (noise can make it <= 0)."""
-        if not self.steps or self.grad_sq <= 0:
+        """tr(Σ)/|G|², or None while either part is not estimated above 0: each is a difference of
+        two noisy norms and can come out <= 0 (a trace <= 0 says the noise is below what the two
+        batch sizes resolve, not that B_noise is 0 or negative; the parts stay in the values)."""
+        if not self.steps or self.grad_sq <= 0 or self.trace <= 0:
             return None
         return self.trace / self.grad_sq
 
