@@ -1915,10 +1915,14 @@ TINY_DATA = ("model.width=4", "data.root={data}", "data.download=false")
 TINY_RUNS: dict[str, Tiny | str] = {
     "bench/bn_group.py": "test_bn_group_bench_bytes_only_counts_a_group_of_2_among_8_ranks",
     "bench/bn_span.py": Tiny(
-        ("--width", "4", "--batch", "8", "--steps", "1", "--rounds", "2", "--out", "{out}"),
-        lambda d: {k: len(v) for k, v in d["step_s"].items()} == {"plain": 2, "span": 2}
+        ("--width", "4", "--batch", "8", "--span", "4", "--steps", "1", "--rounds", "2")
+        + ("--threads", "1", "--out", "{out}"),
+        lambda d: {k: len(v) for k, v in d["step_s"].items()}
+        == {"plain": 2, "span": 2, "native_span": 2}
         and d["span_over_plain"] == pytest.approx(median_ratio(d, "span", "plain"))
-        and d["title"] == "BN span 32 cost, channels_last (resnet_small, cpu)",
+        and d["span_over_native_span"] == pytest.approx(median_ratio(d, "span", "native_span"))
+        and d["torch_threads"] == 1
+        and d["title"] == "BN span 4 cost, channels_last (resnet_small, cpu)",
     ),
     "bench/checkpoint.py": Tiny(
         ("--gb", "0.004", "--files", "2", "--repeats", "2", "--dir", "{tmp}", "--out", "{out}"),

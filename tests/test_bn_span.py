@@ -11,7 +11,7 @@ import torch.nn as nn
 from dstrain.core.errors import ConfigError
 from dstrain.settings.config import load_config, validate
 from dstrain.techniques.bn_refit import refit_bn
-from dstrain.techniques.bn_span import SpanBatchNorm2d, apply_bn_span
+from dstrain.techniques.bn_span import NhwcGroupNorm, SpanBatchNorm2d, apply_bn_span
 from dstrain.techniques.models import SmallResNet, build_model
 
 
@@ -74,18 +74,68 @@ def test_a_micro_batch_with_span_n_is_k_separate_bn_calls(momentum, n):
     compare(16, n, momentum=momentum)
 
 
-def test_channels_last_keeps_its_format_and_values():
-    x, y = compare(8, 32, channels_last=True)
+@pytest.fixture
+def in_place_calls(monkeypatch):
+    """The shapes each call of the CPU's channels_last way (NhwcGroupNorm) was given."""
+    calls = []
+    original = NhwcGroupNorm.apply
+
+    def counted(x, *args):
+        calls.append((tuple(x.shape), args[2]))  # the input and its number of groups
+        return original(x, *args)
+
+    monkeypatch.setattr(NhwcGroupNorm, "apply", counted)
+    return calls
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+@pytest.mark.parametrize("n", [32, 32 + 5])  # k x N, and a short last group
+def test_channels_last_keeps_its_format_and_values(momentum, n, in_place_calls):
+    """channels_last in, channels_last out, the separate calls' values (outputs, gradients, running
+    statistics); on a CPU by the in-place way, the short last group a call of its own."""
+    x, y = compare(8, n, momentum=momentum, channels_last=True)
     assert y.is_contiguous(memory_format=torch.channels_last)
+    short = [((n - 32, 6, 5, 5), 1)] if n > 32 else []
+    assert in_place_calls == [((32, 6, 5, 5), 4), *short]  # 4 groups of 8 images
 
 
-def test_bf16_matches_separate_fp32_calls_within_bf16_rounding():
+@pytest.mark.parametrize("affine, running", [(False, True), (True, False), (False, False)])
+def test_channels_last_without_affine_or_running_statistics(affine, running, in_place_calls):
+    ref = nn.BatchNorm2d(6, affine=affine, track_running_stats=running)
+    ours = apply_bn_span_copy(ref, 8)
+    x = inputs(32, channels_last=True)
+    xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
+    yr, yo = separate_calls(ref, xr, 8), ours(xo)
+    (yr * g).sum().backward()
+    (yo * g).sum().backward()
+    torch.testing.assert_close(yo, yr)
+    torch.testing.assert_close(xo.grad, xr.grad)
+    if affine:
+        torch.testing.assert_close(ours.weight.grad, ref.weight.grad)
+    if running:
+        torch.testing.assert_close(ours.running_var, ref.running_var)
+    else:
+        assert ours.running_mean is None
+    assert in_place_calls
+
+
+def test_one_value_a_channel_is_refused_as_the_native_layer_refuses_it():
+    ours = apply_bn_span_copy(layer(), 2)
+    x = torch.randn(3, 6, 1, 1).contiguous(memory_format=torch.channels_last)  # last group: 1 value
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        ours(x)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bf16_matches_separate_fp32_calls_within_bf16_rounding(channels_last):
     """BF16 activations (DeepSpeed's bf16 engine): statistics in FP32, so the result is the FP32
-    reference rounded to BF16; ours stays as close to it as the native BF16 layer called per group."""
+    reference rounded to BF16; ours stays as close to it as the native BF16 layer called per group,
+    by either way (NCHW: the native kernel on the groups; channels_last: the CPU's in-place way)."""
     ref32 = layer()
     ours = apply_bn_span_copy(ref32, 8).to(torch.bfloat16)
     native = copy.deepcopy(ref32).to(torch.bfloat16)
-    x = inputs(32, dtype=torch.bfloat16)
+    x = inputs(32, dtype=torch.bfloat16, channels_last=channels_last)
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
     results = {}
     for name, module, xin in (("fp32", ref32, x.float()), ("ours", ours, x), ("native", native, x)):

@@ -11,9 +11,14 @@ Evaluation is unchanged (running statistics). Parameters and buffers keep their 
 checkpoints load with or without a span. A batch that is not a multiple of N ends in a smaller
 last group (the polish refit's last batch), as ``torch.split`` would cut it.
 
-The groups are normalised by one call of the native BN kernel (groups as extra channels), so the
-numerics are those of the ordinary layer: FP32 accumulation for FP16/BF16 activations, cuDNN on a
-GPU. The output keeps the input's dtype and memory format (channels_last included).
+Two ways, the same arithmetic. On a GPU, and for NCHW inputs, the groups are normalised by one call
+of the native BN kernel (groups as extra channels): the numerics of the ordinary layer, cuDNN on a
+GPU, at the cost of a reshuffling copy each way. On a CPU with channels_last inputs (the layout the
+trainer uses there) those copies and ATen's NHWC kernel at k x C channels cost more than the
+normalisation, so :class:`NhwcGroupNorm` normalises the groups where they lie, NHWC memory read as
+(k, m*H*W, C), with BN's own backward: the same values to FP32 rounding, in less time
+(``bench/bn_span.py``). Either way FP16/BF16 activations are accumulated in FP32, and the output
+keeps the input's dtype and memory format.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ class SpanBatchNorm2d(nn.BatchNorm2d):
     """``nn.BatchNorm2d`` whose training-mode statistics are taken over groups of ``span`` images."""
 
     span: int
+    # channels_last on a CPU by NhwcGroupNorm; False: the native kernel there too (bench/bn_span.py
+    # times the two)
+    cpu_in_place: bool = True
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, span={self.span}"
@@ -51,6 +59,10 @@ class SpanBatchNorm2d(nn.BatchNorm2d):
         n, c, h, w = x.shape
         m = n // k
         nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        in_place = self.cpu_in_place and nhwc and x.device.type == "cpu"
+        in_place = in_place and not torch.compiler.is_compiling()
+        if in_place and m * h * w > 1:  # one value a channel: the native kernel refuses it
+            return self._groups_in_place(x, k)
         if nhwc:  # stay NHWC: (k, m, H, W, C) -> (m, H, W, k, C), one copy each way
             grouped = x.permute(0, 2, 3, 1).reshape(k, m, h, w, c).permute(1, 2, 3, 0, 4)
             grouped = grouped.reshape(m, h, w, k * c).permute(0, 3, 1, 2)
@@ -72,6 +84,17 @@ class SpanBatchNorm2d(nn.BatchNorm2d):
             self._update_running(stats[0].view(k, c), stats[1].view(k, c), k)
         return y
 
+    def _groups_in_place(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """:meth:`_groups` for a channels_last CPU input, by :class:`NhwcGroupNorm`."""
+        c = x.shape[1]
+        weight = self.weight if self.affine else torch.ones(c, device=x.device)
+        bias = self.bias if self.affine else torch.zeros(c, device=x.device)
+        y, mean, var = NhwcGroupNorm.apply(x, weight, bias, k, self.eps)
+        if self.track_running_stats:
+            size = x.numel() // (k * c)  # the values each (group, channel) is normalised over
+            self._update_running(mean.view(k, c), var.view(k, c) * (size / (size - 1)), k)
+        return y
+
     @torch.no_grad()
     def _update_running(self, means: torch.Tensor, unbiased: torch.Tensor, k: int) -> None:
         """k successive updates r <- (1 - a) r + a s, in closed form (a: momentum, or 1/t for the
@@ -90,6 +113,56 @@ class SpanBatchNorm2d(nn.BatchNorm2d):
         for running, stats in ((self.running_mean, means), (self.running_var, unbiased)):
             update = keep * running.to(acc) + (weights * stats.to(acc)).sum(0)
             running.copy_(update.to(running.dtype))
+
+
+class NhwcGroupNorm(torch.autograd.Function):
+    """Batch norm of a channels_last ``x`` (N, C, H, W) in ``k`` consecutive groups of images,
+    computed where the groups lie: NHWC memory is (k, L, C) with L = N/k*H*W, a view. Each (group,
+    channel) is normalised over its L values with its own mean and biased variance, then scaled by
+    ``weight`` and shifted by ``bias`` (C each). Returns the output (a new channels_last tensor of
+    x's dtype) and each group's mean and biased variance (FP32, (k, 1, C), not differentiated).
+    Forward: the mean, then the variance of the centred values (two passes, as a BN kernel's);
+    backward, with d = x - mean and r = 1/sqrt(var + eps), BN's gradient per group:
+    dx = w r (dy - mean_L(dy) - d r² mean_L(dy d)), dweight = Σ_k r Σ_L dy d, dbias = Σ_k Σ_L dy."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, k, eps):
+        c = x.shape[1]
+        groups = x.permute(0, 2, 3, 1).reshape(k, -1, c).float()  # FP32 statistics and arithmetic
+        size = groups.shape[1]
+        mean = groups.sum(1, keepdim=True) / size
+        centred = groups - mean
+        var = (centred * centred).sum(1, keepdim=True) / size
+        rstd = torch.rsqrt(var + eps)
+        out = torch.empty_like(
+            x
+        )  # a tensor of its own, channels_last as x: an in-place ReLU may follow
+        out_groups = out.permute(0, 2, 3, 1).view(k, -1, c)
+        scale = rstd * weight.float()
+        if out.dtype == torch.float32:
+            torch.addcmul(bias.float(), centred, scale, out=out_groups)
+        else:
+            out_groups.copy_(torch.addcmul(bias.float(), centred, scale))
+        ctx.save_for_backward(centred, rstd, weight)
+        ctx.mark_non_differentiable(mean, var)
+        return out, mean, var
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy, _dmean, _dvar):
+        centred, rstd, weight = ctx.saved_tensors
+        k, size, c = centred.shape
+        n, _, h, w = dy.shape
+        g = dy.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1).reshape(k, -1, c)
+        g = g.float()
+        sum_dy = g.sum(1, keepdim=True)
+        sum_dy_centred = (g * centred).sum(1, keepdim=True)
+        scale = rstd * weight.float()
+        dx = torch.addcmul(-scale * sum_dy / size, g, scale)
+        dx = torch.addcmul(dx, centred, -scale * rstd * rstd * sum_dy_centred / size)
+        dx = dx.to(dy.dtype).view(n, h, w, c).permute(0, 3, 1, 2)  # channels_last, as x
+        dweight = (sum_dy_centred * rstd).sum(0).view(-1).to(weight.dtype)
+        return dx, dweight, sum_dy.sum(0).view(-1).to(weight.dtype), None, None
 
 
 def apply_bn_span(model: nn.Module, span: int) -> int:
