@@ -1806,6 +1806,32 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     named = ["--across-commits", older[:7], newer[:7]]
     assert ablation.main(["--reports", split, "--out", str(out), "--name", "x", *named]) == 0
     assert "dstrain/ changed between them" in (out / "x.md").read_text()
+    # any change (issue 74, item 5), by --change: two reports of one row each, the same row name
+    # with a knob turned, every setting that differs listed, the changed side minus the base
+    turned = [
+        run("fujitsu_span32_bn_lr0.1", s, t, "optim.label_smoothing=0.05")
+        for s, t in enumerate([0.925, 0.926, 0.924])
+    ]
+    ref, ls005 = report("t3_ref", chosen), report("t3_ls005", turned)
+    argv = ["--change", "label smoothing 0.05", ls005, ref, "--out", str(out), "--name", "c"]
+    assert ablation.main(argv) == 0
+    (entry,) = described(out / "c.json")["entries"]
+    assert (entry["row"], entry["base"]) == ("t3_ls005", "t3_ref")
+    assert entry["differs"] == ["optim.label_smoothing: 0.1 -> 0.05"]
+    assert entry["gap_pt"] == pytest.approx(0.5) and entry["earns_pt"] == pytest.approx(0.5)
+    assert entry["interval"] == "Welch" and 0 < entry["ci95_pt"][0] < 0.5 < entry["ci95_pt"][1]
+    md = (out / "c.md").read_text()
+    assert md.startswith("# What each change earns") and "each row one change from its base" in md
+    assert "| label smoothing 0.05 | t3_ls005 (3) | 92.50 ± 0.10 | 92.40 | t3_ref (3) |" in md
+    # refused: a side holding several rows, the two modes at once, a change against itself
+    for bad in (
+        ["--change", "x", a, ref],
+        ["--reports", a, "--change", "x", ls005, ref],
+        ["--change", "x", ref, ref],
+    ):
+        with pytest.raises(SystemExit):
+            ablation.main([*bad, "--out", str(out), "--name", "d"])
+    assert not (out / "d.json").exists()
 
 
 def test_startup_bench_takes_each_difference_within_a_repeat_and_reads_mlflow(

@@ -19,6 +19,12 @@ helping. The settings that differ are read from the runs' recorded commands (the
 not one definition, runs on different images or lengths are refused, naming what differs; runs
 made at different trainer code are refused unless named with ``--across-commits``, as
 results/harness/accuracy_study.py does. A row whose runs are not in the reports yet is listed as pending.
+
+Any other change (a knob's setting, an optimizer) is compared with ``--change WHAT CHANGED BASE``,
+once per table row: CHANGED and BASE are two reports of one row definition each (e.g. the study's
+row run with ``--extra optim.weight_decay=1e-4`` and the same row as defined), WHAT the table's
+words for it; every setting in which the two differ is listed, the gap is the changed side's
+minus the base's, with its Welch interval (issue 74, item 5: what earns what at 4,096 and 8,192).
 Writes <name>.json and <name>.md under --out (default results/studies).
 """
 
@@ -46,7 +52,7 @@ class Change(NamedTuple):
     base: str  # the row it is one change from
     what: str  # the change, as the table names it
     sign: int  # +1: the row adds the technique; -1: it removes it (or replaces the base's)
-    keys: tuple[str, ...]  # the settings the change may touch (a prefix ends with ".")
+    keys: tuple[str, ...] | None  # the settings it may touch (a prefix ends with "."); None: any
 
 
 CHANGES = (
@@ -111,8 +117,8 @@ def one_run_each(runs: list[dict]) -> dict:
     return first
 
 
-def allowed(key: str, keys: tuple[str, ...]) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in keys)
+def allowed(key: str, keys: tuple[str, ...] | None) -> bool:
+    return keys is None or any(key == k or (k.endswith(".") and key.startswith(k)) for k in keys)
 
 
 def what_differs(change: Change, row_runs: list[dict], base_runs: list[dict]) -> list[str]:
@@ -165,6 +171,26 @@ def _summary(runs: list[dict]) -> dict:
         "sd": sd,
         "worst": min(values),
     }
+
+
+def named_changes(given: list[list[str]], reports: dict[str, dict]) -> tuple[dict, tuple]:
+    """``--change WHAT CHANGED BASE``: each side's runs under its report's name (one row definition
+    a report, else ValueError), and the changes between them."""
+    rows, changes = {}, []
+    for what, *sides in given:
+        for path in sides:
+            runs = gathered([reports[path]])
+            if len(runs) != 1:
+                raise ValueError(
+                    f"--change {path}: holds the rows {', '.join(sorted(runs))}; a side of a "
+                    "change is one row's runs"
+                )
+            rows[Path(path).stem] = next(iter(runs.values()))
+        changed, base = (Path(path).stem for path in sides)
+        if changed == base:
+            raise ValueError(f"--change {what!r}: both sides are {changed}")
+        changes.append(Change(changed, base, what, +1, None))
+    return rows, tuple(changes)
 
 
 def compare(rows: dict[str, list[dict]], changes=CHANGES) -> tuple[list[dict], list[str]]:
@@ -235,11 +261,15 @@ def base_words(name: str, settings: dict) -> str:
     )
 
 
-def table(entries: list[dict], pending: list[str]) -> list[str]:
+def table(entries: list[dict], pending: list[str], named: bool = False) -> list[str]:
+    """The table; ``named``: rows given by --change (one change each from its own base)."""
+    first, earns = (
+        ("change", "the change") if named else ("change from the chosen recipe", "the technique")
+    )
     lines = [
-        "| change from the chosen recipe | row (seeds) | top-1 % (mean ± sample sd) | worst seed % "
+        f"| {first} | row (seeds) | top-1 % (mean ± sample sd) | worst seed % "
         "| its base (seeds) | base top-1 % | base worst % | changed − base (pt) | 95% interval "
-        "| the technique earns (pt) | settings that differ |",
+        f"| {earns} earns (pt) | settings that differ |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
@@ -276,8 +306,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--reports",
         nargs="+",
-        required=True,
+        default=[],
         help="results/harness/accuracy_study.py reports holding the rows of CHANGES and their bases",
+    )
+    p.add_argument(
+        "--change",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("WHAT", "CHANGED", "BASE"),
+        help="instead of CHANGES: a table row comparing two reports of one row each",
     )
     p.add_argument(
         "--across-commits",
@@ -289,8 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO / "results/studies"))
     p.add_argument("--name", default="ablation")
     args = p.parse_args(argv)
+    if bool(args.reports) == bool(args.change):
+        p.error("give --reports (the seeds' techniques, CHANGES) or --change ... (any), not both")
+    paths = args.reports or list(dict.fromkeys(path for _, *sides in args.change for path in sides))
     reports = []
-    for path in args.reports:
+    for path in paths:
         try:
             data = json.loads(Path(path).read_text())
             data["runs"]
@@ -298,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--reports {path}: not a study report ({type(e).__name__}: {e})")
         reports.append(data)
     for field in ("holdout", "epochs"):
-        seen = {(path, r.get(field)) for path, r in zip(args.reports, reports)}
+        seen = {(path, r.get(field)) for path, r in zip(paths, reports)}
         if len({v for _, v in seen}) > 1:
             p.error(
                 f"--reports: runs of different {field} ("
@@ -306,21 +347,24 @@ def main(argv: list[str] | None = None) -> int:
                 + "): one table compares runs on the same images for the same length"
             )
     try:
-        rows = gathered(reports)
-        wanted = {name for c in CHANGES for name in (c.row, c.base)}
+        if args.change:
+            rows, changes = named_changes(args.change, dict(zip(paths, reports)))
+        else:
+            rows, changes = gathered(reports), CHANGES
+        wanted = {name for c in changes for name in (c.row, c.base)}
         used = [r for name, runs in rows.items() if name in wanted for r in runs]
         code = code_between([str(r.get("git_sha")) for r in used])
         if refuse_mixed_code(code, args.across_commits, prog="ablation"):
             return 2
-        entries, pending = compare(rows)
-        based = bases(rows)
+        entries, pending = compare(rows, changes)
+        based = bases(rows, changes)
     except ValueError as e:
         p.error(str(e))
     holdout = reports[0].get("holdout", 0)
     images = f"{holdout} held-out training images" if holdout else "the test set"
     meta = {
         **provenance("results/harness/ablation.py", argv),
-        "reports": args.reports,
+        "reports": paths,
         "holdout": holdout,
         "epochs": reports[0].get("epochs"),
         "sd": "sample standard deviation (n - 1)",
@@ -331,29 +375,33 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    title = f"What each technique earns at the large batch, {meta['epochs']} epochs, {images}"
+    what = "change" if args.change else "technique"
+    title = f"What each {what} earns at the large batch, {meta['epochs']} epochs, {images}"
     write_result(out / f"{args.name}.json", meta, title=title, headline=headline(entries))
     named = " or ".join(base_words(n, v) for n, v in based.items()) or f"{CHOSEN} at batch 4,096"
     head = (
-        f"What each technique earns at the large batch: {meta['epochs']} epochs, top-1 on "
-        f"{images}; each row one change from the chosen recipe ({named}, as its runs set "
-        "them); ± is the sample standard deviation."
+        f"What each {what} earns at the large batch: {meta['epochs']} epochs, top-1 on "
+        f"{images}; each row one change from "
+        + (f"its base ({named}" if args.change else f"the chosen recipe ({named}")
+        + ", as its runs set them); ± is the sample standard deviation."
     )
     md = [
-        "# Ablation of the seeds' techniques (Fashion-MNIST)",
+        "# What each change earns (Fashion-MNIST)"
+        if args.change
+        else "# Ablation of the seeds' techniques (Fashion-MNIST)",
         "",
         f"`{meta['command']}` at git {str(meta['git_sha'])[:7]}, {meta['date']}; runs from "
-        f"{len(args.reports)} report(s).",
+        f"{len(paths)} report(s).",
         "",
         head,
         "",
-        *table(entries, pending),
+        *table(entries, pending, bool(args.change)),
         "",
         *code_lines(code),
         "",
     ]
     (out / f"{args.name}.md").write_text("\n".join(md))
-    print("\n".join([head, *table(entries, pending), *code_lines(code)]))
+    print("\n".join([head, *table(entries, pending, bool(args.change)), *code_lines(code)]))
     return 0
 
 
