@@ -41,9 +41,12 @@ def inputs(n, c=6, hw=5, seed=1, dtype=torch.float32, channels_last=False):
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
-def compare(span, n, *, momentum=0.1, dtype=torch.float32, channels_last=False, tol=None):
+def compare(
+    span, n, *, momentum=0.1, dtype=torch.float32, channels_last=False, tol=None, in_place=True
+):
     ref = layer(momentum=momentum, dtype=dtype)
     ours = apply_bn_span_copy(ref, span)
+    ours.cpu_in_place = in_place
     x = inputs(n, dtype=dtype, channels_last=channels_last)
     xr, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
@@ -88,15 +91,17 @@ def in_place_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["cpu-in-place", "native"])
 @pytest.mark.parametrize("momentum", [0.1, None])
 @pytest.mark.parametrize("n", [32, 32 + 5])  # k x N, and a short last group
-def test_channels_last_keeps_its_format_and_values(momentum, n, in_place_calls):
+def test_channels_last_keeps_its_format_and_values(momentum, n, in_place, in_place_calls):
     """channels_last in, channels_last out, the separate calls' values (outputs, gradients, running
-    statistics); on a CPU by the in-place way, the short last group a call of its own."""
-    x, y = compare(8, n, momentum=momentum, channels_last=True)
+    statistics), by either way: the CPU's in-place way (each call of it the head's 4 groups of 8
+    images, then the short last group) and the native kernel on the groups, a GPU's way."""
+    x, y = compare(8, n, momentum=momentum, channels_last=True, in_place=in_place)
     assert y.is_contiguous(memory_format=torch.channels_last)
     short = [((n - 32, 6, 5, 5), 1)] if n > 32 else []
-    assert in_place_calls == [((32, 6, 5, 5), 4), *short]  # 4 groups of 8 images
+    assert in_place_calls == ([((32, 6, 5, 5), 4), *short] if in_place else [])
 
 
 @pytest.mark.parametrize("affine, running", [(False, True), (True, False), (False, False)])
@@ -113,11 +118,43 @@ def test_channels_last_without_affine_or_running_statistics(affine, running, in_
     torch.testing.assert_close(xo.grad, xr.grad)
     if affine:
         torch.testing.assert_close(ours.weight.grad, ref.weight.grad)
+        torch.testing.assert_close(ours.bias.grad, ref.bias.grad)
     if running:
+        torch.testing.assert_close(ours.running_mean, ref.running_mean)
         torch.testing.assert_close(ours.running_var, ref.running_var)
-    else:
-        assert ours.running_mean is None
-    assert in_place_calls
+        assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked) == 4
+    assert in_place_calls == [((32, 6, 5, 5), 4)]
+
+
+def test_fp64_inputs_are_computed_in_fp64():
+    """The in-place way keeps FP64 (gradcheck: its backward is the derivative of its forward)."""
+    ours = apply_bn_span_copy(layer(dtype=torch.float64), 4)
+    x = inputs(8, dtype=torch.float64, hw=3, channels_last=True).requires_grad_()
+    weight, bias = ours.weight, ours.bias
+    assert torch.autograd.gradcheck(
+        lambda x, w, b: NhwcGroupNorm.apply(x, w, b, 2, ours.eps)[0], (x, weight, bias)
+    )
+
+
+def test_cpu_autocast_bf16_activations_with_fp32_weights(in_place_calls):
+    """The trainer's CPU bf16 case (torch.autocast): a convolution's BF16 output into the span layer
+    with FP32 parameters, by the in-place way, as close to the native kernel's as BF16 allows."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 6, 3, padding=1, bias=False).to(memory_format=torch.channels_last)
+    spans = {way: apply_bn_span_copy(layer(), 8) for way in (True, False)}
+    spans[False].cpu_in_place = False
+    x = torch.randn(32, 3, 6, 6).contiguous(memory_format=torch.channels_last)
+    got = {}
+    for way, bn in spans.items():
+        conv.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = bn(conv(x))
+        assert y.dtype == torch.bfloat16 and y.is_contiguous(memory_format=torch.channels_last)
+        y.float().square().sum().backward()
+        got[way] = [y.float(), conv.weight.grad, bn.weight.grad, bn.bias.grad, bn.running_var]
+    assert in_place_calls == [((32, 6, 6, 6), 4)]
+    for mine, native in zip(got[True], got[False]):
+        torch.testing.assert_close(mine, native, rtol=0.02, atol=0.02 * native.abs().max().item())
 
 
 def test_one_value_a_channel_is_refused_as_the_native_layer_refuses_it():

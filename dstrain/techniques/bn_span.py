@@ -60,8 +60,7 @@ class SpanBatchNorm2d(nn.BatchNorm2d):
         m = n // k
         nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
         in_place = self.cpu_in_place and nhwc and x.device.type == "cpu"
-        in_place = in_place and not torch.compiler.is_compiling()
-        if in_place and m * h * w > 1:  # one value a channel: the native kernel refuses it
+        if in_place and not torch.compiler.is_compiling():
             return self._groups_in_place(x, k)
         if nhwc:  # stay NHWC: (k, m, H, W, C) -> (m, H, W, k, C), one copy each way
             grouped = x.permute(0, 2, 3, 1).reshape(k, m, h, w, c).permute(1, 2, 3, 0, 4)
@@ -120,15 +119,18 @@ class NhwcGroupNorm(torch.autograd.Function):
     computed where the groups lie: NHWC memory is (k, L, C) with L = N/k*H*W, a view. Each (group,
     channel) is normalised over its L values with its own mean and biased variance, then scaled by
     ``weight`` and shifted by ``bias`` (C each). Returns the output (a new channels_last tensor of
-    x's dtype) and each group's mean and biased variance (FP32, (k, 1, C), not differentiated).
-    Forward: the mean, then the variance of the centred values (two passes, as a BN kernel's);
-    backward, with d = x - mean and r = 1/sqrt(var + eps), BN's gradient per group:
-    dx = w r (dy - mean_L(dy) - d r² mean_L(dy d)), dweight = Σ_k r Σ_L dy d, dbias = Σ_k Σ_L dy."""
+    x's dtype) and each group's mean and biased variance (FP32 or FP64, (k, 1, C), not
+    differentiated). Forward: the mean, then the variance of the centred values (two passes, as a
+    BN kernel's); backward, with d = x - mean and r = 1/sqrt(var + eps), BN's gradient per group:
+    dx = w r (dy - mean_L(dy) - d r² mean_L(dy d)), dweight = Σ_k r Σ_L dy d, dbias = Σ_k Σ_L dy.
+    The arithmetic is in FP32 for FP16/BF16/FP32 inputs, in FP64 for FP64 ones. Once
+    differentiable (no double backward: a run never takes one; the native way allows it)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, k, eps):
         c = x.shape[1]
-        groups = x.permute(0, 2, 3, 1).reshape(k, -1, c).float()  # FP32 statistics and arithmetic
+        acc = torch.promote_types(x.dtype, torch.float32)
+        groups = x.permute(0, 2, 3, 1).reshape(k, -1, c).to(acc)  # a view, or a copy in FP32
         size = groups.shape[1]
         mean = groups.sum(1, keepdim=True) / size
         centred = groups - mean
@@ -138,26 +140,33 @@ class NhwcGroupNorm(torch.autograd.Function):
             x
         )  # a tensor of its own, channels_last as x: an in-place ReLU may follow
         out_groups = out.permute(0, 2, 3, 1).view(k, -1, c)
-        scale = rstd * weight.float()
-        if out.dtype == torch.float32:
-            torch.addcmul(bias.float(), centred, scale, out=out_groups)
+        scale = rstd * weight.to(acc)
+        if out.dtype == acc:
+            torch.addcmul(bias.to(acc), centred, scale, out=out_groups)
         else:
-            out_groups.copy_(torch.addcmul(bias.float(), centred, scale))
-        ctx.save_for_backward(centred, rstd, weight)
+            out_groups.copy_(torch.addcmul(bias.to(acc), centred, scale))
+        # what the backward needs: the centred values, or for FP16/BF16 inputs the input and the
+        # mean (half the memory; the centring done again)
+        ctx.save_for_backward(centred if x.dtype == acc else x, mean, rstd, weight)
+        ctx.k = k
         ctx.mark_non_differentiable(mean, var)
         return out, mean, var
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy, _dmean, _dvar):
-        centred, rstd, weight = ctx.saved_tensors
-        k, size, c = centred.shape
-        n, _, h, w = dy.shape
+        saved, mean, rstd, weight = ctx.saved_tensors
+        acc = mean.dtype
+        n, c, h, w = dy.shape
+        k = ctx.k
+        if saved.dim() == 4:  # the FP16/BF16 input
+            saved = saved.permute(0, 2, 3, 1).reshape(k, -1, c).to(acc) - mean
+        centred, size = saved, saved.shape[1]
         g = dy.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1).reshape(k, -1, c)
-        g = g.float()
+        g = g.to(acc)
         sum_dy = g.sum(1, keepdim=True)
         sum_dy_centred = (g * centred).sum(1, keepdim=True)
-        scale = rstd * weight.float()
+        scale = rstd * weight.to(acc)
         dx = torch.addcmul(-scale * sum_dy / size, g, scale)
         dx = torch.addcmul(dx, centred, -scale * rstd * rstd * sum_dy_centred / size)
         dx = dx.to(dy.dtype).view(n, h, w, c).permute(0, 3, 1, 2)  # channels_last, as x
