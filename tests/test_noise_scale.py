@@ -237,3 +237,19 @@ def test_a_resume_keeps_following_the_noise_on_ranks_that_divide_its_batches():
         check_batch_switches(load_config(None, ["batch.micro_per_rank=16"]), 1, switches)
     with pytest.raises(ConfigError, match="not whole micro batches of 16 on 2 ranks"):
         check_batch_switches(on, 2, [[1, 48, 50.0]])
+
+
+def test_the_progress_line_puts_the_batch_beside_b_noise(tmp_path, caplog):
+    """The line a user watches says how far past B_noise the batch is (McCandlish's B/B_noise)."""
+    import logging
+
+    from dstrain.loop.monitor import Monitor, Progress
+
+    monitor = Monitor(tmp_path, enabled=True, tensorboard=False)
+    values = {"loss": 0.5, "lr": 1.0, "global_batch": 4096, "images_per_sec": 100.0}
+    with caplog.at_level(logging.INFO):
+        monitor.step(10, Progress(0, 90, 10, 13), {**values, "noise_scale": 425.0})
+        monitor.step(11, Progress(0, 90, 11, 13), {**values, "noise_scale": None})
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].endswith("img/s  B_noise 425 (batch/B_noise 9.64)")
+    assert lines[1].endswith("img/s")  # not measured yet: nothing said

@@ -126,8 +126,9 @@ class Monitor:
             line += f" skipped {values['skipped_steps']}"
         if values.get("comm_bytes_per_step") is not None:
             line += f"  sent {values['comm_bytes_per_step'] / 2**20:.2f} MiB/step"
-        if values.get("noise_scale") is not None:
-            line += f"  B_noise {values['noise_scale']:.4g}"
+        if values.get("noise_scale") is not None:  # with McCandlish's B/B_noise: E = E_min(1 + it)
+            ratio = values["global_batch"] / values["noise_scale"]
+            line += f"  B_noise {values['noise_scale']:.4g} (batch/B_noise {ratio:.3g})"
         if values.get("trust_median") is not None:
             line += (
                 f"  trust {values['trust_min']:.3g}/{values['trust_median']:.3g}/"
