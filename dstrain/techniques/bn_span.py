@@ -136,9 +136,8 @@ class NhwcGroupNorm(torch.autograd.Function):
         centred = groups - mean
         var = (centred * centred).sum(1, keepdim=True) / size
         rstd = torch.rsqrt(var + eps)
-        out = torch.empty_like(
-            x
-        )  # a tensor of its own, channels_last as x: an in-place ReLU may follow
+        # a tensor of its own (not a view), channels_last as x: an in-place ReLU may follow
+        out = torch.empty_like(x)
         out_groups = out.permute(0, 2, 3, 1).view(k, -1, c)
         scale = rstd * weight.to(acc)
         if out.dtype == acc:
