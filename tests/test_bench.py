@@ -1823,11 +1823,17 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     md = (out / "c.md").read_text()
     assert md.startswith("# What each change earns") and "each row one change from its base" in md
     assert "| label smoothing 0.05 | t3_ls005 (3) | 92.50 ± 0.10 | 92.40 | t3_ref (3) |" in md
-    # refused: a side holding several rows, the two modes at once, a change against itself
+    # refused: a side holding several rows, the two modes at once, a change against itself, two
+    # reports of one file name (the table's names for them)
+    (tmp_path / "elsewhere").mkdir()
+    same_name = str(tmp_path / "elsewhere" / "t3_ref.json")
+    no_ls_runs = [dict(r, command=r["command"].replace("=0.05", "=0")) for r in turned]
+    Path(same_name).write_text(json.dumps({"holdout": 6000, "epochs": 4, "runs": no_ls_runs}))
     for bad in (
         ["--change", "x", a, ref],
         ["--reports", a, "--change", "x", ls005, ref],
         ["--change", "x", ref, ref],
+        ["--change", "x", ls005, ref, "--change", "y", same_name, ls005],
     ):
         with pytest.raises(SystemExit):
             ablation.main([*bad, "--out", str(out), "--name", "d"])

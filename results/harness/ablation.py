@@ -176,9 +176,14 @@ def _summary(runs: list[dict]) -> dict:
 def named_changes(given: list[list[str]], reports: dict[str, dict]) -> tuple[dict, tuple]:
     """``--change WHAT CHANGED BASE``: each side's runs under its report's name (one row definition
     a report, else ValueError), and the changes between them."""
-    rows, changes = {}, []
+    rows, changes, named = {}, [], {}
     for what, *sides in given:
         for path in sides:
+            if named.setdefault(Path(path).stem, path) != path:
+                raise ValueError(
+                    f"--change {path} and {named[Path(path).stem]}: one name, two reports (the "
+                    "table names each side by its file's name)"
+                )
             runs = gathered([reports[path]])
             if len(runs) != 1:
                 raise ValueError(
