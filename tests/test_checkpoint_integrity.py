@@ -53,6 +53,11 @@ def weights(ckpt: Path) -> dict:
     return torch.load(ckpt / MODEL, map_location="cpu", weights_only=True)["module"]
 
 
+# the tests that read three_epochs, on one pytest-xdist worker: handed out one at a time, they
+# trained it on both workers
+SHARES_RUN = pytest.mark.xdist_group("three_epochs")
+
+
 @pytest.fixture(scope="module")
 def three_epochs(fake_fmnist, tmp_path_factory) -> Path:
     """TINY's 3 epochs on one rank, a checkpoint each (keep_last 2: epoch0002 and epoch0003 stay)."""
@@ -69,6 +74,7 @@ def copy_run(source: Path, dest: Path) -> Path:
 
 
 # ---------------------------------------------------------------- the manifest and the choice
+@SHARES_RUN
 def test_each_checkpoint_carries_a_manifest_of_every_file_as_written(three_epochs):
     root = three_epochs / "checkpoints"
     assert checkpoint.complete_tags(root) == ["epoch0002", "epoch0003"]
@@ -81,6 +87,7 @@ def test_each_checkpoint_carries_a_manifest_of_every_file_as_written(three_epoch
     assert checkpoint.newest_intact(root) == ("epoch0003", [])
 
 
+@SHARES_RUN
 @pytest.mark.parametrize("case", [*DAMAGE, "model states corrupted"])
 def test_a_damaged_newest_checkpoint_is_passed_over_for_the_one_before(
     case, three_epochs, tmp_path
@@ -105,6 +112,7 @@ def _choose_on_two_ranks(rank: int, port: int, root: Path, out: Path) -> None:
     tdist.destroy_process_group()
 
 
+@SHARES_RUN
 @pytest.mark.parametrize("case", DAMAGE)
 def test_two_ranks_reading_half_the_files_each_choose_the_same_checkpoint(
     case, three_epochs, tmp_path
@@ -122,6 +130,7 @@ def test_two_ranks_reading_half_the_files_each_choose_the_same_checkpoint(
     assert said in answers[0][1][0][1]
 
 
+@SHARES_RUN
 def test_with_none_intact_one_message_names_each_damaged_checkpoint(three_epochs, tmp_path):
     root = copy_run(three_epochs, tmp_path / "run") / "checkpoints"
     damage(root / "epoch0003" / MODEL, "remove")
@@ -133,6 +142,7 @@ def test_with_none_intact_one_message_names_each_damaged_checkpoint(three_epochs
     assert "epoch0002: rng_rank00000.pt has 0 bytes" in message and FIX not in message
 
 
+@SHARES_RUN
 def test_a_checkpoint_from_before_manifests_is_checked_by_loading_its_files(three_epochs, tmp_path):
     root = copy_run(three_epochs, tmp_path / "run") / "checkpoints"
     for tag in ("epoch0002", "epoch0003"):
@@ -146,6 +156,7 @@ def test_a_checkpoint_from_before_manifests_is_checked_by_loading_its_files(thre
     assert f"{MODEL} is missing" in skipped[1][1], skipped
 
 
+@SHARES_RUN
 def test_damage_and_distrust_get_different_messages(three_epochs, tmp_path):
     """A file of ours cut short or emptied says so; the re-save advice is for a file whose pickle
     names code or that is no torch.save zip, and such a file is refused, not passed over."""
@@ -163,6 +174,7 @@ def test_damage_and_distrust_get_different_messages(three_epochs, tmp_path):
     assert not isinstance(foreign.value, DamagedFile) and FIX in str(foreign.value)
 
 
+@SHARES_RUN
 def test_keep_last_never_deletes_the_newest_intact_checkpoint(three_epochs, tmp_path, caplog):
     root = copy_run(three_epochs, tmp_path / "run") / "checkpoints"
     shutil.copytree(root / "epoch0002", root / "epoch0001")  # an older one to delete
@@ -181,6 +193,7 @@ def test_keep_last_never_deletes_the_newest_intact_checkpoint(three_epochs, tmp_
 
 
 # ---------------------------------------------------------------- as a user meets it
+@SHARES_RUN
 @pytest.mark.slow
 def test_resume_check_and_polish_continue_from_the_newest_intact_checkpoint(
     three_epochs, fake_fmnist, tmp_path

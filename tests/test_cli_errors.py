@@ -595,6 +595,11 @@ def test_existing_run_dir_is_not_overwritten(fake_fmnist, tmp_path, evidence):
     )
 
 
+# the tests that read the module's finished runs (finished_run, finished_zero1_run), on one
+# pytest-xdist worker: handed out one at a time, they trained each run on both workers
+SHARES_RUNS = pytest.mark.xdist_group("refusals")
+
+
 @pytest.fixture(scope="module")
 def finished_run(fake_fmnist, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("finished") / "run"
@@ -613,6 +618,7 @@ def finished_run(fake_fmnist, tmp_path_factory) -> Path:
     return run_dir
 
 
+@SHARES_RUNS
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 53: the quick loop under 1 minute)
 def test_the_run_logs_the_plan_check_prints(finished_run, fake_fmnist, capfd):
     """One renderer (startup.plan_lines) from one LR: every line --check prints for a run is in
@@ -636,6 +642,7 @@ def test_the_run_logs_the_plan_check_prints(finished_run, fake_fmnist, capfd):
     )
 
 
+@SHARES_RUNS
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_resume_with_a_different_model_is_refused(finished_run, fake_fmnist, evidence):
     before = tree_digest(finished_run)
@@ -680,6 +687,7 @@ INCOMPATIBLE = [
 ]
 
 
+@SHARES_RUNS
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("case, extra, text", INCOMPATIBLE, ids=[c[0][:20] for c in INCOMPATIBLE])
 def test_resume_with_an_incompatible_config_is_refused_untouched(
@@ -708,6 +716,7 @@ def test_resume_with_an_incompatible_config_is_refused_untouched(
     )
 
 
+@SHARES_RUNS
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 def test_resume_with_allowed_changes_continues(finished_run, fake_fmnist, tmp_path, evidence):
     """epochs, the LR, momentum, label smoothing and logging may change."""
@@ -734,6 +743,7 @@ def test_resume_with_allowed_changes_continues(finished_run, fake_fmnist, tmp_pa
     )
 
 
+@SHARES_RUNS
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("case", ["not a run directory", "a different model"])
 def test_polish_refuses_a_checkpoint_it_cannot_use(case, finished_run, tmp_path, evidence):
@@ -774,6 +784,7 @@ def _plant(run_dir: Path, marker: Path, name: str = "mp_rank_00_model_states.pt"
     return target
 
 
+@SHARES_RUNS
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize(
     "command, planted",
@@ -851,6 +862,7 @@ def finished_zero1_run(fake_fmnist, tmp_path_factory) -> tuple[Path, Path]:
     return home / "run", home / "zero1.json"
 
 
+@SHARES_RUNS
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("command", ["resume", "check"])
 @pytest.mark.parametrize("planted", ["zero optimizer state", "legacy pickle"])
@@ -902,6 +914,7 @@ def test_a_planted_file_deepspeed_would_unpickle_is_refused_unread(
     )
 
 
+@SHARES_RUNS
 def test_checkpoints_dstrain_writes_load_as_data(finished_run):
     """Everything in a dstrain checkpoint loads with torch's weights_only loader (the RNG state's
     numpy part is a tensor now); refuse_foreign_code passes it."""

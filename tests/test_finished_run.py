@@ -16,7 +16,9 @@ from tests.conftest import deepspeed_launcher, run_cli
 from tests.test_cli_errors import tree_digest
 from tests.test_e2e import FOLDER
 
-pytestmark = pytest.mark.slow  # a training run (the module's), then the commands: the full suite
+# a training run (the module's), then the commands: the full suite; on one pytest-xdist worker,
+# which trains the run once (handed out one at a time, the tests trained it on both workers)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("finished_run")]
 
 
 @pytest.fixture(scope="module")

@@ -387,7 +387,9 @@ def test_native_fp16_engine_updates_as_fp32_does_and_reports_its_scale(
     by itself is installed (the scale applied twice: every step overflows)."""
     from dstrain.techniques.loss_scaling import backward_multiplier, loss_scale_of
 
+    # 64 images: the epoch below, FP16 on a CPU, only has to print a progress line (2 steps)
     overrides = ("epochs=1", "optim.warmup_epochs=0", "optim.base_lr=0.1", "log.every_steps=1")
+    overrides += ("data.limit_train=64",)
     reference = _fc_update(make_trainer(fake_fmnist, tmp_path / "fp32", *overrides)[0])
     # DeepSpeed's CPU accelerator refuses FP16 where oneDNN has no FP16 kernels for the CPU
     # (AVX512-FP16/AMX; this session's AMD EPYC lacks them): the math runs anyway
