@@ -56,45 +56,64 @@ def test_steps_suppressed_restores_the_real_step():
 ZERO_STEP_PROBE = textwrap.dedent("""
     import os, sys, torch, deepspeed
     from dstrain.techniques.optim import steps_suppressed
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     from dstrain.core.dist import skip_shm_op
     skip_shm_op()  # as dstrain does on CPU ranks: no JIT build of an op it never uses
     deepspeed.init_distributed(dist_backend="gloo")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))  # no BN: bf16 cast works on CPU
-    if sys.argv[3] == "lars":
-        from dstrain.techniques.lars import LARS
-        opt = LARS(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
-    else:
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
-    cfg = {"train_batch_size": 2, "bf16": {"enabled": True}, "gradient_clipping": 0.0}
-    if sys.argv[1] == "guarded":
-        with steps_suppressed(opt):
-            deepspeed.initialize(model=model, optimizer=opt, config=cfg)
-    else:
-        deepspeed.initialize(model=model, optimizer=opt, config=cfg)
-    print("MOMENTUM_BUFFERS", len(opt.state))
+    from dstrain.techniques.lars import LARS
+    for mode in ("guarded", "unguarded"):
+        for name in ("sgd", "lars"):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))  # no BN: bf16 cast works on CPU
+            if name == "lars":
+                opt = LARS(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+            else:
+                opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+            cfg = {"train_batch_size": 2, "bf16": {"enabled": True}, "gradient_clipping": 0.0}
+            if mode == "guarded":
+                with steps_suppressed(opt):
+                    deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+            else:
+                deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+            print(mode, name, "MOMENTUM_BUFFERS", len(opt.state))
 """)
 
 
-@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
-@pytest.mark.parametrize("optimizer", ["sgd", "lars"])
-@pytest.mark.parametrize("mode, buffers", [("guarded", 0), ("unguarded", 4)])
-def test_deepspeed_initialize_zero_gradient_step_is_harmless(mode, buffers, optimizer):
-    """With bf16, DeepSpeed's wrapper steps once during initialize: unguarded it seeds momentum."""
-    port = str(free_port())
+def probe(source: str, *args: str) -> str:
+    """One interpreter runs ``source`` (every case of a parametrized test: one process start, not
+    one per case) on DeepSpeed's CPU accelerator, as CI runs it; its stdout and stderr."""
     proc = subprocess.run(
-        [sys.executable, "-c", ZERO_STEP_PROBE, mode, port, optimizer],
+        [sys.executable, "-c", source, str(free_port()), *args],
         cwd=REPO,
-        env={**os.environ, **CPU_ONLY},  # DeepSpeed's CPU accelerator on every node, as CI runs it
+        env={**os.environ, **CPU_ONLY},
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert f"MOMENTUM_BUFFERS {buffers}" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout + proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "ds_configs").glob("*.json")), ids=lambda p: p.stem)
+# the parametrized cases that read one probe's output, on one pytest-xdist worker (the probe runs
+# once per worker that holds a case)
+PROBES = pytest.mark.xdist_group("optim_probes")
+
+
+@pytest.fixture(scope="module")
+def zero_step_probe() -> str:
+    return probe(ZERO_STEP_PROBE)
+
+
+@PROBES
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
+@pytest.mark.parametrize("optimizer", ["sgd", "lars"])
+@pytest.mark.parametrize("mode, buffers", [("guarded", 0), ("unguarded", 4)])
+def test_deepspeed_initialize_zero_gradient_step_is_harmless(
+    mode, buffers, optimizer, zero_step_probe
+):
+    """With bf16, DeepSpeed's wrapper steps once during initialize: unguarded it seeds momentum."""
+    assert f"{mode} {optimizer} MOMENTUM_BUFFERS {buffers}\n" in zero_step_probe, zero_step_probe
+
+
 def test_every_shipped_optimizer_block_builds(path):
     from dstrain.run import ds_config
 
@@ -235,44 +254,42 @@ SINGLE_RANK_PROBE = textwrap.dedent("""
     from dstrain.run import ds_config
     from dstrain.techniques.models import build_model
     from dstrain.techniques.optim import build_optimizer
-    user = ds_config.load(sys.argv[2])
     x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
-    params = []
-    for allreduce in (True, False):
-        torch.manual_seed(0)
-        model = build_model("resnet_small", 10, in_channels=1, width=4)
-        opt = build_optimizer(model, user.optimizer, 0.1)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=user.engine_config(2, 2, 1))
-        engine.enable_backward_allreduce = allreduce
-        initial = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
-        for _ in range(3):  # 3 optimizer steps of 2 accumulated micro batches
-            for i in (0, 2):
-                engine.backward(torch.nn.functional.cross_entropy(engine(x[i:i + 2]), y[i:i + 2]))
-                engine.step()
-        params.append(torch.cat([p.detach().flatten() for p in engine.module.parameters()]))
-    print("EQUAL", torch.equal(params[0], params[1]), "MOVED", not torch.equal(params[0], initial))
+    for path in sys.argv[2:]:
+        user = ds_config.load(path)
+        params = []
+        for allreduce in (True, False):
+            torch.manual_seed(0)
+            model = build_model("resnet_small", 10, in_channels=1, width=4)
+            opt = build_optimizer(model, user.optimizer, 0.1)
+            engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=user.engine_config(2, 2, 1))
+            engine.enable_backward_allreduce = allreduce
+            initial = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
+            for _ in range(3):  # 3 optimizer steps of 2 accumulated micro batches
+                for i in (0, 2):
+                    engine.backward(torch.nn.functional.cross_entropy(engine(x[i:i + 2]), y[i:i + 2]))
+                    engine.step()
+            params.append(torch.cat([p.detach().flatten() for p in engine.module.parameters()]))
+        print(os.path.basename(path), "EQUAL", torch.equal(params[0], params[1]),
+              "MOVED", not torch.equal(params[0], initial))
 """)
 
+SINGLE_RANK_JSONS = ["fp32", "bf16", "lars_fp32"]
 
-@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
-@pytest.mark.parametrize("json_name", ["fp32", "bf16", "lars_fp32"])
-def test_skipping_deepspeeds_single_rank_allreduce_changes_nothing(json_name):
-    """dstrain.run.train sets enable_backward_allreduce=False for one rank (ZeRO 0): the weights must not change."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            SINGLE_RANK_PROBE,
-            str(free_port()),
-            str(REPO / "ds_configs" / f"{json_name}.json"),
-        ],
-        cwd=REPO,
-        env={**os.environ, **CPU_ONLY},  # the engine on the CPU, with the probe's batches
-        capture_output=True,
-        text=True,
-        timeout=300,
+
+@pytest.fixture(scope="module")
+def single_rank_probe() -> str:
+    return probe(
+        SINGLE_RANK_PROBE, *(str(REPO / "ds_configs" / f"{n}.json") for n in SINGLE_RANK_JSONS)
     )
-    assert "EQUAL True MOVED True" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@PROBES
+@pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
+@pytest.mark.parametrize("json_name", SINGLE_RANK_JSONS)
+def test_skipping_deepspeeds_single_rank_allreduce_changes_nothing(json_name, single_rank_probe):
+    """dstrain.run.train sets enable_backward_allreduce=False for one rank (ZeRO 0): the weights must not change."""
+    assert f"{json_name}.json EQUAL True MOVED True\n" in single_rank_probe, single_rank_probe
 
 
 class FakeEngine:
