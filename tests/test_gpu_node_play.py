@@ -328,7 +328,6 @@ def test_the_gpu_pass_played_as_the_node_runs_it(tmp_path):
         "bn_group_cpu.json",
         "optimizer_step_cpu.json",
         "smoke_cpu.json",
-        "throughput_cudagraphs_cpu.json",
         "profile_step_cpu.json",
     ):
         assert (results / name).is_file(), name

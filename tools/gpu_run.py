@@ -33,8 +33,8 @@ Parts, in priority order (``PARTS``, issue 50), each with a budget (``--budget P
               throughput_<gpu>.json; a host-bound pair (resnet18, batch 64, eager bf16: 1% of host
               overhead shows) -> throughput_host_<gpu>.json; CUDA graphs
               (``model.compile_mode=reduce-overhead``) against the bare loop compiled the same way
-              -> throughput_cudagraphs_<gpu>.json; a torch.profiler summary of dstrain's and the
-              bare loop's steps -> profile_step_<gpu>.json
+              -> throughput_cudagraphs_<gpu>.json (these two on a GPU only); a torch.profiler
+              summary of dstrain's and the bare loop's steps -> profile_step_<gpu>.json
 
 A job ends by itself: ``--deadline`` (default 560 s, counted from ``$DSTRAIN_GPU_JOB_START``, which
 ``./run.sh gpu`` sets before installing) gives each part the smaller of its budget and the time left;
@@ -468,8 +468,6 @@ class Run:
         loops' steps: each item once, recorded."""
         # on a CPU (--tiny): the orchestration only, eager (inductor would take minutes there)
         fp16_rows = FP16_ROWS if self.cuda else ("fp32:nchw:off",)  # CPU fp16: ~20x slower
-        host_rows = HOST_BOUND_ROWS if self.cuda else ("fp32:nhwc:off",)
-        graphs_rows = CUDA_GRAPH_ROWS if self.cuda else ("fp32:nhwc:off",)
         profile = (
             ("--model", "resnet18", "--batch", "8", "--image-size", "32")
             + ("--steps", "3", "--warmup", "1", "--precision", "fp32", "--compile", "off")
@@ -481,9 +479,9 @@ class Run:
         # --tiny: each pair once (on a CPU fp32 rows; the throughput part's repeats show the
         # alternation)
         repeats = ("--repeats", "1") if self.args.tiny else self._repeats()
-        graphs = ("--rows", *graphs_rows, "--compile-mode", "reduce-overhead")
+        graphs = ("--rows", *CUDA_GRAPH_ROWS, "--compile-mode", "reduce-overhead")
         pairs = ("--rows", *fp16_rows, *repeats)
-        host = ("--rows", *host_rows, *repeats)
+        host = ("--rows", *HOST_BOUND_ROWS, *repeats)
         items = {
             "throughput": lambda out, b: self._bench_file(
                 self._throughput_cmd(out, b, *pairs), b, out, "throughput"
@@ -500,6 +498,10 @@ class Run:
                 "profile_step.log",
             ),
         }
+        if not self.cuda:
+            # the host-bound pair and CUDA graphs measure a GPU's kernel launches; on a CPU (--tiny)
+            # each timed the throughput item's eager pair once more, which the play does not need
+            del items["throughput_host"], items["throughput_cudagraphs"]
         return self._each_once("fp16", items, budget, minimum=60)
 
     def _each_once(self, part_name: str, items: dict, budget: Budget, minimum: float) -> dict:
@@ -601,7 +603,7 @@ class Run:
             ],
             "optimizer_step": [
                 "bench/optimizer_step.py",
-                *("--device", device, "--rounds", "2" if self.args.tiny else "30"),
+                *("--device", device, "--rounds", "1" if self.args.tiny else "30"),
                 *(("--model", "resnet18") if self.args.tiny else ()),
             ],
         }
