@@ -745,17 +745,22 @@ def test_resume_with_allowed_changes_continues(finished_run, fake_fmnist, tmp_pa
 
 @SHARES_RUNS
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
-@pytest.mark.parametrize("case", ["not a run directory", "a different model"])
+@pytest.mark.parametrize("case", ["not a run directory", "a different model", "no EMA weights"])
 def test_polish_refuses_a_checkpoint_it_cannot_use(case, finished_run, tmp_path, evidence):
     target = str(tmp_path) if case == "not a run directory" else str(finished_run)
-    extra = ["model.width=16"] if case == "a different model" else []
+    extra = {"a different model": ["model.width=16"], "no EMA weights": ["--weights", "ema"]}
+    extra = extra.get(case, [])
     before = tree_digest(finished_run)
     proc = run_cli(["--checkpoint", target, *extra], module="dstrain.polish", timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [
         line for line in proc.stderr.splitlines() if line.startswith("dstrain.polish: error:")
     ]
-    expected = "no config.yaml" if case == "not a run directory" else "belong to a different model"
+    expected = {
+        "not a run directory": "no config.yaml",
+        "a different model": "belong to a different model",
+        "no EMA weights": "has no ema.pt",  # trained without optim.ema
+    }[case]
     assert len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
     assert tree_digest(finished_run) == before
     evidence(

@@ -180,13 +180,7 @@ def test_a_run_evaluates_checkpoints_resumes_and_polishes_its_ema(fake_fmnist, t
     again = json.loads((straight / "polished_ema" / "polish.json").read_text())
     assert again["weights"] == "ema" and again["after"] == sa["polish_ema"]["after"]
     assert again["before"] == sa["polish_ema"]["before"]
-    plain = tmp_path / "plain"
-    assert (
-        run_cli([*TINY, "epochs=1", f"data.root={fake_fmnist}", f"run_dir={plain}"]).returncode == 0
-    )
-    refused = run_cli(["--checkpoint", str(plain), "--weights", "ema"], module="dstrain.polish")
-    assert refused.returncode == 2 and "has no ema.pt" in refused.stderr
-    assert not (plain / "polished_ema").exists()
+    # a run without optim.ema: test_cli_errors' test_polish_refuses_a_checkpoint_it_cannot_use
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(straight / "tb"))
