@@ -4,6 +4,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -245,10 +247,11 @@ POLISH_RUN = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.gpu  # 1 rank: trains and refits BN on cuda:0 on a GPU node, saves from there
-def test_trainer_polishes_after_the_last_epoch_and_keeps_the_checkpoint(fake_fmnist, tmp_path):
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def polished_run(fake_fmnist, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One rank trains POLISH_RUN (its last epoch un-augmented) and polishes after it; on a GPU
+    node on cuda:0. Both tests below read it (one pytest-xdist worker: SHARES_RUN)."""
+    run_dir = tmp_path_factory.mktemp("polish") / "run"
     proc = run_cli(
         [
             "--deepspeed_config",
@@ -260,6 +263,17 @@ def test_trainer_polishes_after_the_last_epoch_and_keeps_the_checkpoint(fake_fmn
             f"run_dir={run_dir}",
         ]
     )
+    return run_dir, proc
+
+
+SHARES_RUN = pytest.mark.xdist_group("polished_run")
+
+
+@SHARES_RUN
+@pytest.mark.slow
+@pytest.mark.gpu  # 1 rank: trains and refits BN on cuda:0 on a GPU node, saves from there
+def test_trainer_polishes_after_the_last_epoch_and_keeps_the_checkpoint(polished_run):
+    run_dir, proc = polished_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [h["augment"] for h in summary["history"]] == [
@@ -283,24 +297,17 @@ def test_trainer_polishes_after_the_last_epoch_and_keeps_the_checkpoint(fake_fmn
     assert {"polish/val_top1_before", "polish/val_top1_after"} <= set(tb_scalars(run_dir))
 
 
+@SHARES_RUN
 @pytest.mark.slow
 @pytest.mark.gpu  # trained on cuda:0 on a GPU node, its checkpoint then polished on CPU ranks
-def test_standalone_polish_two_ranks_equals_one(fake_fmnist, tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_cli(
-        [
-            "--deepspeed_config",
-            "ds_configs/fp32.json",
-            *POLISH_RUN,
-            f"data.root={fake_fmnist}",
-            f"run_dir={run_dir}",
-        ]
-    )
+def test_standalone_polish_two_ranks_equals_one(polished_run, fake_fmnist, tmp_path):
+    run_dir, proc = polished_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = {}
     for ranks in (1, 2):
         copy = tmp_path / f"copy{ranks}"
         shutil.copytree(run_dir, copy)
+        shutil.rmtree(copy / "polished")  # the trainer's polish: the command writes its own
         args = [
             "--checkpoint",
             str(copy),
