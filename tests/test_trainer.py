@@ -538,7 +538,8 @@ def test_compiled_training_composes_with_channels_last_precision_optimizers_and_
     compressed all-reduce and a BN span: it trains, and a second epoch with evaluation builds no
     new graph. Inductor on a GPU for both; on a CPU for the bf16 one (the BN span's graph), while
     the fp16-autocast one traces the same graphs with aot_eager (inductor's C++ build of it took
-    ~60 s of CPU, and fp16 autocast is a GPU recipe: its inductor build is the GPU pass's)."""
+    ~60 s of CPU, and fp16 autocast is a GPU recipe: its inductor build is the GPU pass's) on half
+    the training images."""
     import json
 
     from dstrain.techniques.models import compiled_graphs
@@ -556,7 +557,13 @@ def test_compiled_training_composes_with_channels_last_precision_optimizers_and_
         "model.channels_last=true",
         "optim.base_lr=0.01" if ds.startswith("lamb") else "optim.base_lr=2.0",
         *(["model.bn_span=8"] if comm else []),
-        *([] if comm or torch.cuda.is_available() else ["model.compile_backend=aot_eager"]),
+        # the fp16-autocast case on a CPU: aot_eager, and 8 steps an epoch (FP16 is slow there;
+        # measured: the loss 2.30 then 2.11, top-1 0.39)
+        *(
+            []
+            if comm or torch.cuda.is_available()
+            else ["model.compile_backend=aot_eager", "data.limit_train=256"]
+        ),
         ds=str(path),
     )
     assert trainer.memory_format == torch.channels_last
