@@ -644,24 +644,9 @@ def test_the_run_logs_the_plan_check_prints(finished_run, fake_fmnist, capfd):
 
 @SHARES_RUNS
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
-def test_resume_with_a_different_model_is_refused(finished_run, fake_fmnist, evidence):
-    before = tree_digest(finished_run)
-    proc = run_cli(
-        [
-            JSON,
-            "ds_configs/fp32.json",
-            *TINY,
-            "epochs=2",
-            "model.width=16",
-            f"data.root={fake_fmnist}",
-            f"run_dir={finished_run}",
-            "resume=auto",
-        ],
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    line = check_one_clear_line(proc, "model.width=8 there, 16 here")
-    assert tree_digest(finished_run) == before
+def test_resume_with_a_different_model_is_refused(resumes_refused, evidence):
+    case = resumes_refused["a different model"]
+    line = check_refused(case, "model.width=8 there, 16 here")
     evidence(
         "bad input: checkpoint",
         "resume=auto with a different model (width 16 vs 8)",
@@ -691,26 +676,10 @@ INCOMPATIBLE = [
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("case, extra, text", INCOMPATIBLE, ids=[c[0][:20] for c in INCOMPATIBLE])
 def test_resume_with_an_incompatible_config_is_refused_untouched(
-    case, extra, text, finished_run, fake_fmnist, evidence
+    case, extra, text, resumes_refused, evidence
 ):
-    before = tree_digest(finished_run)
-    proc = run_cli(
-        [
-            JSON,
-            "ds_configs/fp32.json",
-            *TINY,
-            "epochs=2",
-            f"data.root={fake_fmnist}",
-            f"run_dir={finished_run}",
-            "resume=auto",
-            *extra,
-        ],
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    line = check_one_clear_line(proc, text)
+    line = check_refused(resumes_refused[case], text)
     assert "cannot be resumed with this config" in line
-    assert tree_digest(finished_run) == before
     evidence(
         "bad input: resume", f"resume=auto with {case}", exit=2, seen=line, disk="run untouched"
     )
@@ -801,7 +770,7 @@ def _plant(run_dir: Path, marker: Path, name: str = "mp_rank_00_model_states.pt"
     ],
 )
 def test_a_checkpoint_that_would_run_code_is_refused_unread(
-    command, planted, finished_run, fake_fmnist, tmp_path, evidence
+    command, planted, finished_run, resumes_refused, tmp_path, evidence
 ):
     """Issue 51: a run directory from elsewhere whose checkpoint pickle calls a function (here one
     that creates a file) is refused before anything unpickles it: by polish (which loads weights
@@ -810,18 +779,24 @@ def test_a_checkpoint_that_would_run_code_is_refused_unread(
     names the checkpoint file and why, exit 2, the run directory unchanged."""
     import shutil
 
-    run_dir = tmp_path / "run"
-    shutil.copytree(finished_run, run_dir)
-    marker = tmp_path / "created-by-the-pickle"
-    path = _plant(run_dir, marker, planted)
-    before = tree_digest(run_dir)
     if command == "polish":
+        run_dir = tmp_path / "run"
+        shutil.copytree(finished_run, run_dir)
+        marker = tmp_path / "created-by-the-pickle"
+        path = _plant(run_dir, marker, planted)
+        before = tree_digest(run_dir)
         proc = run_cli(["--checkpoint", str(run_dir)], module="dstrain.polish", timeout=120)
         prefix = "dstrain.polish: error:"
-    else:
-        args = [JSON, "ds_configs/fp32.json", *TINY, "epochs=2", f"data.root={fake_fmnist}"]
-        args += [f"run_dir={run_dir}", "resume=auto", *(["--check"] if command == "check" else [])]
-        proc = run_cli(args, timeout=240)
+    else:  # the run's main, with the other resumes refused (resumes_refused)
+        case = resumes_refused[f"{command}: {planted} would run code"]
+        run_dir, marker, path, before, proc = (
+            case.run_dir,
+            case.marker,
+            case.path,
+            case.before,
+            case.shown,
+        )
+        assert fence_breaches(vars(proc)) == []
         prefix = "dstrain: error:"
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert not marker.exists(), "the checkpoint's pickle ran"
@@ -867,12 +842,101 @@ def finished_zero1_run(fake_fmnist, tmp_path_factory) -> tuple[Path, Path]:
     return home / "run", home / "zero1.json"
 
 
+def _plant_zero_state(run_dir: Path, marker: Path) -> tuple[Path, str]:
+    """The run's own ZeRO optimizer-state file, with a call of os.system pickled beside its state."""
+    import shlex
+
+    (path,) = (run_dir / "checkpoints").glob("epoch*[0-9]/zero_pp_rank_0_*optim_states.pt")
+    state = torch.load(path, map_location="cpu", weights_only=False)  # the run's own file
+    state["planted"] = _System(f"touch {shlex.quote(str(marker))}")
+    torch.save(state, path)
+    return path, "refused: unpickling it would call posix.system"
+
+
+def _plant_legacy_pickle(run_dir: Path, marker: Path) -> tuple[Path, str]:
+    """A model-state file that is a plain pickle (torch.load would unpickle it as a legacy file)."""
+    import pickle
+    import shlex
+
+    (path,) = (run_dir / "checkpoints").glob("epoch*[0-9]/mp_rank_00_model_states.pt")
+    path.write_bytes(pickle.dumps({"module": _System(f"touch {shlex.quote(str(marker))}")}))
+    return path, "refused: not a checkpoint torch.save wrote"
+
+
+@pytest.fixture(scope="module")
+def resumes_refused(finished_run, finished_zero1_run, fake_fmnist, tmp_path_factory) -> dict:
+    """Every resume=auto (and its --check) the tests of this module expect refused, each on its
+    own copy of a finished run (changed as its test says), run by the real run's ``main`` in one
+    process (tests/refusals.py, as ``refused`` runs CASES; one process start instead of 11):
+    name -> its run directory, that directory's digest before, the planted marker and file, and
+    what the run showed (``shown``: exit status, stdout, stderr and the fence's record)."""
+    import shutil
+
+    zero1_run, zero1_json = finished_zero1_run
+    cases = {}
+
+    def case(name, extra=(), source=finished_run, json_file="ds_configs/fp32.json", plant=None):
+        home = tmp_path_factory.mktemp("resume")
+        run_dir, marker = home / "run", home / "created-by-the-pickle"
+        shutil.copytree(source, run_dir)
+        path, expected = plant(run_dir, marker) if plant else (None, None)
+        args = [JSON, str(json_file), *TINY, "epochs=2", f"data.root={fake_fmnist}"]
+        args += [f"run_dir={run_dir}", "resume=auto", *extra]
+        before = tree_digest(run_dir)
+        cases[name] = SimpleNamespace(
+            run_dir=run_dir, marker=marker, path=path, expected=expected, args=args, before=before
+        )
+
+    case("a different model", ["model.width=16"])
+    for name, extra, _ in INCOMPATIBLE:
+        case(name, extra)
+    for command in ("resume", "check"):
+        check = ["--check"] if command == "check" else []
+        for planted in ("mp_rank_00_model_states.pt", "rng_rank00000.pt"):
+            if (command, planted) != ("check", "rng_rank00000.pt"):
+
+                def plant(run_dir, marker, planted=planted):
+                    return _plant(run_dir, marker, planted), None
+
+                case(f"{command}: {planted} would run code", check, plant=plant)
+        case(
+            f"{command}: zero optimizer state planted",
+            check,
+            zero1_run,
+            zero1_json,
+            _plant_zero_state,
+        )
+        case(f"{command}: legacy pickle planted", check, plant=_plant_legacy_pickle)
+    spec = tmp_path_factory.mktemp("refusals")
+    (spec / "cases.json").write_text(json.dumps([c.args for c in cases.values()]))
+    proc = run_cli(
+        [str(spec / "cases.json"), str(spec / "results.json")],
+        timeout=600,
+        module="tests.refusals",
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = json.loads((spec / "results.json").read_text())
+    for c, shown in zip(cases.values(), results, strict=True):
+        c.shown = SimpleNamespace(**shown)
+    return cases
+
+
+def check_refused(case, expected: str) -> str:
+    """A resume of ``resumes_refused``: exit 2, one clear line holding ``expected``, refused by
+    the start-up checks (the fence), its run directory untouched; the line."""
+    assert case.shown.returncode == 2, case.shown.stdout[-2000:] + case.shown.stderr[-2000:]
+    line = check_one_clear_line(case.shown, expected)
+    assert fence_breaches(vars(case.shown)) == []
+    assert tree_digest(case.run_dir) == case.before
+    return line
+
+
 @SHARES_RUNS
 @pytest.mark.slow  # over ~5 s on 2 cores: the full suite only (issue 42: quick loop < 3 min)
 @pytest.mark.parametrize("command", ["resume", "check"])
 @pytest.mark.parametrize("planted", ["zero optimizer state", "legacy pickle"])
 def test_a_planted_file_deepspeed_would_unpickle_is_refused_unread(
-    planted, command, finished_run, finished_zero1_run, fake_fmnist, tmp_path, evidence
+    planted, command, resumes_refused, evidence
 ):
     """Files DeepSpeed's loader unpickles without weights_only, planted in a run from elsewhere:
     a ZeRO optimizer-state file (zero_pp_rank_0_mp_rank_00_optim_states.pt, whose check allows three
@@ -880,36 +944,15 @@ def test_a_planted_file_deepspeed_would_unpickle_is_refused_unread(
     a plain pickle, not torch's zip format (the opcode scan cannot read it; torch.load would unpickle
     it as a legacy file). A resume and its --check refuse each in one line naming the file, exit 2;
     the command never runs, the run directory is unchanged."""
-    import pickle
-    import shlex
-    import shutil
-
-    source, json_file = finished_zero1_run if planted.startswith("zero") else (finished_run, None)
-    run_dir = tmp_path / "run"
-    shutil.copytree(source, run_dir)
-    marker = tmp_path / "created-by-the-pickle"
-    payload = _System(f"touch {shlex.quote(str(marker))}")
-    (ckpt,) = (run_dir / "checkpoints").glob("epoch*[0-9]")
-    if planted.startswith("zero"):
-        (path,) = ckpt.glob("zero_pp_rank_0_*optim_states.pt")
-        state = torch.load(path, map_location="cpu", weights_only=False)  # the run's own file
-        state["planted"] = payload  # the real state, with one call beside it
-        torch.save(state, path)
-        expected = "refused: unpickling it would call posix.system"
-    else:
-        path = ckpt / "mp_rank_00_model_states.pt"
-        path.write_bytes(pickle.dumps({"module": payload}))
-        expected = "refused: not a checkpoint torch.save wrote"
-    before = tree_digest(run_dir)
-    args = [JSON, str(json_file or "ds_configs/fp32.json"), *TINY, "epochs=2"]
-    args += [f"data.root={fake_fmnist}", f"run_dir={run_dir}", "resume=auto"]
-    proc = run_cli(args + (["--check"] if command == "check" else []), timeout=240)
+    case = resumes_refused[f"{command}: {planted} planted"]
+    marker, path, expected, proc = case.marker, case.path, case.expected, case.shown
+    assert fence_breaches(vars(proc)) == []
     assert not marker.exists(), "the planted pickle ran"
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("dstrain: error:")]
     assert len(errors) == 1, proc.stderr[-2000:]
     assert f"{path}: {expected}" in errors[0], errors[0]
-    assert tree_digest(run_dir) == before
+    assert tree_digest(case.run_dir) == case.before
     evidence(
         "bad input: checkpoint",
         f"a {planted} file that would run code ({path.name}), given to {command}",
