@@ -157,7 +157,54 @@ def test_study_table_mean_spread_and_reach_counts():
         {**records[1], "seed": 2, "top1_per_epoch": [0.5, 0.8, 0.85], "step_per_epoch": [1, 2, 3]},
     ]
     row = [c.strip() for c in study_report.table(curves, ["baseline"])[2].split("|")[1:-1]]
-    assert row[15] == "2.5 (2/3)" and row[16] == "48 (2/3)"  # epochs 2 and 3; steps 52 and 45
+    # epochs 2 and 3, steps 52 and 45: the mean ± the sample sd of the seeds that reached it
+    assert row[15] == "2.5 ± 0.7 (2/3)" and row[16] == "48 ± 5 (2/3)"
+
+
+def test_a_ramp_is_compared_on_epochs_and_steps_to_90_each_gap_with_its_interval(monkeypatch):
+    """Issue 73's goal (fewer steps and fewer epochs than fixed 4,096 to 90%): with --baseline a
+    row of any batch, the report gives each row's epochs and steps to 90% against it, each gap
+    with its Welch interval over the seeds that reached 90%; the 0.3-pt goal against batch 128 is
+    then not measurable, and says why."""
+    from results.harness.study import report as study_report
+    from results.harness.study import stats as study_stats
+
+    def run(row, seed, top1, steps):
+        return {
+            "row": row,
+            "seed": seed,
+            "final_top1": top1[-1],
+            "top1_per_epoch": top1,
+            "step_per_epoch": steps,
+        }
+
+    fixed = [
+        run("fixed", 0, [0.5, 0.9, 0.95], [14, 28, 42]),
+        run("fixed", 1, [0.5, 0.8, 0.91], [14, 28, 42]),
+        run("fixed", 2, [0.5, 0.8, 0.85], [14, 28, 42]),
+    ]  # never reaches 90%
+    ramp = [
+        run("ramp", 0, [0.9, 0.92, 0.95], [28, 42, 49]),
+        run("ramp", 1, [0.6, 0.91, 0.93], [28, 42, 49]),
+    ]
+    found = study_stats.reach_gaps(fixed + ramp, ["fixed", "ramp"], "fixed")
+    assert set(found) == {"ramp"}  # the reference row is not compared with itself
+    epochs, steps = found["ramp"]["epochs"], found["ramp"]["steps"]
+    assert (epochs["mean"], epochs["reference_mean"], epochs["gap"]) == (1.5, 2.5, -1.0)
+    assert epochs["reached"] == [2, 2] and epochs["reference_reached"] == [2, 3]
+    assert (steps["mean"], steps["reference_mean"], steps["gap"]) == (35, 35, 0)
+    assert epochs["ci95"] == pytest.approx(list(study_stats.gap_interval([1, 2], [2, 3])[1:]))
+    lines = study_report.reach_lines(fixed + ramp, ["fixed", "ramp"], "fixed")
+    assert lines[0].startswith("To 90% against fixed") and lines[2].startswith(
+        "- ramp: epochs 1.5 against 2.5: -1.0 (95% interval "
+    )
+    assert "; steps 35 against 35: +0 (95% interval " in lines[2]
+    one_seed = study_stats.reach_gaps(fixed + ramp[:1], ["ramp"], "fixed")
+    assert one_seed["ramp"]["epochs"]["ci95"] is None  # one seed: no spread, no interval
+    assert study_stats.reach_gaps(fixed[2:] + ramp, ["ramp"], "fixed") == {}  # none reached it
+    monkeypatch.setattr(study_report, "_first_batch", lambda r: 4096)
+    (goal,) = study_report.goal_lines(fixed + ramp, "study", None, baseline="fixed")
+    assert "not measurable" in goal and "the reference row fixed trains at batch 4,096" in goal
 
 
 def test_every_table_prints_one_seed_as_its_mean_alone_and_more_as_mean_plus_sample_sd():

@@ -120,7 +120,13 @@ from results.harness.study.rows import (  # noqa: E402
     json_settings,
     set_in_stem,
 )
-from results.harness.study.stats import FASHION_MNIST_TRAIN, gaps, reached, time_to  # noqa: E402
+from results.harness.study.stats import (  # noqa: E402
+    FASHION_MNIST_TRAIN,
+    gaps,
+    reach_gaps,
+    reached,
+    time_to,
+)
 
 
 def command(row: str, seed: int, args, run_dir: Path) -> list[str]:
@@ -534,6 +540,8 @@ def study(args: argparse.Namespace, argv: list[str] | None) -> int:
             for row, gap in gaps(records, rows, args.baseline).items()
         ],
         "baseline_row": args.baseline,
+        # epochs and steps to 90% against the baseline row, each gap with its Welch interval
+        "reach_vs_baseline": reach_gaps(records, rows, args.baseline),
         "pending": [f"{row} seed {seed}" for row, seed in pending],
         **(
             {

@@ -19,6 +19,7 @@ from results.harness.study.stats import (
     largest_dip,
     mean_pm,
     mean_sd,
+    reach_gaps,
     reached,
     steps_to,
     worst_seed_choice,
@@ -69,11 +70,41 @@ def table(records: list[dict], rows: list[str], reference: str = "baseline") -> 
 
 
 def counted(values: list, spec: str = ".0f") -> str:
-    """The mean of the seeds that reached a level, and how many did: "45 (3/3)", "never (0/3)"."""
+    """The mean of the seeds that reached a level (± their sample sd from two on), and how many did:
+    "45 (1/3)", "45.3 ± 1.2 (3/3)", "never (0/3)"."""
     got = [v for v in values if v is not None]
     if not got:
         return f"never (0/{len(values)})"
-    return f"{statistics.mean(got):{spec}} ({len(got)}/{len(values)})"
+    mean, sd = mean_sd(got)
+    spread = f" ± {sd:{spec}}" if len(got) > 1 else ""
+    return f"{mean:{spec}}{spread} ({len(got)}/{len(values)})"
+
+
+def reach_lines(records: list[dict], rows: list[str], reference: str) -> list[str]:
+    """Epochs and steps to 90% against the reference row, each gap with its 95% interval (Welch):
+    a ramp is judged on both (issue 73)."""
+    found = reach_gaps(records, rows, reference)
+    if not found:
+        return []
+
+    def cell(g: dict, spec: str) -> str:
+        ci = (
+            f" (95% interval {g['ci95'][0]:+{spec}} to {g['ci95'][1]:+{spec}})" if g["ci95"] else ""
+        )
+        return f"{g['mean']:{spec}} against {g['reference_mean']:{spec}}: {g['gap']:+{spec}}{ci}"
+
+    lines = [
+        f"To 90% against {reference} (the seeds that reached it; gap of the means, Welch):",
+        "",
+    ]
+    for row, entry in found.items():
+        parts = [
+            f"{way} {cell(entry[way], spec)}"
+            for way, spec in (("epochs", ".1f"), ("steps", ".0f"))
+            if way in entry
+        ]
+        lines.append(f"- {row}: {'; '.join(parts)}")
+    return lines
 
 
 def interval_cell(gap: dict | None) -> str:
@@ -206,6 +237,13 @@ def goal_lines(
         lines = [target_goal(records, t, rcps, reference) for t in [target, *extra_targets]]
         return [x for line in lines for x in (line, "")][:-1]  # a paragraph each
     base = [100 * r["final_top1"] for r in records if r["row"] == baseline]
+    batches = {b for r in records if r["row"] == baseline and (b := _first_batch(r))}
+    if batches - {128}:  # --baseline names a large-batch row (a ramp against a fixed batch)
+        sizes = ", ".join(f"{b:,}" for b in sorted(batches))
+        return [
+            f"Goal (large batch within 0.3 pt of batch 128): not measurable from these rows "
+            f"(the reference row {baseline} trains at batch {sizes})."
+        ]
     finals = {
         row: [100 * r["final_top1"] for r in records if r["row"] == row]
         for row in sorted({r["row"] for r in records})
@@ -227,6 +265,17 @@ def goal_lines(
             f"{min(values):.2f}%), {gap:+.2f} pt -> {verdict}"
         )
     return lines
+
+
+def _first_batch(record: dict) -> int | None:
+    """The global batch a run record starts at (its settings resolved); None where they do not
+    load (a record without its command, a recipe gone)."""
+    from results.harness.study.definition import resolved
+
+    try:
+        return int(resolved(record)["batch.global_size"])
+    except (KeyError, ValueError):
+        return None
 
 
 def plots(records: list[dict], out: Path, name: str, rows: list[str]) -> None:
@@ -385,6 +434,7 @@ def write(
         "",
         *body,
         "",
+        *([*reach, ""] if (reach := reach_lines(records, rows, args.baseline)) else []),
         *([*code_lines(code), ""] if code_lines(code) else []),
         *(
             [f"Not finished yet, left out (--finished-only): {', '.join(meta['pending'])}.", ""]

@@ -87,6 +87,40 @@ def gaps(records: list[dict], rows: list[str], reference: str = "baseline") -> d
     return out
 
 
+def reach_gaps(records: list[dict], rows: list[str], reference: str, target: float = 0.9) -> dict:
+    """Each row's epochs and optimizer steps to ``target`` against ``reference``'s: the means over
+    the seeds that reached it, the gap and its 95% interval (Welch; None below two seeds a side),
+    and how many seeds reached it of how many. Where the batch varies along a run (a ramp), steps
+    and epochs say different things; the goal of issue 73 asks for fewer of both."""
+    ways = {
+        "epochs": lambda r: epochs_to(r.get("top1_per_epoch") or [], target),
+        "steps": lambda r: steps_to(r, target),
+    }
+    out = {}
+    for row in rows:
+        if row == reference:
+            continue
+        entry = {}
+        for way, count in ways.items():
+            mine = [count(r) for r in records if r["row"] == row]
+            ref = [count(r) for r in records if r["row"] == reference]
+            got, ref_got = [v for v in mine if v is not None], [v for v in ref if v is not None]
+            if not got or not ref_got:
+                continue
+            found = gap_interval(got, ref_got)
+            entry[way] = {
+                "mean": statistics.mean(got),
+                "reference_mean": statistics.mean(ref_got),
+                "gap": statistics.mean(got) - statistics.mean(ref_got),
+                "ci95": list(found[1:]) if found else None,
+                "reached": [len(got), len(mine)],
+                "reference_reached": [len(ref_got), len(ref)],
+            }
+        if entry:
+            out[row] = entry
+    return out
+
+
 def largest_dip(top1_per_epoch: list[float | None]) -> float:
     """How far (pt) top-1 ever fell below the best of the epochs before it: a spike, recovered
     from or not, shows here even when the final top-1 hides it."""
