@@ -196,9 +196,22 @@ def test_a_ramp_is_compared_on_epochs_and_steps_to_90_each_gap_with_its_interval
     assert epochs["ci95"] == pytest.approx(list(study_stats.gap_interval([1, 2], [2, 3])[1:]))
     lines = study_report.reach_lines(fixed + ramp, ["fixed", "ramp"], "fixed")
     assert lines[0].startswith("To 90% against fixed") and lines[2].startswith(
-        "- ramp: epochs 1.5 against 2.5: -1.0 (95% interval "
+        "- ramp: epochs 1.5 (2/2) against 2.5 (2/3): -1.0 (95% interval "
     )
-    assert "; steps 35 against 35: +0 (95% interval " in lines[2]
+    # 2 of 3 seeds of the reference reached it, all of the ramp's: the line says so
+    assert lines[2].endswith("(not every seed reached it on both sides)")
+    assert "; steps 35 (2/2) against 35 (2/3): +0 (95% interval " in lines[2]
+    # every seed the same count on both sides: no spread, so no interval (not "-1.0 to -1.0")
+    same = [run("same", s, [0.5, 0.9, 0.95], [10, 20, 30]) for s in (0, 1)]
+    found = study_stats.reach_gaps(fixed[:1] * 2 + same, ["same"], "fixed")
+    assert found["same"]["epochs"]["gap"] == 0 and found["same"]["epochs"]["ci95"] is None
+    # a row derived from another's runs is not compared as runs of its own
+    derived = next(iter(study_stats.DERIVED))
+    assert study_stats.reach_gaps(fixed + [{**ramp[0], "row": derived}], [derived], "fixed") == {}
+    # runs that recorded no steps per epoch (reports before ramps): the line says so
+    unstepped = [{k: v for k, v in r.items() if k != "step_per_epoch"} for r in fixed + ramp]
+    (line,) = study_report.reach_lines(unstepped, ["ramp"], "fixed")[2:]
+    assert line.endswith("; steps not recorded")
     one_seed = study_stats.reach_gaps(fixed + ramp[:1], ["ramp"], "fixed")
     assert one_seed["ramp"]["epochs"]["ci95"] is None  # one seed: no spread, no interval
     assert study_stats.reach_gaps(fixed[2:] + ramp, ["ramp"], "fixed") == {}  # none reached it

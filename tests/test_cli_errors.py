@@ -770,7 +770,7 @@ def _plant(run_dir: Path, marker: Path, name: str = "mp_rank_00_model_states.pt"
     ],
 )
 def test_a_checkpoint_that_would_run_code_is_refused_unread(
-    command, planted, finished_run, resumes_refused, tmp_path, evidence
+    command, planted, finished_run, tmp_path, evidence, request
 ):
     """Issue 51: a run directory from elsewhere whose checkpoint pickle calls a function (here one
     that creates a file) is refused before anything unpickles it: by polish (which loads weights
@@ -788,7 +788,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_unread(
         proc = run_cli(["--checkpoint", str(run_dir)], module="dstrain.polish", timeout=120)
         prefix = "dstrain.polish: error:"
     else:  # the run's main, with the other resumes refused (resumes_refused)
-        case = resumes_refused[f"{command}: {planted} would run code"]
+        case = request.getfixturevalue("resumes_refused")[f"{command}: {planted} would run code"]
         run_dir, marker, path, before, proc = (
             case.run_dir,
             case.marker,

@@ -102,7 +102,7 @@ def test_first_step_after_a_switch_averages_exactly_the_new_batch(mode, exact, b
     """Driving the boundary ourselves (as the trainer does) gives the exact step; DeepSpeed's counter does not.
     This shows why the trainer drives it; the trainer's own loop is checked by
     tests/test_trainer.py::test_the_trainers_first_step_after_a_ramp_switch_averages_exactly_the_new_batch."""
-    assert f"{mode} EXACT {exact}\n" in boundary_probe, boundary_probe
+    assert f"{mode} EXACT {exact}" in boundary_probe.splitlines(), boundary_probe
 
 
 @pytest.mark.parametrize(

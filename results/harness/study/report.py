@@ -88,10 +88,14 @@ def reach_lines(records: list[dict], rows: list[str], reference: str) -> list[st
         return []
 
     def cell(g: dict, spec: str) -> str:
-        ci = (
-            f" (95% interval {g['ci95'][0]:+{spec}} to {g['ci95'][1]:+{spec}})" if g["ci95"] else ""
+        ci = g["ci95"] and f" (95% interval {g['ci95'][0]:+{spec}} to {g['ci95'][1]:+{spec}})"
+        (n, of), (ref_n, ref_of) = g["reached"], g["reference_reached"]
+        # a mean over a smaller share of its seeds than the other's flatters it
+        unlike = " (not every seed reached it on both sides)" if n * ref_of != ref_n * of else ""
+        return (
+            f"{g['mean']:{spec}} ({n}/{of}) against {g['reference_mean']:{spec}} "
+            f"({ref_n}/{ref_of}): {g['gap']:+{spec}}{ci or ''}{unlike}"
         )
-        return f"{g['mean']:{spec}} against {g['reference_mean']:{spec}}: {g['gap']:+{spec}}{ci}"
 
     lines = [
         f"To 90% against {reference} (the seeds that reached it; gap of the means, Welch):",
@@ -99,9 +103,8 @@ def reach_lines(records: list[dict], rows: list[str], reference: str) -> list[st
     ]
     for row, entry in found.items():
         parts = [
-            f"{way} {cell(entry[way], spec)}"
+            f"{way} {cell(entry[way], spec)}" if way in entry else f"{way} not recorded"
             for way, spec in (("epochs", ".1f"), ("steps", ".0f"))
-            if way in entry
         ]
         lines.append(f"- {row}: {'; '.join(parts)}")
     return lines
@@ -272,9 +275,11 @@ def _first_batch(record: dict) -> int | None:
     load (a record without its command, a recipe gone)."""
     from results.harness.study.definition import resolved
 
+    if not isinstance(record.get("command"), str):
+        return None
     try:
         return int(resolved(record)["batch.global_size"])
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, StopIteration, TypeError):
         return None
 
 
