@@ -131,12 +131,16 @@ class Trainer:
     loss_multiplier: Callable[[], float] | None = field(init=False)
     # the stall and stop watchdog: started by dstrain.run.train.fit_and_summarise, fed by phase()
     watchdog: Watchdog = field(init=False)
+    # optim.label_smoothing, read once: a DictConfig attribute costs tens of microseconds of host
+    # time, which a step ending in a loss scaler's sync cannot hide behind the GPU
+    label_smoothing: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.device = next(self.engine.module.parameters()).device
         self.steps_taken = StepCounter(self.optimizer)
         self.first_step = self.state.step
         self.loss_multiplier = backward_multiplier(self.engine)
+        self.label_smoothing = float(self.cfg.optim.label_smoothing)
         fault_cfg = self.cfg.fault
         self.watchdog = Watchdog(
             fault_cfg.stall_timeout_s, fault_cfg.signal_grace_s, self.checks.signals
@@ -343,7 +347,7 @@ class Trainer:
         # without a dstrain_communication block DeepSpeed's gradient all-reduce runs inside backward
         self.phase("forward/backward")
         logits = engine(x.to(dtype=self.input_dtype, memory_format=self.memory_format))
-        loss = smoothed_cross_entropy(logits, y, self.cfg.optim.label_smoothing)
+        loss = smoothed_cross_entropy(logits, y, self.label_smoothing)
         self.checks.nonfinite.observe(loss, self.state.step + 1)
         # the native fp16 engine's loss scale, which DeepSpeed 0.19 does not apply (loss_scaling.py)
         engine.backward(loss if self.loss_multiplier is None else loss * self.loss_multiplier())
