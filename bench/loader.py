@@ -75,12 +75,17 @@ def make_folder(
     return root
 
 
-def _folder_chunk(root: Path, start: int, stop: int, classes: int) -> None:
-    make_folder(root, stop, classes, start=start)
+def _folder_chunk(root: Path, start: int, stop: int, classes: int, size=(375, 500)) -> None:
+    make_folder(root, stop, classes, size=size, start=start)
 
 
 def make_folder_parallel(
-    root: Path, n: int, classes: int, start: int = 0, workers: int | None = None
+    root: Path,
+    n: int,
+    classes: int,
+    start: int = 0,
+    workers: int | None = None,
+    size=(375, 500),
 ) -> Path:
     """:func:`make_folder` for files start..n-1, one chunk per core (a 6,400-file folder: ~13 min in
     one process); val/ gets each class's first training image, so a DALI or torchvision run can
@@ -94,7 +99,12 @@ def make_folder_parallel(
         with ProcessPoolExecutor(workers) as pool:
             list(
                 pool.map(
-                    _folder_chunk, [root] * workers, bounds[:-1], bounds[1:], [classes] * workers
+                    _folder_chunk,
+                    [root] * workers,
+                    bounds[:-1],
+                    bounds[1:],
+                    [classes] * workers,
+                    [size] * workers,
                 )
             )
     (root / "val").mkdir(parents=True, exist_ok=True)
@@ -142,7 +152,7 @@ def plain_pipeline(
         images = fn.decoders.image_random_crop(
             encoded, random_area=[0.08, 1.0], random_aspect_ratio=[0.75, 4 / 3], **decode
         )
-        images = fn.resize(images, size=[224, 224])
+        images = fn.resize(images, size=[opts["out_size"]] * 2)
         images = fn.crop_mirror_normalize(
             images,
             mirror=fn.random.coin_flip(),
@@ -205,6 +215,8 @@ def build_loader(
         prefetch=prefetch,
         hw_decoder_load=opts["hw_decoder_load"] or 0.0,
         pin_memory=True,
+        image_size=opts["out_size"],
+        val_resize=max(opts["out_size"], round(opts["out_size"] * 256 / 224)),
     )
     shard = Shard(0, 1, batch, 1, eval_batch=batch, seed=0)
     from dstrain.data.sharding import Output
@@ -450,6 +462,15 @@ def main() -> int:
         default=[0.9],
         help="GPU only: hardware-decoder shares to measure",
     )
+    parser.add_argument(
+        "--jpeg-size",
+        default="500x375",
+        help="WxH of the generated JPEGs (ImageNet-like by default; small ones make decoding cheap, "
+        "so a CPU shows the pipeline's own per-batch cost as a GPU's decoder does)",
+    )
+    parser.add_argument(
+        "--out-size", type=int, default=224, help="the crop every loader resizes to (pixels)"
+    )
     parser.add_argument("--dtype", choices=("float16", "float32"), default="float16")
     parser.add_argument(
         "--layout", choices=("HWC", "CHW"), default="HWC", help="HWC = channels_last batches"
@@ -486,6 +507,10 @@ def main() -> int:
 
     from bench.common import provenance, write_result
 
+    width, _, height = args.jpeg_size.partition("x")
+    if not (width.isdigit() and height.isdigit() and int(width) > 0 and int(height) > 0):
+        parser.error(f"--jpeg-size {args.jpeg_size!r}: expected WIDTHxHEIGHT, e.g. 500x375")
+    jpeg_hw = (int(height), int(width))
     needed = max(args.batches_per_epoch) * args.batch
     devices = [d for d in args.devices if d == "cpu" or torch.cuda.is_available()]
     with tempfile.TemporaryDirectory() as tmp:
@@ -493,22 +518,27 @@ def main() -> int:
         have = len(list((root / "train").rglob("*.JPEG"))) if (root / "train").is_dir() else 0
         if have < needed:
             t0 = time.perf_counter()
-            make_folder_parallel(root, needed, args.classes, start=have)
+            make_folder_parallel(root, needed, args.classes, start=have, size=jpeg_hw)
             print(
                 f"generated {needed - have} JPEGs in {time.perf_counter() - t0:.0f} s under {root}",
                 flush=True,
             )
-        sizes = [p.stat().st_size for p in (root / "train").rglob("*.JPEG")]
+        jpegs = sorted((root / "train").rglob("*.JPEG"))
+        sizes = [p.stat().st_size for p in jpegs]
+        from PIL import Image
+
+        with Image.open(jpegs[0]) as first:  # a reused --root may hold another size
+            jpeg_size = "{}x{}".format(*first.size)
         common = {
             **provenance("loader.py"),
             "dali": __import__("nvidia.dali").dali.__version__,
             "setup": {
                 "files_in_folder": len(sizes),
-                "image_size": "500x375",
+                "image_size": jpeg_size,
                 "mean_jpeg_kb": round(np.mean(sizes) / 1024, 1),
                 "batch": args.batch,
                 "timed_epochs": args.epochs,
-                "transform": "decode + random-resized-crop 224 (0.08-1, 3/4-4/3) + flip + "
+                "transform": f"decode + random-resized-crop {args.out_size} (0.08-1, 3/4-4/3) + flip + "
                 f"normalize, {args.dtype} {args.layout} (torchvision: float32 CHW)",
             },
         }
@@ -521,6 +551,7 @@ def main() -> int:
                     "dtype": args.dtype,
                     "channels_last": args.layout == "HWC",
                     "hw_decoder_load": load,  # None: CPU decode, no hardware decoder
+                    "out_size": args.out_size,
                 }
                 rows += measure(root, device, args, opts)
             results[device] = {"rows": rows}

@@ -651,11 +651,15 @@ def test_throughput_bench_writes_each_row_records_failures_and_resumes(tmp_path)
 def test_loader_bench_measures_dali_against_the_plain_pipeline_ceiling(tmp_path):
     out = tmp_path / "loader.json"
     args = ["--batch", "4", "--batches-per-epoch", "2", "3", "--threads", "1", "--epochs", "2"]
+    args += ["--jpeg-size", "64x48", "--out-size", "16"]  # small: the pipelines' own cost shows
     proc = bench(
         "loader.py", *args, "--root", str(tmp_path / "jpegs"), "--devices", "cpu", "--out", str(out)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = described(out)["rows"]
+    result = described(out)
+    assert result["setup"]["image_size"] == "64x48"
+    assert "random-resized-crop 16 " in result["setup"]["transform"]
+    rows = result["rows"]
     assert [(r["batches_per_epoch"], r["images_per_epoch"]) for r in rows] == [(2, 8), (3, 12)]
     for row in rows:
         assert row["plain"]["images_per_sec"] > 0 and row["dali"]["images_per_sec"] > 0
@@ -664,6 +668,9 @@ def test_loader_bench_measures_dali_against_the_plain_pipeline_ceiling(tmp_path)
         )
         assert row["dali"]["pipelines_built"] == 1  # 1 + 2 passes through one pipeline
         assert len(row["dali"]["epoch_s"]) == 2
+        assert row["out_size"] == 16
+    bad = bench("loader.py", "--jpeg-size", "64by48", "--devices", "cpu", "--out", str(out))
+    assert bad.returncode == 2 and "--jpeg-size '64by48': expected WIDTHxHEIGHT" in bad.stderr
 
 
 @pytest.mark.slow
