@@ -8,6 +8,8 @@ rank, batch) so a resumed epoch draws exactly the uninterrupted crops, and that 
 crop geometry is the NumPy rule :func:`dstrain.data.dali.crop_window` (torchvision's).
 """
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -69,6 +71,22 @@ def test_one_pipeline_serves_every_epoch_ramp_step_resume_and_evaluation(jpeg_fo
         assert files_of(train) == expected(train, epoch, start)
         assert sorted(files_of(val)) == [(c, i) for c in range(3) for i in range(3)]
     assert (train.builds, val.builds) == (1, 1)
+
+
+def test_paths_of_any_length_and_script_reach_the_pipeline_intact(jpeg_folder, tmp_path):
+    """The feed hands a batch's paths as one NUL-padded array (path_rows): short, long and
+    non-ASCII names in one batch each open their own file, in training and evaluation."""
+    root = tmp_path / "names"
+    shutil.copytree(jpeg_folder, root)
+    files = sorted(root.glob("*/*/*.JPEG"))
+    assert len(files) == 33
+    for k, path in enumerate(files):
+        stem = path.name.split(".")[0]  # the file index decode_colour reads back
+        path.rename(path.with_name(f"{stem}.{'ü' * (k * 7 % 23)}{'n' * (k % 5)}.JPEG"))
+    data = build_data(cfg_for(root), Shard(0, 1, 4, 1, eval_batch=4, seed=2), 3, 3)
+    data.train.start_epoch(0)
+    assert files_of(data.train) == expected(data.train, 0)
+    assert sorted(files_of(data.val)) == [(c, i) for c in range(3) for i in range(3)]
 
 
 def test_a_pass_broken_off_leaves_the_next_pass_exact(jpeg_folder):

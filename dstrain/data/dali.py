@@ -93,11 +93,12 @@ def crop_draws(seed: int, n: int, area, aspect) -> dict[str, np.ndarray]:
     Per sample, ``CROP_ATTEMPTS`` candidates of area fraction s ~ U(area) and aspect ratio
     r ~ logU(aspect). On a W x H image a candidate is sqrt(s r W H) x sqrt(s W H / r) pixels, so
     it fits iff ``lo`` = s r <= q <= r / s = ``hi`` (q = W / H), and its size relative to the image
-    is sqrt(``a`` / q) x sqrt(q / ``b``) with a = s r, b = r / s; its position is (``u``, ``v``)
-    of the room left. One more candidate, last, always fits: torchvision's fallback, the whole
-    image with its aspect ratio clamped to the range, centred (a, b = 1e6, 1e-6: the pipeline's
-    clamps to min(1, aspect max / q) x min(1, q / aspect min) give its size; they never cut a
-    fitting candidate). Then the flip coin."""
+    is sqrt(a / q) x sqrt(q / b) with a = s r, b = r / s; its position is (u, v) of the room left.
+    One more candidate, last, always fits: torchvision's fallback, the whole image with its aspect
+    ratio clamped to the range, centred (a, b = 1e6, 1e-6: the pipeline's clamps to
+    min(1, aspect max / q) x min(1, q / aspect min) give its size; they never cut a fitting
+    candidate). ``table`` holds each candidate's (a, 1 / b, u, v), the row the pipeline picks from
+    (one array, so the pipeline needs one pick, not four). Then the flip coin."""
     rng = np.random.default_rng(seed)
     s = rng.uniform(area[0], area[1], (n, CROP_ATTEMPTS))
     r = np.exp(rng.uniform(math.log(aspect[0]), math.log(aspect[1]), (n, CROP_ATTEMPTS)))
@@ -108,36 +109,39 @@ def crop_draws(seed: int, n: int, area, aspect) -> dict[str, np.ndarray]:
         full = np.concatenate([values, np.full((n, 1), fallback)], 1)
         return np.ascontiguousarray(full, dtype=np.float32)
 
+    columns = (
+        last(s * r, 1e6),  # a
+        last(s / r, 1e6),  # 1 / b
+        last(np.repeat(u, CROP_ATTEMPTS, 1), 0.5),
+        last(np.repeat(v, CROP_ATTEMPTS, 1), 0.5),
+    )
     return {
         "attempt": np.ascontiguousarray(
             np.broadcast_to(np.arange(CROP_ATTEMPTS + 1, dtype=np.float32), (n, CROP_ATTEMPTS + 1))
         ),
         "lo": last(s * r, 0.0),
         "hi": last(r / s, np.inf),
-        "a": last(s * r, 1e6),
-        "b": last(r / s, 1e-6),
-        "u": last(np.repeat(u, CROP_ATTEMPTS, 1), 0.5),
-        "v": last(np.repeat(v, CROP_ATTEMPTS, 1), 0.5),
+        "table": np.ascontiguousarray(np.stack(columns, -1)),  # (n, candidates, 4)
         "flip": flip.astype(np.int32),
     }
 
 
-FEED_ORDER = ("attempt", "lo", "hi", "a", "b", "u", "v", "flip")  # crop_draws' arrays, as fed
+FEED_ORDER = ("attempt", "lo", "hi", "table", "flip")  # crop_draws' arrays, as fed
 
 
 def crop_window(q: np.ndarray, draws: dict[str, np.ndarray], aspect) -> np.ndarray:
     """The crops (x, y, w, h), relative to the image, that the pipeline decodes for images of
-    aspect ratios ``q``: the NumPy twin of the pipeline's graph, step by step (tested)."""
-    q = q[:, None]
-    score = draws["attempt"] + ((draws["lo"] > q) | (q > draws["hi"])) * NO_FIT
+    aspect ratios ``q``: the NumPy twin of the pipeline's graph, step by step (tested). With
+    r = (1 / q, q) and the chosen candidate's (a, 1 / b, u, v): (w, h) = min(min(1, (aspect max,
+    1 / aspect min) r), sqrt(r (a, 1 / b))), (x, y) = (u, v) (1 - (w, h))."""
+    q = q[:, None].astype(np.float32)
+    score = draws["attempt"] + ((draws["lo"] > q) | (q > draws["hi"])) * np.float32(NO_FIT)
     chosen = score == score.min(1, keepdims=True)
-
-    def pick(name: str) -> np.ndarray:
-        return (draws[name] * chosen).sum(1, keepdims=True)
-
-    w = np.minimum(np.minimum(1.0, aspect[1] / q), np.sqrt(pick("a") / q))
-    h = np.minimum(np.minimum(1.0, q / aspect[0]), np.sqrt(q / pick("b")))
-    return np.concatenate([pick("u") * (1 - w), pick("v") * (1 - h), w, h], 1)
+    picked = (draws["table"] * chosen[..., None]).sum(1)  # (n, 4)
+    r = np.concatenate([1 / q, q], 1)
+    limit = np.array([aspect[1], 1 / aspect[0]], np.float32)
+    size = np.minimum(np.minimum(1.0, limit * r), np.sqrt(r * picked[:, :2]))
+    return np.concatenate([picked[:, 2:] * (1 - size), size], 1)
 
 
 @dataclass
@@ -264,22 +268,22 @@ class DaliLoader(ShardedBatches):
                 mirror, crop = 0, dict(crop=[size, size], crop_pos_x=0.5, crop_pos_y=0.5)
             else:
                 paths, *draws = fn.external_source(source=feed, num_outputs=1 + len(FEED_ORDER))
-                attempt, lo, hi, a, b, u, v, mirror = draws
+                attempt, lo, hi, table, mirror = draws
                 encoded = encoded_of(paths)
                 shape = fn.peek_image_shape(encoded, dtype=types.FLOAT)  # H, W, C
                 q = shape[1] / shape[0]
-                # the first candidate that fits (crop_draws, crop_window: the same steps in NumPy)
+                # the first candidate that fits (crop_draws, crop_window: the same steps in
+                # NumPy), its row of the table picked in one go: every operator here costs the
+                # pipeline a scheduling round per batch, which a GPU-fed pipeline feels
                 score = attempt + ((lo > q) | (q > hi)) * NO_FIT
-                chosen = score == fn.reductions.min(score)
-
-                def pick(values):
-                    return fn.reductions.sum(values * chosen)
-
-                w = dmath.min(dmath.min(1.0, self.aspect[1] / q), dmath.sqrt(pick(a) / q))
-                h = dmath.min(dmath.min(1.0, q / self.aspect[0]), dmath.sqrt(q / pick(b)))
-                x, y = pick(u) * (1 - w), pick(v) * (1 - h)
+                chosen = fn.expand_dims(score == fn.reductions.min(score), axes=[1])
+                picked = fn.reductions.sum(table * chosen, axes=0)  # a, 1 / b, u, v
+                r = fn.stack(1.0 / q, q)
+                limit = types.Constant(np.array([self.aspect[1], 1 / self.aspect[0]], np.float32))
+                extent = dmath.min(dmath.min(1.0, limit * r), dmath.sqrt(r * picked[0:2]))
+                anchor = picked[2:4] * (1.0 - extent)
                 # a region-of-interest decode: only the crop window is decoded
-                images = fn.decoders.image_slice(encoded, fn.stack(x, y), fn.stack(w, h), **decode)
+                images = fn.decoders.image_slice(encoded, anchor, extent, **decode)
                 images = fn.resize(images, size=[size, size])
                 crop = {}
             return fn.crop_mirror_normalize(
@@ -425,7 +429,7 @@ def _copy(dense) -> torch.Tensor:
 
 
 def feed_items(images: ImageList, batches: list[torch.Tensor], first: int, draws: tuple | None):
-    """What the feed hands DALI for each batch: the paths (NUL-free bytes), or for shards the
+    """What the feed hands DALI for each batch: the paths (one NUL-padded array), or for shards the
     encoded images themselves, and with ``draws`` = (the epoch's seed, area, aspect) the batch's
     crop draws, seeded by (that seed, the batch's index in the epoch). A plain function: the
     pipeline's stream holds it, and a reference back to the loader would keep the loader, and the
@@ -434,7 +438,7 @@ def feed_items(images: ImageList, batches: list[torch.Tensor], first: int, draws
     for k, batch in enumerate(batches, start=first):
         idx = batch.tolist()
         if store is None:
-            paths = [np.frombuffer(files[i].encode(), np.uint8) for i in idx]
+            paths = path_rows([files[i] for i in idx])
         else:
             paths = [np.frombuffer(store.read(i), np.uint8) for i in idx]
         if draws is None:
@@ -443,6 +447,18 @@ def feed_items(images: ImageList, batches: list[torch.Tensor], first: int, draws
         seed, area, aspect = draws
         d = crop_draws(seed * 1_000_003 + k, len(idx), area, aspect)
         yield batch, (paths, *(d[name] for name in FEED_ORDER))
+
+
+def path_rows(paths: list[str]) -> np.ndarray:
+    """A batch's file paths as one uint8 array, a row a path, NUL-padded to the longest.
+
+    DALI takes one dense array in one call; a list of per-sample arrays costs it a Python loop over
+    the samples (type checks and a tensor each, ~20 us a sample) on the training thread, where a
+    GPU-fed pipeline has no time to spare. ``fn.io.file.read`` opens the path up to its first NUL."""
+    encoded = [p.encode() for p in paths]
+    width = max(map(len, encoded))
+    joined = b"".join(e.ljust(width, b"\0") for e in encoded)
+    return np.frombuffer(joined, np.uint8).reshape(len(encoded), width)
 
 
 def batch_labels(images: ImageList, batch: torch.Tensor, device: torch.device) -> torch.Tensor:
