@@ -34,7 +34,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench.common import provenance, write_result  # noqa: E402
-from results.harness.study.definition import differing, resolved, run_name  # noqa: E402
+from results.harness.study.definition import (  # noqa: E402
+    batch_of,
+    differing,
+    resolved,
+    run_name,
+)
 from results.harness.study.report import mlperf_rcps, rcp_table  # noqa: E402
 from results.harness.study.stats import FASHION_MNIST_TRAIN, epochs_to  # noqa: E402
 
@@ -64,10 +69,6 @@ def setting_of(record: dict, tuned: tuple[str, ...] = TUNED) -> tuple:
 def label(setting: tuple, tuned: tuple[str, ...] = TUNED) -> str:
     """``LR 20`` or ``LR 20, warmup 9``: a setting as the tables name it."""
     return ", ".join(f"{SHORT.get(k, k)} {v:g}" for k, v in zip(tuned, setting))
-
-
-def batch_of(record: dict) -> int:
-    return int(resolved(record)["batch.global_size"])
 
 
 def one_definition(records: list[dict], tuned: tuple[str, ...] = TUNED) -> None:

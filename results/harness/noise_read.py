@@ -30,12 +30,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.common import provenance, save_png, write_result  # noqa: E402
 from results.harness.epochs_tuned import read_runs, split_spec  # noqa: E402
-from results.harness.study.definition import resolved  # noqa: E402
+from results.harness.study.definition import batch_of  # noqa: E402
 from results.harness.study.stats import epochs_to  # noqa: E402
-
-
-def batch_of(record: dict) -> int:
-    return int(resolved(record)["batch.global_size"])
 
 
 def predicted_ratio(batch: int, reference_batch: int, noise_scale: float) -> float:

@@ -104,6 +104,11 @@ def resolved(record: dict) -> dict:
         raise ValueError(f"{run_name(record)}: its settings do not load: {e}") from None
 
 
+def batch_of(record: dict) -> int:
+    """The global batch a run starts at, from its resolved settings (ValueError as :func:`resolved`)."""
+    return int(resolved(record)["batch.global_size"])
+
+
 def run_name(record: dict) -> str:
     """``row seed N``: a run as the messages name it."""
     return f"{record['row']} seed {record['seed']}"

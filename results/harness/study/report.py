@@ -273,12 +273,12 @@ def goal_lines(
 def _first_batch(record: dict) -> int | None:
     """The global batch a run record starts at (its settings resolved); None where they do not
     load (a record without its command, a recipe gone)."""
-    from results.harness.study.definition import resolved
+    from results.harness.study.definition import batch_of
 
     if not isinstance(record.get("command"), str):
         return None
     try:
-        return int(resolved(record)["batch.global_size"])
+        return batch_of(record)
     except (KeyError, ValueError, StopIteration, TypeError):
         return None
 
