@@ -16,11 +16,15 @@ reader fed a new list would mean a new pipeline.
 
 Random-resized crops and flips are drawn by dstrain, not by DALI's generator: for every sample,
 from (seed, epoch, rank, batch index), ``CROP_ATTEMPTS`` candidate (area, aspect ratio) pairs and
-a position and a coin. In the pipeline, the first candidate that fits the image (its size comes
-from the JPEG header, ``fn.peek_image_shape``) is decoded as a region of interest; when none fits,
-the centred crop of the whole image with its aspect ratio clamped to the range (torchvision's
-``RandomResizedCrop`` rule). So a resumed run, even from the middle of an epoch, draws exactly
-the crops an uninterrupted one draws, and the pipeline holds no random state across passes.
+a position and a coin. The first candidate that fits the image is decoded as a region of interest;
+when none fits, the centred crop of the whole image with its aspect ratio clamped to the range
+(torchvision's ``RandomResizedCrop`` rule). So a resumed run, even from the middle of an epoch,
+draws exactly the crops an uninterrupted one draws, and the pipeline holds no random state across
+passes. Which candidate fits depends on the image's size, which only its header says, so an
+augmenting loader runs two pipelines (:class:`_Chain`): the first reads each file and peeks its
+size (``fn.peek_image_shape``), the host picks the windows (:func:`crop_window`, NumPy, a batch at
+once), the second decodes them. Choosing inside one pipeline took ~30 operators a batch, each a
+scheduling round: DaliLoader ran at 0.38x a plain DALI pipeline on an H200 with ``mixed`` decode.
 
 Pipelines
   train  random-resized-crop (area / aspect-ratio ranges) decoded as a region of interest, resize to
@@ -97,8 +101,8 @@ def crop_draws(seed: int, n: int, area, aspect) -> dict[str, np.ndarray]:
     One more candidate, last, always fits: torchvision's fallback, the whole image with its aspect
     ratio clamped to the range, centred (a, b = 1e6, 1e-6: the pipeline's clamps to
     min(1, aspect max / q) x min(1, q / aspect min) give its size; they never cut a fitting
-    candidate). ``table`` holds each candidate's (a, 1 / b, u, v), the row the pipeline picks from
-    (one array, so the pipeline needs one pick, not four). Then the flip coin."""
+    candidate). ``table`` holds each candidate's (a, 1 / b, u, v), the row :func:`crop_window`
+    picks. Then the flip coin."""
     rng = np.random.default_rng(seed)
     s = rng.uniform(area[0], area[1], (n, CROP_ATTEMPTS))
     r = np.exp(rng.uniform(math.log(aspect[0]), math.log(aspect[1]), (n, CROP_ATTEMPTS)))
@@ -126,12 +130,10 @@ def crop_draws(seed: int, n: int, area, aspect) -> dict[str, np.ndarray]:
     }
 
 
-FEED_ORDER = ("attempt", "lo", "hi", "table", "flip")  # crop_draws' arrays, as fed
-
-
 def crop_window(q: np.ndarray, draws: dict[str, np.ndarray], aspect) -> np.ndarray:
-    """The crops (x, y, w, h), relative to the image, that the pipeline decodes for images of
-    aspect ratios ``q``: the NumPy twin of the pipeline's graph, step by step (tested). With
+    """The crops (x, y, w, h), relative to the image, that the decode pipeline decodes for images
+    of aspect ratios ``q`` (their headers' width / height): computed on the host for a whole batch
+    (:class:`_Windows`); the geometry test checks decoded pixels against it. With
     r = (1 / q, q) and the chosen candidate's (a, 1 / b, u, v): (w, h) = min(min(1, (aspect max,
     1 / aspect min) r), sqrt(r (a, 1 / b))), (x, y) = (u, v) (1 - (w, h))."""
     q = q[:, None].astype(np.float32)
@@ -150,7 +152,8 @@ class _Pass:
 
     key: tuple  # what decides its batches: (epoch, start, accumulation, augment, offset)
     size: int  # its batches
-    items: Iterator  # (batch indices, what the feed hands DALI for it), made as they are fed
+    # (batch indices, what the feed hands DALI for it, its crop draws or None), made as fed
+    items: Iterator
     claimed: bool = False  # a consumer iterates it (False: fed ahead, on a prediction)
 
 
@@ -171,6 +174,9 @@ class _Stream:
         self.current: _Pass | None = None
         self.scheduled = False  # the pipeline's queue has been filled (its first schedule_run)
         self.fed: deque[tuple[_Pass, torch.Tensor]] = deque()
+        self.draws: deque[dict[str, np.ndarray]] = (
+            deque()
+        )  # crop draws of the batches fed, in order
 
     def start(self, new: _Pass) -> _Pass:
         """The pass a consumer iterates: the one fed ahead if it is the same, else ``new``."""
@@ -183,10 +189,68 @@ class _Stream:
         while True:
             item = next(self.current.items, None)
             if item is not None:
-                batch, inputs = item
+                batch, inputs, draws = item
                 self.fed.append((self.current, batch))
+                if draws is not None:
+                    self.draws.append(draws)
                 return inputs
             self.current = self.predict()(self.current)
+
+
+class _Windows:
+    """The decode pipeline's ``external_source``: the peek pipeline's next batch (the encoded files
+    and their sizes), with the crop windows and flips the host picks for it.
+
+    The decode pipeline copies what it is fed (``no_copy`` off), so the peek pipeline's batch is
+    released at the next call and one more peek scheduled in its place."""
+
+    def __init__(self, peek, stream: _Stream, aspect):
+        self.peek, self.stream, self.aspect = peek, stream, aspect
+        self.held = False  # a peek batch is shared out (released at the next call)
+
+    def __call__(self):
+        if self.held:
+            self.peek.release_outputs()
+            self.peek.schedule_run()
+        encoded, shape = self.peek.share_outputs()
+        self.held = True
+        hw = np.asarray(shape.as_array())  # H, W, C of each image (as its decoder will orient it)
+        draws = self.stream.draws.popleft()
+        window = crop_window(hw[:, 1] / hw[:, 0], draws, self.aspect)
+        return (
+            encoded,
+            np.ascontiguousarray(window[:, :2]),
+            np.ascontiguousarray(window[:, 2:]),
+            draws["flip"],
+        )
+
+
+class _Chain:
+    """An augmenting loader's two pipelines as one: ``peek`` reads the files and their sizes,
+    ``decode`` decodes the windows :class:`_Windows` picks. The loader talks to ``decode``; the
+    first schedule fills ``peek``'s queue first."""
+
+    def __init__(self, decode, peek):
+        self.decode, self.peek, self.started = decode, peek, False
+        self.exec_dynamic = decode.exec_dynamic
+
+    def share_outputs(self):
+        return self.decode.share_outputs()
+
+    def release_outputs(self) -> None:
+        self.decode.release_outputs()
+
+    def schedule_run(self) -> None:
+        if not self.started:
+            self.peek.schedule_run()
+            self.started = True
+        self.decode.schedule_run()
+
+    def _shutdown(self) -> None:
+        for pipe in (self.decode, self.peek):  # decode first: its feed reads peek
+            shutdown = getattr(pipe, "_shutdown", None)  # DALI's own teardown (its __del__)
+            if shutdown is not None:
+                shutdown()
 
 
 class DaliLoader(ShardedBatches):
@@ -224,9 +288,9 @@ class DaliLoader(ShardedBatches):
         self.augment = augment and self.mode == "train"
 
     def _build(self, augment: bool):
-        """The pipeline (and its feed) for one transform; the feed decides the files of each pass."""
+        """The pipeline (and its feed) for one transform; the feed decides the files of each pass.
+        With ``augment``, the two pipelines of :class:`_Chain`."""
         from nvidia.dali import fn, pipeline_def, types
-        from nvidia.dali import math as dmath
 
         gpu = self.device.type == "cuda"
         rgb = self.channels == 3
@@ -248,44 +312,19 @@ class DaliLoader(ShardedBatches):
         feed = _Stream(self._predict)
         t0 = time.perf_counter()
         from_shards = self.images.store is not None  # the feed hands over the bytes themselves
-
-        def encoded_of(paths):
-            return paths if from_shards else fn.io.file.read(paths)
-
-        @pipeline_def(
+        settings = dict(
             batch_size=self._max_batch(),
             num_threads=self.num_threads,
             prefetch_queue_depth=self.prefetch,
             device_id=(self.device.index or 0) if gpu else None,
-            seed=self.shard.seed,  # nothing random is drawn in the pipeline; for completeness
+            seed=self.shard.seed,  # nothing random is drawn in the pipelines; for completeness
             exec_dynamic=self.exec_dynamic,
         )
-        def pipeline():
-            if not augment:
-                (paths,) = fn.external_source(source=feed, num_outputs=1)
-                images = fn.decoders.image(encoded_of(paths), **decode)
-                images = fn.resize(images, resize_shorter=self.val_resize)
-                mirror, crop = 0, dict(crop=[size, size], crop_pos_x=0.5, crop_pos_y=0.5)
-            else:
-                paths, *draws = fn.external_source(source=feed, num_outputs=1 + len(FEED_ORDER))
-                attempt, lo, hi, table, mirror = draws
-                encoded = encoded_of(paths)
-                shape = fn.peek_image_shape(encoded, dtype=types.FLOAT)  # H, W, C
-                q = shape[1] / shape[0]
-                # the first candidate that fits (crop_draws, crop_window: the same steps in
-                # NumPy), its row of the table picked in one go: every operator here costs the
-                # pipeline a scheduling round per batch, which a GPU-fed pipeline feels
-                score = attempt + ((lo > q) | (q > hi)) * NO_FIT
-                chosen = fn.expand_dims(score == fn.reductions.min(score), axes=[1])
-                picked = fn.reductions.sum(table * chosen, axes=0)  # a, 1 / b, u, v
-                r = fn.stack(1.0 / q, q)
-                limit = types.Constant(np.array([self.aspect[1], 1 / self.aspect[0]], np.float32))
-                extent = dmath.min(dmath.min(1.0, limit * r), dmath.sqrt(r * picked[0:2]))
-                anchor = picked[2:4] * (1.0 - extent)
-                # a region-of-interest decode: only the crop window is decoded
-                images = fn.decoders.image_slice(encoded, anchor, extent, **decode)
-                images = fn.resize(images, size=[size, size])
-                crop = {}
+
+        def encoded_of(paths):
+            return paths if from_shards else fn.io.file.read(paths)
+
+        def normalised(images, mirror, **crop):
             return fn.crop_mirror_normalize(
                 images,
                 mirror=mirror,
@@ -296,8 +335,40 @@ class DaliLoader(ShardedBatches):
                 **crop,
             )
 
-        pipe = pipeline()
-        pipe.build()
+        if not augment:
+
+            @pipeline_def(**settings)
+            def pipeline():
+                (paths,) = fn.external_source(source=feed, num_outputs=1)
+                images = fn.decoders.image(encoded_of(paths), **decode)
+                images = fn.resize(images, resize_shorter=self.val_resize)
+                return normalised(images, 0, crop=[size, size], crop_pos_x=0.5, crop_pos_y=0.5)
+
+            pipe = pipeline()
+            pipe.build()
+        else:
+
+            @pipeline_def(**{**settings, "device_id": None})  # CPU only: files and headers
+            def peek_pipeline():
+                (paths,) = fn.external_source(source=feed, num_outputs=1)
+                encoded = encoded_of(paths)
+                return encoded, fn.peek_image_shape(encoded, dtype=types.FLOAT)
+
+            peek = peek_pipeline()
+            peek.build()
+
+            @pipeline_def(**settings)
+            def decode_pipeline():
+                encoded, anchor, extent, mirror = fn.external_source(
+                    source=_Windows(peek, feed, self.aspect), num_outputs=4
+                )
+                # a region-of-interest decode: only the crop window is decoded
+                images = fn.decoders.image_slice(encoded, anchor, extent, **decode)
+                return normalised(fn.resize(images, size=[size, size]), mirror)
+
+            pipe = decode_pipeline()
+            pipe.build()
+            pipe = _Chain(pipe, peek)
         self.builds += 1
         log.debug(
             "DALI %s pipeline (%s) built in %.2f s",
@@ -374,15 +445,15 @@ class DaliLoader(ShardedBatches):
         pipe, stream = self._pipeline(self.augment)
         mine = stream.start(new)
         todo = mine.size
-        # a new pipeline: fill its queue (later passes find theirs in flight)
-        if not stream.scheduled:
-            pipe.schedule_run()
-            stream.scheduled = True
         while todo:
             try:
                 with (
                     torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
                 ):
+                    # a new pipeline: fill its queue (later passes find theirs in flight)
+                    if not stream.scheduled:
+                        pipe.schedule_run()
+                        stream.scheduled = True
                     images = self._next_output(pipe)
             except RuntimeError as err:  # DALI's pipeline is unusable after an operator error
                 self.close()
@@ -442,11 +513,10 @@ def feed_items(images: ImageList, batches: list[torch.Tensor], first: int, draws
         else:
             paths = [np.frombuffer(store.read(i), np.uint8) for i in idx]
         if draws is None:
-            yield batch, (paths,)
+            yield batch, (paths,), None
             continue
         seed, area, aspect = draws
-        d = crop_draws(seed * 1_000_003 + k, len(idx), area, aspect)
-        yield batch, (paths, *(d[name] for name in FEED_ORDER))
+        yield batch, (paths,), crop_draws(seed * 1_000_003 + k, len(idx), area, aspect)
 
 
 def path_rows(paths: list[str]) -> np.ndarray:
