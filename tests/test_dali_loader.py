@@ -8,6 +8,7 @@ rank, batch) so a resumed epoch draws exactly the uninterrupted crops, and that 
 crop geometry is the NumPy rule :func:`dstrain.data.dali.crop_window` (torchvision's).
 """
 
+import os
 import shutil
 
 import numpy as np
@@ -74,19 +75,52 @@ def test_one_pipeline_serves_every_epoch_ramp_step_resume_and_evaluation(jpeg_fo
 
 
 def test_paths_of_any_length_and_script_reach_the_pipeline_intact(jpeg_folder, tmp_path):
-    """The feed hands a batch's paths as one NUL-padded array (path_rows): short, long and
-    non-ASCII names in one batch each open their own file, in training and evaluation."""
+    """The feed hands a batch's paths as one NUL-padded array (path_rows): short, long, non-ASCII
+    and non-UTF-8 names in one batch each open their own file, in training and evaluation."""
     root = tmp_path / "names"
     shutil.copytree(jpeg_folder, root)
     files = sorted(root.glob("*/*/*.JPEG"))
     assert len(files) == 33
     for k, path in enumerate(files):
         stem = path.name.split(".")[0]  # the file index decode_colour reads back
-        path.rename(path.with_name(f"{stem}.{'ü' * (k * 7 % 23)}{'n' * (k % 5)}.JPEG"))
+        if k % 4 == 0:  # bytes that are not UTF-8, as a Linux file system may hold them
+            os.rename(path, os.fsencode(path.parent) + f"/{stem}.".encode() + b"\xff\xfe.JPEG")
+        else:
+            path.rename(path.with_name(f"{stem}.{'ü' * (k * 7 % 23)}{'n' * (k % 5)}.JPEG"))
     data = build_data(cfg_for(root), Shard(0, 1, 4, 1, eval_batch=4, seed=2), 3, 3)
     data.train.start_epoch(0)
     assert files_of(data.train) == expected(data.train, 0)
     assert sorted(files_of(data.val)) == [(c, i) for c in range(3) for i in range(3)]
+
+
+def test_an_error_in_the_feeds_own_code_closes_the_pipelines_and_the_next_pass_is_exact(
+    jpeg_folder, monkeypatch
+):
+    """An exception raised by the host side of the feed (not by DALI) leaves the loader closed,
+    not with its in-flight batches out of step with their labels; the next pass rebuilds."""
+    from dstrain.data import dali
+
+    data = build_data(cfg_for(jpeg_folder), Shard(0, 1, 2, 1, seed=4), 3, 3)
+    train = data.train
+    train.start_epoch(0)
+    assert files_of(train) == expected(train, 0)
+    real, calls = dali.crop_window, []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("planted")
+        return real(*args)
+
+    monkeypatch.setattr(dali, "crop_window", failing)
+    train.start_epoch(1)
+    with pytest.raises(ValueError, match="planted"):
+        list(train)
+    assert train._pipe is None  # closed: its threads stopped, nothing in flight kept
+    monkeypatch.setattr(dali, "crop_window", real)
+    train.start_epoch(1)
+    assert files_of(train) == expected(train, 1)
+    assert train.builds == 2
 
 
 def test_a_pass_broken_off_leaves_the_next_pass_exact(jpeg_folder):

@@ -1,11 +1,11 @@
 """NVIDIA DALI pipelines over an image folder: decode on the GPU (``mixed``) when there is one, on the CPU otherwise.
 
-One pipeline per loader, built at its first pass and kept: every later pass (each epoch, each
-evaluation) feeds the same pipeline its files, so a pass pays no pipeline build, no decoder or
-memory set-up and no prefetch ramp (a pipeline built per pass ran at 0.18x a plain DALI pipeline
-on an H100 at 25 batches an epoch, issue 17). DALI works ``prefetch`` batches ahead, across the
-end of a pass into the pass the loader predicts next (see :class:`_Stream`), and a new batch is
-scheduled as soon as one is handed out.
+One pipeline per loader (two chained for augmentation, below), built at its first pass and kept:
+every later pass (each epoch, each evaluation) feeds the same pipeline its files, so a pass pays no
+pipeline build, no decoder or memory set-up and no prefetch ramp (a pipeline built per pass ran at
+0.18x a plain DALI pipeline on an H100 at 25 batches an epoch, issue 17). DALI works ``prefetch``
+batches ahead, across the end of a pass into the pass the loader predicts next (see
+:class:`_Stream`), and a new batch is scheduled as soon as one is handed out.
 
 Which files a rank reads, and in what order, comes from :mod:`dstrain.data.sharding` (the same
 global batches on any number of ranks, reshuffled from (seed, epoch), the batch-size ramp); the
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import weakref
 from collections import deque
@@ -247,10 +248,17 @@ class _Chain:
         self.decode.schedule_run()
 
     def _shutdown(self) -> None:
-        for pipe in (self.decode, self.peek):  # decode first: its feed reads peek
-            shutdown = getattr(pipe, "_shutdown", None)  # DALI's own teardown (its __del__)
-            if shutdown is not None:
-                shutdown()
+        try:
+            _shutdown(self.decode)  # first: its feed reads peek
+        finally:
+            _shutdown(self.peek)
+
+
+def _shutdown(pipe) -> None:
+    """Stop a DALI pipeline's threads now (DALI's own teardown, its ``__del__``)."""
+    shutdown = getattr(pipe, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
 
 
 class DaliLoader(ShardedBatches):
@@ -347,8 +355,12 @@ class DaliLoader(ShardedBatches):
             pipe = pipeline()
             pipe.build()
         else:
-
-            @pipeline_def(**{**settings, "device_id": None})  # CPU only: files and headers
+            # CPU only: files and headers. One batch deeper than decode's queue: decode's feed
+            # holds one peek batch while the next ones are read, so reading stays ahead of
+            # training even at data.prefetch=1
+            @pipeline_def(
+                **{**settings, "device_id": None, "prefetch_queue_depth": self.prefetch + 1}
+            )
             def peek_pipeline():
                 (paths,) = fn.external_source(source=feed, num_outputs=1)
                 encoded = encoded_of(paths)
@@ -366,8 +378,12 @@ class DaliLoader(ShardedBatches):
                 images = fn.decoders.image_slice(encoded, anchor, extent, **decode)
                 return normalised(fn.resize(images, size=[size, size]), mirror)
 
-            pipe = decode_pipeline()
-            pipe.build()
+            try:
+                pipe = decode_pipeline()
+                pipe.build()
+            except BaseException:
+                _shutdown(peek)  # not left to the garbage collector with its threads
+                raise
             pipe = _Chain(pipe, peek)
         self.builds += 1
         log.debug(
@@ -407,9 +423,7 @@ class DaliLoader(ShardedBatches):
         already handed out stay valid. The next pass builds a new pipeline."""
         if self._pipe is not None:
             pipe, self._pipe = self._pipe[0], None
-            shutdown = getattr(pipe, "_shutdown", None)  # DALI's own teardown (its __del__)
-            if shutdown is not None:
-                shutdown()
+            _shutdown(pipe)
 
     def __del__(self):
         self.close()
@@ -458,6 +472,9 @@ class DaliLoader(ShardedBatches):
             except RuntimeError as err:  # DALI's pipeline is unusable after an operator error
                 self.close()
                 raise self._decode_error(err, [batch for _, batch in stream.fed]) from None
+            except BaseException:  # raised by the feed's own code: its batches are out of step
+                self.close()
+                raise
             owner, batch = stream.fed.popleft()
             if owner is mine:  # else fed ahead for a pass that did not come: dropped
                 todo -= 1
@@ -525,7 +542,7 @@ def path_rows(paths: list[str]) -> np.ndarray:
     DALI takes one dense array in one call; a list of per-sample arrays costs it a Python loop over
     the samples (type checks and a tensor each, ~20 us a sample) on the training thread, where a
     GPU-fed pipeline has no time to spare. ``fn.io.file.read`` opens the path up to its first NUL."""
-    encoded = [p.encode() for p in paths]
+    encoded = [os.fsencode(p) for p in paths]  # the bytes the file system has (any encoding)
     width = max(map(len, encoded))
     joined = b"".join(e.ljust(width, b"\0") for e in encoded)
     return np.frombuffer(joined, np.uint8).reshape(len(encoded), width)
