@@ -102,8 +102,7 @@ def crop_draws(seed: int, n: int, area, aspect) -> dict[str, np.ndarray]:
     One more candidate, last, always fits: torchvision's fallback, the whole image with its aspect
     ratio clamped to the range, centred (a, b = 1e6, 1e-6: the pipeline's clamps to
     min(1, aspect max / q) x min(1, q / aspect min) give its size; they never cut a fitting
-    candidate). ``table`` holds each candidate's (a, 1 / b, u, v), the row :func:`crop_window`
-    picks. Then the flip coin."""
+    candidate). Then the flip coin."""
     rng = np.random.default_rng(seed)
     s = rng.uniform(area[0], area[1], (n, CROP_ATTEMPTS))
     r = np.exp(rng.uniform(math.log(aspect[0]), math.log(aspect[1]), (n, CROP_ATTEMPTS)))
@@ -114,19 +113,16 @@ def crop_draws(seed: int, n: int, area, aspect) -> dict[str, np.ndarray]:
         full = np.concatenate([values, np.full((n, 1), fallback)], 1)
         return np.ascontiguousarray(full, dtype=np.float32)
 
-    columns = (
-        last(s * r, 1e6),  # a
-        last(s / r, 1e6),  # 1 / b
-        last(np.repeat(u, CROP_ATTEMPTS, 1), 0.5),
-        last(np.repeat(v, CROP_ATTEMPTS, 1), 0.5),
-    )
     return {
         "attempt": np.ascontiguousarray(
             np.broadcast_to(np.arange(CROP_ATTEMPTS + 1, dtype=np.float32), (n, CROP_ATTEMPTS + 1))
         ),
         "lo": last(s * r, 0.0),
         "hi": last(r / s, np.inf),
-        "table": np.ascontiguousarray(np.stack(columns, -1)),  # (n, candidates, 4)
+        "a": last(s * r, 1e6),
+        "b": last(r / s, 1e-6),
+        "u": last(np.repeat(u, CROP_ATTEMPTS, 1), 0.5),
+        "v": last(np.repeat(v, CROP_ATTEMPTS, 1), 0.5),
         "flip": flip.astype(np.int32),
     }
 
@@ -134,17 +130,17 @@ def crop_draws(seed: int, n: int, area, aspect) -> dict[str, np.ndarray]:
 def crop_window(q: np.ndarray, draws: dict[str, np.ndarray], aspect) -> np.ndarray:
     """The crops (x, y, w, h), relative to the image, that the decode pipeline decodes for images
     of aspect ratios ``q`` (their headers' width / height): computed on the host for a whole batch
-    (:class:`_Windows`); the geometry test checks decoded pixels against it. With
-    r = (1 / q, q) and the chosen candidate's (a, 1 / b, u, v): (w, h) = min(min(1, (aspect max,
-    1 / aspect min) r), sqrt(r (a, 1 / b))), (x, y) = (u, v) (1 - (w, h))."""
-    q = q[:, None].astype(np.float32)
-    score = draws["attempt"] + ((draws["lo"] > q) | (q > draws["hi"])) * np.float32(NO_FIT)
+    (:class:`_Windows`); the geometry test checks decoded pixels against it."""
+    q = q[:, None]
+    score = draws["attempt"] + ((draws["lo"] > q) | (q > draws["hi"])) * NO_FIT
     chosen = score == score.min(1, keepdims=True)
-    picked = (draws["table"] * chosen[..., None]).sum(1)  # (n, 4)
-    r = np.concatenate([1 / q, q], 1)
-    limit = np.array([aspect[1], 1 / aspect[0]], np.float32)
-    size = np.minimum(np.minimum(1.0, limit * r), np.sqrt(r * picked[:, :2]))
-    return np.concatenate([picked[:, 2:] * (1 - size), size], 1)
+
+    def pick(name: str) -> np.ndarray:
+        return (draws[name] * chosen).sum(1, keepdims=True)
+
+    w = np.minimum(np.minimum(1.0, aspect[1] / q), np.sqrt(pick("a") / q))
+    h = np.minimum(np.minimum(1.0, q / aspect[0]), np.sqrt(q / pick("b")))
+    return np.concatenate([pick("u") * (1 - w), pick("v") * (1 - h), w, h], 1)
 
 
 @dataclass
@@ -175,9 +171,8 @@ class _Stream:
         self.current: _Pass | None = None
         self.scheduled = False  # the pipeline's queue has been filled (its first schedule_run)
         self.fed: deque[tuple[_Pass, torch.Tensor]] = deque()
-        self.draws: deque[dict[str, np.ndarray]] = (
-            deque()
-        )  # crop draws of the batches fed, in order
+        # the crop draws of the batches fed, in order (read by an augmenting chain's _Windows)
+        self.draws: deque[dict[str, np.ndarray]] = deque()
 
     def start(self, new: _Pass) -> _Pass:
         """The pass a consumer iterates: the one fed ahead if it is the same, else ``new``."""
