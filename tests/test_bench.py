@@ -884,6 +884,9 @@ def test_suite_summary_counts_each_outcome_and_keeps_pytests_exit(tmp_path):
     assert failures["test_toy.py::test_e"][0] == "error"
     assert failures["test_toy.py::test_e"][1].startswith("failed on setup")
     assert r["exit_status"] == 1 and r["cuda"] is None and len(r["git_sha"]) >= 40
+    # where the time goes, per test file: its 5 tests' seconds summed
+    [(name, seconds, tests)] = r["by_file"]
+    assert name.endswith("test_toy.py") and tests == 5 and 0 <= seconds <= r["wall_s"] + 0.1
     assert f"2 passed, 1 skipped, 2 failed in 0 min {round(r['wall_s'])} s" in proc.stdout
 
     # the same XML summarised after the fact gives the same counts, with the command that wrote it
@@ -901,6 +904,7 @@ def test_suite_summary_counts_each_outcome_and_keeps_pytests_exit(tmp_path):
     args = ["--out", str(again), "--junit", str(xml), str(xml), "--ran", "two parts"]
     assert bench("suite.py", *args).returncode == 0
     assert json.loads(again.read_text())["counts"] == {k: 2 * n for k, n in r["counts"].items()}
+    assert [row[2] for row in json.loads(again.read_text())["by_file"]] == [10]
     # without --ran (docs/gpu.md's command once failed on it): the XML files are named as what ran
     assert bench("suite.py", "--out", str(again), "--junit", str(xml)).returncode == 0
     assert json.loads(again.read_text())["ran"] == f"pytest runs that wrote {xml}"

@@ -248,6 +248,7 @@ def test_progress_lines_continue_a_cut_run_and_count_a_skipped_file(tmp_path):
         "total": 3,
     }
     assert summary["skipped"] == {"no nvidia.dali": ["d.py"]}
+    assert summary["by_file"] == [["t.py", 1.0, 1], ["d.py", 0.0, 1]]  # the cut test is not timed
 
 
 def _wheel(folder: Path, name: str) -> Path:

@@ -37,6 +37,18 @@ from dstrain.core.provenance import record as provenance_record  # noqa: E402
 OUTCOMES = ("passed", "failed", "error", "skipped")
 
 
+def by_file(durations: list[tuple[str, float]]) -> list[list]:
+    """[test file, seconds, tests] per file, the costliest first: where a suite's time goes (with
+    xdist, worker seconds: the wall clock is about their sum over the workers)."""
+    files: dict[str, list] = {}
+    for test, seconds in durations:
+        row = files.setdefault(test.split("::")[0], [0.0, 0])
+        row[0] += seconds
+        row[1] += 1
+    ranked = sorted(files.items(), key=lambda item: -item[1][0])
+    return [[name, round(seconds, 1), n] for name, (seconds, n) in ranked]
+
+
 def device_slug() -> str:
     """``nvidia_h100_80gb_hbm3`` on a GPU, ``cpu_2_cores`` without one: the result file's suffix."""
     import torch
@@ -81,6 +93,7 @@ def summarise(junits: list[Path]) -> dict:
         "skipped": skipped,
         "failed": failed,
         "slowest": [[test, round(seconds, 1)] for test, seconds in durations[:15]],
+        "by_file": by_file(durations),
         "measured": measured,
     }
 
@@ -148,6 +161,7 @@ def summarise_progress(paths: list[Path], cut: list[str] = ()) -> dict:
         "failed": failed,
         "cut": list(cut),
         "slowest": [[test, round(o["duration"], 1)] for test, o in slowest],
+        "by_file": by_file([(test, o["duration"]) for test, o in finished.items()]),
         "measured": measured,
     }
 
