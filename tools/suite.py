@@ -39,7 +39,7 @@ OUTCOMES = ("passed", "failed", "error", "skipped")
 
 def by_file(durations: list[tuple[str, float]]) -> list[list]:
     """[test file, seconds, tests] per file, the costliest first: where a suite's time goes (with
-    xdist, worker seconds: the wall clock is about their sum over the workers)."""
+    xdist, worker seconds: the wall clock is about their sum divided by the workers)."""
     files: dict[str, list] = {}
     for test, seconds in durations:
         row = files.setdefault(test.split("::")[0], [0.0, 0])
