@@ -1894,6 +1894,30 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     md = (out / "c.md").read_text()
     assert md.startswith("# What each change earns") and "each row one change from its base" in md
     assert "| label smoothing 0.05 | t3_ls005 (3) | 92.50 ± 0.10 | 92.40 | t3_ref (3) |" in md
+    # each side's epochs to 90%, from the runs' top-1 per epoch (a run that never gets there is
+    # counted as such), and an optimizer swapped: its type, its parameters counted, not listed
+    curve = {0: [0.5, 0.91, 0.92], 1: [0.5, 0.85, 0.9], 2: [0.5, 0.6, 0.7]}
+    swapped = [
+        dict(run("fujitsu_span32_bn_lr0.1", s, t), top1_per_epoch=curve[s])
+        for s, t in enumerate([0.915, 0.916, 0.914])
+    ]
+    for r in swapped:
+        r["command"] = r["command"].replace("lars_fujitsu_fp32", "soap_fp32")
+    curved = [dict(r, top1_per_epoch=[0.91] * 3) for r in chosen]
+    soap_side, curved_ref = report("t3_soap", swapped), report("t3_curved", curved)
+    argv = ["--change", "SOAP", soap_side, curved_ref, "--out", str(out), "--name", "e"]
+    assert ablation.main(argv) == 0
+    (entry,) = described(out / "e.json")["entries"]
+    assert entry["changed"]["epochs_to_level"] == [2, 3, None]
+    assert entry["reference"]["epochs_to_level"] == [1, 1, 1]
+    assert "deepspeed_config.optimizer.type: LARS -> SOAP" in entry["differs"]
+    row = next(x for x in (out / "e.md").read_text().splitlines() if x.startswith("| SOAP |"))
+    assert (
+        "| 2.5 ± 0.7 (2/3) | 1.0 ± 0.0 (3/3) | deepspeed_config.optimizer.type: LARS -> SOAP" in row
+    )
+    assert "optimizers' parameters)" in row and ".params." not in row
+    # runs without a top-1 per epoch (older reports) print no epochs
+    assert "| +0.50 | - | - | optim.label_smoothing: 0.1 -> 0.05 |" in md
     # refused: a side holding several rows, the two modes at once, a change against itself, two
     # reports of one file name (the table's names for them)
     (tmp_path / "elsewhere").mkdir()

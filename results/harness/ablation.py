@@ -23,8 +23,11 @@ results/harness/accuracy_study.py does. A row whose runs are not in the reports 
 Any other change (a knob's setting, an optimizer) is compared with ``--change WHAT CHANGED BASE``,
 once per table row: CHANGED and BASE are two reports of one row definition each (e.g. the study's
 row run with ``--extra optim.weight_decay=1e-4`` and the same row as defined), WHAT the table's
-words for it; every setting in which the two differ is listed, the gap is the changed side's
-minus the base's, with its Welch interval (issue 74, item 5: what earns what at 4,096 and 8,192).
+words for it; every setting in which the two differ is listed (where the optimizer itself is
+swapped, the table counts its JSON's parameters and the .json lists them), the gap is the changed
+side's minus the base's, with its Welch interval (issue 74, item 5: what earns what at 4,096 and
+8,192). Every table also counts each side's epochs to ``--level`` top-1 (default 90%, the study's
+"epochs to 90%"), from the runs' top-1 per epoch: the epochs goal beside the accuracy one.
 Writes <name>.json and <name>.md under --out (default results/studies).
 """
 
@@ -43,8 +46,9 @@ sys.path.insert(0, str(REPO))
 from bench.common import provenance, write_result  # noqa: E402
 from results.harness.study.commits import code_between, code_lines, refuse_mixed_code  # noqa: E402
 from results.harness.study.definition import described, differing, resolved, run_name  # noqa: E402
+from results.harness.study.report import counted  # noqa: E402
 from results.harness.study.rows import CHOSEN, DERIVED  # noqa: E402
-from results.harness.study.stats import gap_interval, mean_pm, mean_sd  # noqa: E402
+from results.harness.study.stats import epochs_to, gap_interval, mean_pm, mean_sd  # noqa: E402
 
 
 class Change(NamedTuple):
@@ -83,6 +87,7 @@ CHANGES = (
     ),
 )
 ALWAYS_FREE = {"seed"}
+LEVEL = 0.9  # the top-1 the table counts epochs to (the study's "epochs to 90%")
 
 
 def gathered(reports: list[dict]) -> dict[str, list[dict]]:
@@ -161,7 +166,7 @@ def _mean_pm(summary: dict) -> str:
     return mean_pm(summary["mean"], summary["sd"], len(summary["seeds"]))
 
 
-def _summary(runs: list[dict]) -> dict:
+def _summary(runs: list[dict], level: float = LEVEL) -> dict:
     values = [100 * r["final_top1"] for r in runs]
     mean, sd = mean_sd(values)
     return {
@@ -170,7 +175,33 @@ def _summary(runs: list[dict]) -> dict:
         "mean": mean,
         "sd": sd,
         "worst": min(values),
+        # the first epoch each run's top-1 reached the level (None: never); None for the whole
+        # side where a run recorded no top-1 per epoch
+        "epochs_to_level": (
+            [epochs_to(r["top1_per_epoch"], level) for r in runs]
+            if all(r.get("top1_per_epoch") for r in runs)
+            else None
+        ),
     }
+
+
+def _reach(summary: dict) -> str:
+    """The epochs-to-level cell of one side: "35.0 (1/1)", "never (0/3)"; "-" for runs that recorded
+    no top-1 per epoch."""
+    epochs = summary["epochs_to_level"]
+    return "-" if epochs is None else counted(epochs, ".1f")
+
+
+def _differs_cell(differs: list[str]) -> str:
+    """The table's "settings that differ": where the optimizer itself changes, its type and the
+    count of its JSON's parameters that differ (the .json lists each); every other setting whole."""
+    prefix = "deepspeed_config.optimizer.params."
+    swapped = any(d.startswith("deepspeed_config.optimizer.type:") for d in differs)
+    params = [d for d in differs if d.startswith(prefix)]
+    if not swapped or not params:
+        return "; ".join(differs)
+    kept = [d for d in differs if not d.startswith(prefix)]
+    return "; ".join(kept) + f" (and {len(params)} of the optimizers' parameters)"
 
 
 def named_changes(given: list[list[str]], reports: dict[str, dict]) -> tuple[dict, tuple]:
@@ -198,7 +229,9 @@ def named_changes(given: list[list[str]], reports: dict[str, dict]) -> tuple[dic
     return rows, tuple(changes)
 
 
-def compare(rows: dict[str, list[dict]], changes=CHANGES) -> tuple[list[dict], list[str]]:
+def compare(
+    rows: dict[str, list[dict]], changes=CHANGES, level: float = LEVEL
+) -> tuple[list[dict], list[str]]:
     """One entry per change whose row and base both have runs; the others' names (pending)."""
     out, pending = [], []
     for change in changes:
@@ -210,7 +243,7 @@ def compare(rows: dict[str, list[dict]], changes=CHANGES) -> tuple[list[dict], l
             continue
         differs = what_differs(change, row_runs, base_runs)
         paired = change.row in DERIVED
-        changed, reference = _summary(row_runs), _summary(base_runs)
+        changed, reference = _summary(row_runs, level), _summary(base_runs, level)
         found = (
             paired_interval(row_runs, base_runs)
             if paired
@@ -266,7 +299,9 @@ def base_words(name: str, settings: dict) -> str:
     )
 
 
-def table(entries: list[dict], pending: list[str], named: bool = False) -> list[str]:
+def table(
+    entries: list[dict], pending: list[str], named: bool = False, level: float = LEVEL
+) -> list[str]:
     """The table; ``named``: rows given by --change (one change each from its own base)."""
     first, earns = (
         ("change", "the change") if named else ("change from the chosen recipe", "the technique")
@@ -274,8 +309,9 @@ def table(entries: list[dict], pending: list[str], named: bool = False) -> list[
     lines = [
         f"| {first} | row (seeds) | top-1 % (mean ± sample sd) | worst seed % "
         "| its base (seeds) | base top-1 % | base worst % | changed − base (pt) | 95% interval "
-        f"| {earns} earns (pt) | settings that differ |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| {earns} earns (pt) | epochs to {100 * level:g}% (row) | epochs to {100 * level:g}% "
+        "(base) | settings that differ |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         c, b = e["changed"], e["reference"]
@@ -288,9 +324,9 @@ def table(entries: list[dict], pending: list[str], named: bool = False) -> list[
             f"| {e['change']} | {e['row']} ({len(c['seeds'])}) | {_mean_pm(c)} "
             f"| {c['worst']:.2f} | {e['base']} ({len(b['seeds'])}) | {_mean_pm(b)} "
             f"| {b['worst']:.2f} | {e['gap_pt']:+.2f} | {interval} | "
-            f"{e['earns_pt']:+.2f} | {'; '.join(e['differs'])} |"
+            f"{e['earns_pt']:+.2f} | {_reach(c)} | {_reach(b)} | {_differs_cell(e['differs'])} |"
         )
-    lines += [f"| {name}: pending | | | | | | | | | | |" for name in pending]
+    lines += [f"| {name}: pending |" + " |" * 12 for name in pending]
     return lines
 
 
@@ -329,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SHA",
         help="compare runs made at these different commits anyway (each named)",
     )
+    p.add_argument(
+        "--level",
+        type=float,
+        default=LEVEL,
+        help="the top-1 (a fraction) the table counts each side's epochs to (default 0.9)",
+    )
     p.add_argument("--out", default=str(REPO / "results/studies"))
     p.add_argument("--name", default="ablation")
     args = p.parse_args(argv)
@@ -361,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         code = code_between([str(r.get("git_sha")) for r in used])
         if refuse_mixed_code(code, args.across_commits, prog="ablation"):
             return 2
-        entries, pending = compare(rows, changes)
+        entries, pending = compare(rows, changes, args.level)
         based = bases(rows, changes)
     except ValueError as e:
         p.error(str(e))
@@ -373,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         "holdout": holdout,
         "epochs": reports[0].get("epochs"),
         "sd": "sample standard deviation (n - 1)",
+        "level": args.level,
         "code_between_runs": code,
         "bases": based,
         "entries": entries,
@@ -400,13 +443,17 @@ def main(argv: list[str] | None = None) -> int:
         "",
         head,
         "",
-        *table(entries, pending, bool(args.change)),
+        *table(entries, pending, bool(args.change), args.level),
         "",
         *code_lines(code),
         "",
     ]
     (out / f"{args.name}.md").write_text("\n".join(md))
-    print("\n".join([head, *table(entries, pending, bool(args.change)), *code_lines(code)]))
+    print(
+        "\n".join(
+            [head, *table(entries, pending, bool(args.change), args.level), *code_lines(code)]
+        )
+    )
     return 0
 
 
