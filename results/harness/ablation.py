@@ -433,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         + (f"its base ({named}" if args.change else f"the chosen recipe ({named}")
         + ", as its runs set them); ± is the sample standard deviation."
     )
+    rows_md = table(entries, pending, bool(args.change), args.level)
     md = [
         "# What each change earns (Fashion-MNIST)"
         if args.change
@@ -443,17 +444,13 @@ def main(argv: list[str] | None = None) -> int:
         "",
         head,
         "",
-        *table(entries, pending, bool(args.change), args.level),
+        *rows_md,
         "",
         *code_lines(code),
         "",
     ]
     (out / f"{args.name}.md").write_text("\n".join(md))
-    print(
-        "\n".join(
-            [head, *table(entries, pending, bool(args.change), args.level), *code_lines(code)]
-        )
-    )
+    print("\n".join([head, *rows_md, *code_lines(code)]))
     return 0
 
 
