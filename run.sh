@@ -106,7 +106,7 @@ case "$cmd" in
         VENV=${DSTRAIN_OLDEST_VENV:-.venv-oldest}
         setup_venv requirements-oldest.txt; setup_fashion_mnist
         "$VENV/bin/python" -c 'import torch; print("[run.sh] torch", torch.__version__)'
-        exec "$VENV/bin/python" -m pytest -m oldest "$@" ;;
+        exec "$VENV/bin/python" -m pytest -m oldest -n "${DSTRAIN_TEST_WORKERS:-2}" --dist loadgroup "$@" ;;
     evidence)
         setup_venv; setup_fashion_mnist
         exec "$VENV/bin/python" -m pytest -q tests/test_cli_errors.py tests/test_faults.py tests/test_watchdog.py \
