@@ -20,6 +20,10 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 VENV=${DSTRAIN_VENV:-.venv}
 FMNIST_DIR=/usr/share/datasets/fashion-mnist
+# test and test-oldest: pytest-xdist, DSTRAIN_TEST_WORKERS workers (2; one per core on CI's 2 cores),
+# tests that share a session's run or the multi-host harness kept on one worker (xdist_group);
+# `-n 0` after the command runs everything in one process
+XDIST=(-n "${DSTRAIN_TEST_WORKERS:-2}" --dist loadgroup)
 
 # run.sh's own messages go to stderr: a command's stdout is its output alone
 # (./run.sh mlperf-package --template > my_system.json)
@@ -97,16 +101,13 @@ case "$cmd" in
         say "ruff: lint and format check (pyproject.toml [tool.ruff]; fix with: $VENV/bin/ruff format . && $VENV/bin/ruff check --fix .)"
         "$VENV/bin/ruff" check dstrain tests bench tools results
         "$VENV/bin/ruff" format --check dstrain tests bench tools results
-        # pytest-xdist: DSTRAIN_TEST_WORKERS workers (2; one per core on CI's 2 cores), tests that share
-        # a session's run or the multi-host harness kept on one worker (xdist_group); `-n 0` after
-        # the command runs everything in this process
-        exec "$VENV/bin/python" -m pytest -n "${DSTRAIN_TEST_WORKERS:-2}" --dist loadgroup "$@" ;;
+        exec "$VENV/bin/python" -m pytest "${XDIST[@]}" "$@" ;;
     test-oldest)
         # the oldest torch pyproject.toml declares, in its own venv: the tests marked `oldest`
         VENV=${DSTRAIN_OLDEST_VENV:-.venv-oldest}
         setup_venv requirements-oldest.txt; setup_fashion_mnist
         "$VENV/bin/python" -c 'import torch; print("[run.sh] torch", torch.__version__)'
-        exec "$VENV/bin/python" -m pytest -m oldest -n "${DSTRAIN_TEST_WORKERS:-2}" --dist loadgroup "$@" ;;
+        exec "$VENV/bin/python" -m pytest -m oldest "${XDIST[@]}" "$@" ;;
     evidence)
         setup_venv; setup_fashion_mnist
         exec "$VENV/bin/python" -m pytest -q tests/test_cli_errors.py tests/test_faults.py tests/test_watchdog.py \
