@@ -13,7 +13,8 @@
 #   ./run.sh mlperf-package RUNS --system F --out D | --template         a submission package, judged
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv),
-#   DSTRAIN_TEST_WORKERS (pytest-xdist workers for `test`, default 2).
+#   DSTRAIN_TEST_WORKERS (pytest-xdist workers for `test`, default 2), DSTRAIN_SETUP_NEED_GB (free disk
+#   an install checks for first, default 8; 0 skips the check).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -38,6 +39,7 @@ setup_venv() {  # [requirements file]
         [[ -x "$VENV/bin/dstrain" ]] || install_dstrain
         return
     fi
+    check_free_disk
     say "creating $VENV and installing $reqs (first time: several minutes, ~6 GB with CUDA torch)"
     "$PYTHON" -m venv "$VENV"
     # An empty PIP_FIND_LINKS keeps pip on the package index: a local CPU-only torch wheel would
@@ -46,6 +48,21 @@ setup_venv() {  # [requirements file]
     PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet -r "$reqs"
     install_dstrain
     echo "$want" > "$stamp"
+}
+
+check_free_disk() {  # before an install: pip stops half-way with Errno 28 on a full disk
+    # a venv with CUDA torch takes ~6 GB, and pip unpacks its wheels in $TMPDIR first
+    local need=${DSTRAIN_SETUP_NEED_GB:-8} dir free_kb
+    for dir in "$(dirname "$(realpath -m "$VENV")")" "${TMPDIR:-/tmp}"; do
+        while [[ ! -d "$dir" ]]; do dir=$(dirname "$dir"); done
+        free_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
+        if (( free_kb < need * 1024 * 1024 )); then
+            say "error: setup needs about $need GB free for $VENV and pip's unpacking, and $dir has" \
+                "$(( free_kb / 1024 / 1024 )) GB: free space there, or point DSTRAIN_VENV (the venv)" \
+                "or TMPDIR (pip's unpacking) at a larger disk; DSTRAIN_SETUP_NEED_GB=0 skips this check"
+            exit 1
+        fi
+    done
 }
 
 install_dstrain() {  # this checkout, editable, no dependencies: the `dstrain` command in $VENV/bin

@@ -313,6 +313,25 @@ def test_run_sh_trains_for_real_and_refuses_an_unknown_command(fake_fmnist, tmp_
     assert template.returncode == 0 and "division" in json.loads(template.stdout), template.stdout
 
 
+def test_run_sh_setup_refuses_a_disk_too_full_for_the_install_before_writing_anything(tmp_path):
+    """A full disk stopped CI's pip half-way with Errno 28 (stop 86): setup now checks first and says
+    which folder is short, by how much, and what to point elsewhere; it makes no venv."""
+    venv = tmp_path / "new" / "venv"
+    proc = subprocess.run(
+        [str(REPO / "run.sh"), "setup"],
+        cwd=REPO,
+        env={**os.environ, "DSTRAIN_VENV": str(venv), "DSTRAIN_SETUP_NEED_GB": "100000000"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "setup needs about 100000000 GB free" in proc.stderr, proc.stderr
+    assert str(tmp_path) in proc.stderr  # the nearest existing folder, whose disk was measured
+    assert "DSTRAIN_VENV" in proc.stderr and "TMPDIR" in proc.stderr and not proc.stdout
+    assert not venv.parent.exists()
+
+
 FAKE_DEEPSPEED = """#!/bin/sh
 # records what the launcher handed DeepSpeed: the hostfile's and env file's modes and the hostfile
 while [ $# -gt 0 ]; do [ "$1" = "--hostfile" ] && hostfile=$2; shift; done
