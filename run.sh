@@ -14,7 +14,7 @@
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv),
 #   DSTRAIN_TEST_WORKERS (pytest-xdist workers for `test`, default 2), DSTRAIN_SETUP_NEED_GB (free disk
-#   an install checks for first, default 8; 0 skips the check).
+#   an install checks for first, default 8, 6 for test-oldest's venv; 0 skips the check).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -39,7 +39,8 @@ setup_venv() {  # [requirements file]
         [[ -x "$VENV/bin/dstrain" ]] || install_dstrain
         return
     fi
-    check_free_disk
+    # torch 2.11's venv (requirements-oldest.txt) takes ~5 GB, the current one's ~7 GB
+    check_free_disk "$([[ $reqs == requirements-oldest.txt ]] && echo 6 || echo 8)"
     say "creating $VENV and installing $reqs (first time: several minutes, ~6 GB with CUDA torch)"
     "$PYTHON" -m venv "$VENV"
     # An empty PIP_FIND_LINKS keeps pip on the package index: a local CPU-only torch wheel would
@@ -50,9 +51,9 @@ setup_venv() {  # [requirements file]
     echo "$want" > "$stamp"
 }
 
-check_free_disk() {  # before an install: pip stops half-way with Errno 28 on a full disk
-    # a venv with CUDA torch takes ~6 GB, and pip unpacks its wheels in $TMPDIR first
-    local need=${DSTRAIN_SETUP_NEED_GB:-8} dir free_kb
+check_free_disk() {  # GB: before an install, as pip stops half-way with Errno 28 on a full disk
+    # (pip unpacks the wheels in $TMPDIR first)
+    local need=${DSTRAIN_SETUP_NEED_GB:-$1} dir free_kb
     for dir in "$(dirname "$(realpath -m "$VENV")")" "${TMPDIR:-/tmp}"; do
         while [[ ! -d "$dir" ]]; do dir=$(dirname "$dir"); done
         free_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
