@@ -14,7 +14,7 @@
 #   ./run.sh setup                                                       only install
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv),
 #   DSTRAIN_TEST_WORKERS (pytest-xdist workers for `test`, default 2), DSTRAIN_SETUP_NEED_GB (free disk
-#   an install checks for first, default 8, 6 for test-oldest's venv; 0 skips the check).
+#   an install checks for first, default 8, 6 for test-oldest's venv, half to update a venv; 0 skips the check).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -54,6 +54,8 @@ setup_venv() {  # [requirements file]
 check_free_disk() {  # GB: before an install, as pip stops half-way with Errno 28 on a full disk
     # (pip unpacks the wheels in $TMPDIR first)
     local need=${DSTRAIN_SETUP_NEED_GB:-$1} dir free_kb
+    # a venv that exists (requirements changed) keeps what it has: its upgrade unpacks less
+    [[ -z "${DSTRAIN_SETUP_NEED_GB:-}" && -x "$VENV/bin/python" ]] && need=$(( need / 2 ))
     for dir in "$(dirname "$(realpath -m "$VENV")")" "${TMPDIR:-/tmp}"; do
         while [[ ! -d "$dir" ]]; do dir=$(dirname "$dir"); done
         free_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
