@@ -39,8 +39,12 @@ setup_venv() {  # [requirements file]
         [[ -x "$VENV/bin/dstrain" ]] || install_dstrain
         return
     fi
-    # torch 2.11's venv (requirements-oldest.txt) takes ~5 GB, the current one's ~7 GB
-    check_free_disk "$([[ $reqs == requirements-oldest.txt ]] && echo 6 || echo 8)"
+    # GB to install: torch 2.11's venv (requirements-oldest.txt) takes ~5 GB, the current one's ~7;
+    # a venv that exists (its requirements changed) keeps what it has, and its update unpacks less
+    local need=8
+    [[ $reqs == requirements-oldest.txt ]] && need=6
+    [[ -x "$VENV/bin/python" ]] && need=$(( need / 2 ))
+    check_free_disk "$need"
     say "creating $VENV and installing $reqs (first time: several minutes, ~6 GB with CUDA torch)"
     "$PYTHON" -m venv "$VENV"
     # An empty PIP_FIND_LINKS keeps pip on the package index: a local CPU-only torch wheel would
@@ -51,11 +55,9 @@ setup_venv() {  # [requirements file]
     echo "$want" > "$stamp"
 }
 
-check_free_disk() {  # GB: before an install, as pip stops half-way with Errno 28 on a full disk
-    # (pip unpacks the wheels in $TMPDIR first)
+check_free_disk() {  # GB (DSTRAIN_SETUP_NEED_GB overrides): before an install, as pip stops
+    # half-way with Errno 28 on a full disk; pip unpacks the wheels in $TMPDIR first
     local need=${DSTRAIN_SETUP_NEED_GB:-$1} dir free_kb
-    # a venv that exists (requirements changed) keeps what it has: its upgrade unpacks less
-    [[ -z "${DSTRAIN_SETUP_NEED_GB:-}" && -x "$VENV/bin/python" ]] && need=$(( need / 2 ))
     for dir in "$(dirname "$(realpath -m "$VENV")")" "${TMPDIR:-/tmp}"; do
         while [[ ! -d "$dir" ]]; do dir=$(dirname "$dir"); done
         free_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
