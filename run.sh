@@ -50,7 +50,12 @@ setup_venv() {  # [requirements file]
     # An empty PIP_FIND_LINKS keeps pip on the package index: a local CPU-only torch wheel would
     # not match the torchvision build from the index.
     PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet -r "$reqs"
+    # --no-compile, then every core compiles the bytecode: pip compiles each wheel's files on one
+    # core as it unpacks it (~30 s of the install on 2 cores, all of it idle on the others); the
+    # venv ends with the same .pyc files, so no rank compiles modules at its first start
+    PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --no-compile -r "$reqs"
+    "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c \
+        'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null 2>&1 || true
     install_dstrain
     echo "$want" > "$stamp"
 }
