@@ -11,7 +11,8 @@
 #   ./run.sh gpu-import FILE                                             a job's gpu_state.tar.gz, here
 #   ./run.sh rcp-check RUN_DIR... | FOLDER [--json F]                    MLPerf's RCP checker on 5 runs
 #   ./run.sh mlperf-package RUNS --system F --out D | --template         a submission package, judged
-#   ./run.sh setup                                                       only install
+#   ./run.sh setup [--oldest]                                            only install (--oldest: test-oldest's
+#                                                                        venv too, beside it, as CI does)
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv),
 #   DSTRAIN_TEST_WORKERS (pytest-xdist workers for `test`, default 2), DSTRAIN_SETUP_NEED_GB (free disk
 #   an install checks for first, default 8, 6 for test-oldest's venv, half to update a venv; 0 skips the check).
@@ -30,21 +31,29 @@ XDIST=(-n "${DSTRAIN_TEST_WORKERS:-2}" --dist loadgroup)
 # (./run.sh mlperf-package --template > my_system.json)
 say() { echo "[run.sh] $*" >&2; }
 
-setup_venv() {  # [requirements file]
-    local stamp want reqs=${1:-requirements.txt}
-    want=$(cat "$reqs" | sha256sum | cut -d' ' -f1)
-    stamp="$VENV/.dstrain-requirements"
-    if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+venv_current() {  # REQS: $VENV holds what REQS pins (its stamp is REQS's hash)
+    local stamp="$VENV/.dstrain-requirements"
+    [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$(sha256sum < "$1" | cut -d' ' -f1)" ]]
+}
+
+venv_need() {  # REQS: GB of free disk installing REQS into $VENV needs (0: it is up to date)
+    # torch 2.11's venv (requirements-oldest.txt) takes ~5 GB, the current one's ~7; a venv that
+    # exists (its requirements changed) keeps what it has, and its update unpacks less
+    local need=8
+    if venv_current "$1"; then echo 0; return; fi
+    [[ $1 == requirements-oldest.txt ]] && need=6
+    [[ -x "$VENV/bin/python" ]] && need=$(( need / 2 ))
+    echo "$need"
+}
+
+setup_venv() {  # [requirements file] [--disk-checked: the caller checked the free disk for it]
+    local reqs=${1:-requirements.txt}
+    if venv_current "$reqs"; then
         say "virtual environment $VENV is up to date"
         [[ -x "$VENV/bin/dstrain" ]] || install_dstrain
         return
     fi
-    # GB to install: torch 2.11's venv (requirements-oldest.txt) takes ~5 GB, the current one's ~7;
-    # a venv that exists (its requirements changed) keeps what it has, and its update unpacks less
-    local need=8
-    [[ $reqs == requirements-oldest.txt ]] && need=6
-    [[ -x "$VENV/bin/python" ]] && need=$(( need / 2 ))
-    check_free_disk "$need"
+    [[ ${2:-} == --disk-checked ]] || check_free_disk "$(venv_need "$reqs")"
     say "creating $VENV and installing $reqs (first time: several minutes, ~6 GB with CUDA torch)"
     "$PYTHON" -m venv "$VENV"
     # An empty PIP_FIND_LINKS keeps pip on the package index: a local CPU-only torch wheel would
@@ -57,7 +66,19 @@ setup_venv() {  # [requirements file]
     "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c \
         'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null 2>&1 || true
     install_dstrain
-    echo "$want" > "$stamp"
+    sha256sum < "$reqs" | cut -d' ' -f1 > "$VENV/.dstrain-requirements"
+}
+
+setup_both_venvs() {  # $VENV and test-oldest's venv side by side, one disk check for the two (CI):
+    # pip downloads, unpacks and installs on one core, so one install at a time left a core idle
+    local oldest=${DSTRAIN_OLDEST_VENV:-.venv-oldest} pid
+    check_free_disk $(( $(venv_need requirements.txt) + $(VENV=$oldest; venv_need requirements-oldest.txt) ))
+    ( VENV=$oldest; setup_venv requirements-oldest.txt --disk-checked ) &
+    pid=$!
+    trap 'pkill -P "$pid" 2> /dev/null; kill "$pid" 2> /dev/null || true' EXIT  # one failing ends both
+    setup_venv requirements.txt --disk-checked
+    wait "$pid" || { say "error: installing $oldest (requirements-oldest.txt) failed: its messages are above"; exit 1; }
+    trap - EXIT
 }
 
 check_free_disk() {  # GB (DSTRAIN_SETUP_NEED_GB overrides): before an install, as pip stops
@@ -78,8 +99,12 @@ check_free_disk() {  # GB (DSTRAIN_SETUP_NEED_GB overrides): before an install, 
 install_dstrain() {  # this checkout, editable, no dependencies: the `dstrain` command in $VENV/bin
     say "installing this checkout into $VENV (pip install -e .: the dstrain command)"
     # quiet (setuptools warns of any folder named like the package); a failure says why below
+    # (a venv without setuptools, as test-oldest's, builds it isolated; its warnings only on a failure)
+    local out
     PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e . \
-        > /dev/null 2>&1 || PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --no-deps -e . >&2
+        > /dev/null 2>&1 && return
+    out=$(PIP_FIND_LINKS= "$VENV/bin/python" -m pip install --quiet --no-deps -e . 2>&1) ||
+        { printf '%s\n' "$out" >&2; return 1; }
 }
 
 setup_fashion_mnist() {
@@ -118,7 +143,8 @@ cmd=${1:-}
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
     setup)
-        setup_venv; setup_fashion_mnist ;;
+        if [[ "${1:-}" == --oldest ]]; then setup_both_venvs; else setup_venv; fi
+        setup_fashion_mnist ;;
     train)
         setup_venv; setup_fashion_mnist
         if [[ $# -eq 0 ]]; then set -- --config fashion_mnist; fi

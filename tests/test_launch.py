@@ -313,14 +313,24 @@ def test_run_sh_trains_for_real_and_refuses_an_unknown_command(fake_fmnist, tmp_
     assert template.returncode == 0 and "division" in json.loads(template.stdout), template.stdout
 
 
-def test_run_sh_setup_refuses_a_disk_too_full_for_the_install_before_writing_anything(tmp_path):
+@pytest.mark.parametrize("args", [[], ["--oldest"]], ids=["setup", "setup --oldest"])
+def test_run_sh_setup_refuses_a_disk_too_full_for_the_install_before_writing_anything(
+    tmp_path, args
+):
     """A full disk stopped CI's pip half-way with Errno 28 (stop 86): setup now checks first and says
-    which folder is short, by how much, and what to point elsewhere; it makes no venv."""
+    which folder is short, by how much, and what to point elsewhere; it makes no venv. With
+    --oldest (CI: both venvs side by side) one check covers the two, before either starts."""
     venv = tmp_path / "new" / "venv"
+    oldest = tmp_path / "new" / "venv-oldest"
     proc = subprocess.run(
-        [str(REPO / "run.sh"), "setup"],
+        [str(REPO / "run.sh"), "setup", *args],
         cwd=REPO,
-        env={**os.environ, "DSTRAIN_VENV": str(venv), "DSTRAIN_SETUP_NEED_GB": "100000000"},
+        env={
+            **os.environ,
+            "DSTRAIN_VENV": str(venv),
+            "DSTRAIN_OLDEST_VENV": str(oldest),
+            "DSTRAIN_SETUP_NEED_GB": "100000000",
+        },
         capture_output=True,
         text=True,
         timeout=60,
