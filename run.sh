@@ -72,7 +72,8 @@ setup_venv() {  # [requirements file] [--disk-checked: the caller checked the fr
 setup_both_venvs() {  # $VENV and test-oldest's venv side by side, one disk check for the two (CI):
     # pip downloads, unpacks and installs on one core, so one install at a time left a core idle
     local oldest=${DSTRAIN_OLDEST_VENV:-.venv-oldest} pid
-    check_free_disk $(( $(venv_need requirements.txt) + $(VENV=$oldest; venv_need requirements-oldest.txt) ))
+    check_free_disk $(( $(venv_need requirements.txt) + $(VENV=$oldest; venv_need requirements-oldest.txt) )) \
+        "$VENV, $oldest"
     ( VENV=$oldest; setup_venv requirements-oldest.txt --disk-checked ) &
     pid=$!
     trap 'pkill -P "$pid" 2> /dev/null; kill "$pid" 2> /dev/null || true' EXIT  # one failing ends both
@@ -81,14 +82,14 @@ setup_both_venvs() {  # $VENV and test-oldest's venv side by side, one disk chec
     trap - EXIT
 }
 
-check_free_disk() {  # GB (DSTRAIN_SETUP_NEED_GB overrides): before an install, as pip stops
-    # half-way with Errno 28 on a full disk; pip unpacks the wheels in $TMPDIR first
-    local need=${DSTRAIN_SETUP_NEED_GB:-$1} dir free_kb
+check_free_disk() {  # GB [for what, default $VENV] (DSTRAIN_SETUP_NEED_GB overrides): before an
+    # install, as pip stops half-way with Errno 28 on a full disk; pip unpacks the wheels in $TMPDIR first
+    local need=${DSTRAIN_SETUP_NEED_GB:-$1} what=${2:-$VENV} dir free_kb
     for dir in "$(dirname "$(realpath -m "$VENV")")" "${TMPDIR:-/tmp}"; do
         while [[ ! -d "$dir" ]]; do dir=$(dirname "$dir"); done
         free_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
         if (( free_kb < need * 1024 * 1024 )); then
-            say "error: setup needs about $need GB free for $VENV and pip's unpacking, and $dir has" \
+            say "error: setup needs about $need GB free for $what and pip's unpacking, and $dir has" \
                 "$(( free_kb / 1024 / 1024 )) GB: free space there, or point DSTRAIN_VENV (the venv)" \
                 "or TMPDIR (pip's unpacking) at a larger disk; DSTRAIN_SETUP_NEED_GB=0 skips this check"
             exit 1

@@ -336,7 +336,8 @@ def test_run_sh_setup_refuses_a_disk_too_full_for_the_install_before_writing_any
         timeout=60,
     )
     assert proc.returncode == 1, proc.stderr
-    assert "setup needs about 100000000 GB free" in proc.stderr, proc.stderr
+    assert "setup needs about 100000000 GB free for " in proc.stderr, proc.stderr
+    assert (str(oldest) in proc.stderr) == bool(args)  # one check for both venvs names both
     assert str(tmp_path) in proc.stderr  # the nearest existing folder, whose disk was measured
     assert "DSTRAIN_VENV" in proc.stderr and "TMPDIR" in proc.stderr and not proc.stdout
     assert not venv.parent.exists()
