@@ -14,6 +14,7 @@
 #   ./run.sh setup [--oldest]                                            only install (--oldest: test-oldest's
 #                                                                        venv too, beside it, as CI does)
 # Environment: PYTHON (interpreter for the venv, default python3), DSTRAIN_VENV (default .venv),
+#   DSTRAIN_OLDEST_VENV (test-oldest's, default .venv-oldest),
 #   DSTRAIN_TEST_WORKERS (pytest-xdist workers for `test`, default 2), DSTRAIN_SETUP_NEED_GB (free disk
 #   an install checks for first, default 8, 6 for test-oldest's venv, half to update a venv; 0 skips the check).
 set -euo pipefail
@@ -21,6 +22,7 @@ cd "$(dirname "$0")"
 
 PYTHON=${PYTHON:-python3}
 VENV=${DSTRAIN_VENV:-.venv}
+OLDEST_VENV=${DSTRAIN_OLDEST_VENV:-.venv-oldest}  # test-oldest's (requirements-oldest.txt)
 FMNIST_DIR=/usr/share/datasets/fashion-mnist
 # test and test-oldest: pytest-xdist, DSTRAIN_TEST_WORKERS workers (2; one per core on CI's 2 cores),
 # tests that share a session's run or the multi-host harness kept on one worker (xdist_group);
@@ -31,9 +33,11 @@ XDIST=(-n "${DSTRAIN_TEST_WORKERS:-2}" --dist loadgroup)
 # (./run.sh mlperf-package --template > my_system.json)
 say() { echo "[run.sh] $*" >&2; }
 
+reqs_hash() { sha256sum < "$1" | cut -d' ' -f1; }  # REQS: what $VENV's stamp holds once installed
+
 venv_current() {  # REQS: $VENV holds what REQS pins (its stamp is REQS's hash)
     local stamp="$VENV/.dstrain-requirements"
-    [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$(sha256sum < "$1" | cut -d' ' -f1)" ]]
+    [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$(reqs_hash "$1")" ]]
 }
 
 venv_need() {  # REQS: GB of free disk installing REQS into $VENV needs (0: it is up to date)
@@ -66,19 +70,19 @@ setup_venv() {  # [requirements file] [--disk-checked: the caller checked the fr
     "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c \
         'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null 2>&1 || true
     install_dstrain
-    sha256sum < "$reqs" | cut -d' ' -f1 > "$VENV/.dstrain-requirements"
+    reqs_hash "$reqs" > "$VENV/.dstrain-requirements"
 }
 
 setup_both_venvs() {  # $VENV and test-oldest's venv side by side, one disk check for the two (CI):
     # pip downloads, unpacks and installs on one core, so one install at a time left a core idle
-    local oldest=${DSTRAIN_OLDEST_VENV:-.venv-oldest} pid
-    check_free_disk $(( $(venv_need requirements.txt) + $(VENV=$oldest; venv_need requirements-oldest.txt) )) \
-        "$VENV, $oldest"
-    ( VENV=$oldest; setup_venv requirements-oldest.txt --disk-checked ) &
+    local pid
+    check_free_disk $(( $(venv_need requirements.txt) + $(VENV=$OLDEST_VENV; venv_need requirements-oldest.txt) )) \
+        "$VENV, $OLDEST_VENV"
+    ( VENV=$OLDEST_VENV; setup_venv requirements-oldest.txt --disk-checked ) &
     pid=$!
     trap 'pkill -P "$pid" 2> /dev/null; kill "$pid" 2> /dev/null || true' EXIT  # one failing ends both
     setup_venv requirements.txt --disk-checked
-    wait "$pid" || { say "error: installing $oldest (requirements-oldest.txt) failed: its messages are above"; exit 1; }
+    wait "$pid" || { say "error: installing $OLDEST_VENV (requirements-oldest.txt) failed: its messages are above"; exit 1; }
     trap - EXIT
 }
 
@@ -158,7 +162,7 @@ case "$cmd" in
         exec "$VENV/bin/python" -m pytest "${XDIST[@]}" "$@" ;;
     test-oldest)
         # the oldest torch pyproject.toml declares, in its own venv: the tests marked `oldest`
-        VENV=${DSTRAIN_OLDEST_VENV:-.venv-oldest}
+        VENV=$OLDEST_VENV
         setup_venv requirements-oldest.txt; setup_fashion_mnist
         "$VENV/bin/python" -c 'import torch; print("[run.sh] torch", torch.__version__)'
         exec "$VENV/bin/python" -m pytest -m oldest "${XDIST[@]}" "$@" ;;
