@@ -1894,6 +1894,33 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     md = (out / "c.md").read_text()
     assert md.startswith("# What each change earns") and "each row one change from its base" in md
     assert "| label smoothing 0.05 | t3_ls005 (3) | 92.50 ± 0.10 | 92.40 | t3_ref (3) |" in md
+    # --pooled: a screen of one seed against its base's three gets an interval from the seed sd
+    # pooled over the table's rows of that batch with 2+ seeds (here both sides of the first change:
+    # 0.1 pt each, 2 + 2 degrees of freedom); without --pooled it has none
+    one = [run("fujitsu_span32_bn_lr0.1", 0, 0.923, "optim.label_smoothing=0")]
+    ls0 = report("t3_ls0", one)
+    argv = [
+        "--change",
+        "label smoothing 0.05",
+        ls005,
+        ref,
+        "--change",
+        "label smoothing 0",
+        ls0,
+        ref,
+    ]
+    assert ablation.main([*argv, "--out", str(out), "--name", "p"]) == 0
+    assert described(out / "p.json")["entries"][1]["ci95_pt"] is None
+    assert ablation.main([*argv, "--pooled", "--out", str(out), "--name", "p"]) == 0
+    made = described(out / "p.json")
+    first, screen = made["entries"]
+    assert first["interval"] == "Welch" and screen["interval"] == "pooled t"
+    half = 2.776 * 0.1 * (1 + 1 / 3) ** 0.5  # t(0.975, 4 df) x sd x sqrt(1/1 + 1/3)
+    assert screen["ci95_pt"] == pytest.approx([0.3 - half, 0.3 + half], abs=1e-3)
+    assert made["pooled"]["4096"]["df"] == 4
+    assert made["pooled"]["4096"]["sd_pt"] == pytest.approx(0.1)
+    md = (out / "p.md").read_text()
+    assert "(pooled t) |" in md and "at batch 4,096 takes the seed sd pooled" in md
     # each side's epochs to 90%, from the runs' top-1 per epoch (a run that never gets there is
     # counted as such), and an optimizer swapped: its type, its parameters counted, not listed
     curve = {0: [0.5, 0.91, 0.92], 1: [0.5, 0.85, 0.9], 2: [0.5, 0.6, 0.7]}

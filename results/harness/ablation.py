@@ -26,8 +26,10 @@ row run with ``--extra optim.weight_decay=1e-4`` and the same row as defined), W
 words for it; every setting in which the two differ is listed (where the optimizer itself is
 swapped, the table counts its JSON's parameters and the .json lists them), the gap is the changed
 side's minus the base's, with its Welch interval (issue 74, item 5: what earns what at 4,096 and
-8,192). Every table also counts each side's epochs to ``--level`` top-1 (default 90%, the study's
-"epochs to 90%"), from the runs' top-1 per epoch: the epochs goal beside the accuracy one.
+8,192); with ``--pooled``, a side of one seed (a screen against its base's three) gets an interval
+too, from the seed sd pooled over the table's rows of its batch that have two or more. Every
+table also counts each side's epochs to ``--level`` top-1 (default 90%, the study's "epochs to
+90%"), from the runs' top-1 per epoch: the epochs goal beside the accuracy one.
 Writes <name>.json and <name>.md under --out (default results/studies).
 """
 
@@ -48,7 +50,14 @@ from results.harness.study.commits import code_between, code_lines, refuse_mixed
 from results.harness.study.definition import described, differing, resolved, run_name  # noqa: E402
 from results.harness.study.report import counted  # noqa: E402
 from results.harness.study.rows import CHOSEN, DERIVED  # noqa: E402
-from results.harness.study.stats import epochs_to, gap_interval, mean_pm, mean_sd  # noqa: E402
+from results.harness.study.stats import (  # noqa: E402
+    epochs_to,
+    gap_interval,
+    mean_pm,
+    mean_sd,
+    pooled_interval,
+    pooled_sd,
+)
 
 
 class Change(NamedTuple):
@@ -272,6 +281,43 @@ def compare(
     return out, pending
 
 
+def pool(entries: list[dict], rows: dict[str, list[dict]]) -> dict[int, dict]:
+    """``--pooled``: each entry without an interval (a side of one seed) takes a t interval from the
+    seed sd pooled over the table's rows of its batch that have two seeds or more (both sides at one
+    batch; the entry's "interval" says "pooled t"). Returns each batch's pool: sd, df, its rows."""
+    names = dict.fromkeys(n for e in entries for n in (e["row"], e["base"]))
+    batch = {n: one_run_each(rows[n]).get("batch.global_size") for n in names}
+    pools = {}
+    for b in dict.fromkeys(batch.values()):
+        members = [n for n in names if batch[n] == b and len(rows[n]) > 1]
+        found = pooled_sd([[100 * r["final_top1"] for r in rows[n]] for n in members])
+        if found:
+            pools[b] = {"sd_pt": found[0], "df": found[1], "rows": members}
+    for e in entries:
+        b = batch[e["row"]]
+        if e["ci95_pt"] is not None or batch[e["base"]] != b or b not in pools:
+            continue
+        sides = e["changed"]["top1"], e["reference"]["top1"]
+        _, low, high = pooled_interval(*sides, pools[b]["sd_pt"], pools[b]["df"])
+        sign = 1 if e["earns_pt"] == e["gap_pt"] else -1
+        e.update(
+            ci95_pt=[low, high],
+            interval="pooled t",
+            earns_ci95_pt=sorted(sign * x for x in (low, high)),
+        )
+    return pools
+
+
+def pool_lines(pools: dict[int, dict]) -> list[str]:
+    """The caption of the pooled intervals: each batch's pooled sd, its degrees of freedom and rows."""
+    return [
+        f'A "pooled t" interval at batch {b:,} takes the seed sd pooled over that batch\'s rows of'
+        f" 2+ seeds here: {p['sd_pt']:.2f} pt (sample sd, {p['df']} degrees of freedom; "
+        f"{', '.join(p['rows'])}), as if every setting spread its seeds alike."
+        for b, p in pools.items()
+    ]
+
+
 # what a base row's runs set that its tuning chose (the table's caption names them: the chosen recipe
 # is its row at the LR and warmup its held-out tuning chose, given as overrides to the row)
 SCHEDULE = ("optim.base_lr", "optim.warmup_epochs", "optim.decay_epochs")
@@ -371,6 +417,12 @@ def main(argv: list[str] | None = None) -> int:
         default=LEVEL,
         help="the top-1 (a fraction) the table counts each side's epochs to (default 0.9)",
     )
+    p.add_argument(
+        "--pooled",
+        action="store_true",
+        help="give a side of one seed an interval from the seed sd pooled over the table's rows of "
+        "its batch that have 2+ seeds (a screen's one seed against its base's three)",
+    )
     p.add_argument("--out", default=str(REPO / "results/studies"))
     p.add_argument("--name", default="ablation")
     args = p.parse_args(argv)
@@ -404,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         if refuse_mixed_code(code, args.across_commits, prog="ablation"):
             return 2
         entries, pending = compare(rows, changes, args.level)
+        pools = pool(entries, rows) if args.pooled else {}
         based = bases(rows, changes)
     except ValueError as e:
         p.error(str(e))
@@ -418,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         "level": args.level,
         "code_between_runs": code,
         "bases": based,
+        "pooled": {str(b): p for b, p in pools.items()},
         "entries": entries,
         "pending": pending,
     }
@@ -446,11 +500,13 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *rows_md,
         "",
+        *pool_lines(pools),
+        *([""] if pools else []),
         *code_lines(code),
         "",
     ]
     (out / f"{args.name}.md").write_text("\n".join(md))
-    print("\n".join([head, *rows_md, *code_lines(code)]))
+    print("\n".join([head, *rows_md, *pool_lines(pools), *code_lines(code)]))
     return 0
 
 

@@ -68,6 +68,29 @@ def gap_interval(row: list[float], reference: list[float]) -> tuple[float, float
     return gap, gap - half, gap + half
 
 
+def pooled_sd(groups: list[list[float]]) -> tuple[float, int] | None:
+    """(sd, df): the seed standard deviation pooled over the groups of two values or more (each
+    group's squared deviations from its own mean, over the sum of n - 1); None if no group has two."""
+    kept = [g for g in groups if len(g) > 1]
+    df = sum(len(g) - 1 for g in kept)
+    if not df:
+        return None
+    return (sum(statistics.variance(g) * (len(g) - 1) for g in kept) / df) ** 0.5, df
+
+
+def pooled_interval(
+    row: list[float], reference: list[float], sd: float, df: int
+) -> tuple[float, float, float]:
+    """(gap, low, high): ``row``'s mean minus ``reference``'s with a 95% t interval that takes the
+    seed spread from elsewhere (``sd`` pooled over ``df`` degrees of freedom: rows of one batch, whose
+    seeds are assumed to spread alike), so that a side of one seed still gets an interval."""
+    from scipy.stats import t as student_t
+
+    gap = statistics.mean(row) - statistics.mean(reference)
+    half = float(student_t.ppf(0.975, df)) * sd * (1 / len(row) + 1 / len(reference)) ** 0.5
+    return gap, gap - half, gap + half
+
+
 def gaps(records: list[dict], rows: list[str], reference: str = "baseline") -> dict:
     """Each row's final top-1 gap to ``reference`` in points, with its 95% interval (Welch) and the
     seeds on each side: what the report prints and the docs link to."""
