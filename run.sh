@@ -75,9 +75,16 @@ setup_venv() {  # [requirements file] [--disk-checked: the caller checked the fr
 
 setup_both_venvs() {  # $VENV and test-oldest's venv side by side, one disk check for the two (CI):
     # pip downloads, unpacks and installs on one core, so one install at a time left a core idle
-    local pid
-    check_free_disk $(( $(venv_need requirements.txt) + $(VENV=$OLDEST_VENV; venv_need requirements-oldest.txt) )) \
-        "$VENV, $OLDEST_VENV"
+    local pid need need_oldest
+    need=$(venv_need requirements.txt)
+    need_oldest=$(VENV=$OLDEST_VENV; venv_need requirements-oldest.txt)
+    if [[ "$(disk_of "$VENV")" == "$(disk_of "$OLDEST_VENV")" ]]; then
+        check_free_disk $(( need + need_oldest )) "$VENV, $OLDEST_VENV"
+    else  # each venv's own disk, and pip's unpacking of both in $TMPDIR
+        check_free_disk "$need" "$VENV" "$(nearest_dir "$VENV")"
+        check_free_disk "$need_oldest" "$OLDEST_VENV" "$(nearest_dir "$OLDEST_VENV")"
+        check_free_disk $(( need + need_oldest )) "$VENV, $OLDEST_VENV" "${TMPDIR:-/tmp}"
+    fi
     ( VENV=$OLDEST_VENV; setup_venv requirements-oldest.txt --disk-checked ) &
     pid=$!
     trap 'pkill -P "$pid" 2> /dev/null; kill "$pid" 2> /dev/null || true' EXIT  # one failing ends both
@@ -86,15 +93,31 @@ setup_both_venvs() {  # $VENV and test-oldest's venv side by side, one disk chec
     trap - EXIT
 }
 
-check_free_disk() {  # GB [for what, default $VENV] (DSTRAIN_SETUP_NEED_GB overrides): before an
-    # install, as pip stops half-way with Errno 28 on a full disk; pip unpacks the wheels in $TMPDIR first
-    local need=${DSTRAIN_SETUP_NEED_GB:-$1} what=${2:-$VENV} dir free_kb
-    for dir in "$(dirname "$(realpath -m "$VENV")")" "${TMPDIR:-/tmp}"; do
+nearest_dir() {  # PATH: the nearest folder that exists at or above PATH's parent (where it would go)
+    local dir
+    dir=$(dirname "$(realpath -m "$1")")
+    while [[ ! -d "$dir" ]]; do dir=$(dirname "$dir"); done
+    echo "$dir"
+}
+
+disk_of() {  # PATH: the mount point of the disk PATH would be written to
+    df -P "$(nearest_dir "$1")" | awk 'NR == 2 { print $6 }'
+}
+
+check_free_disk() {  # GB [for what, default $VENV] [folders, default $VENV's and $TMPDIR]
+    # (DSTRAIN_SETUP_NEED_GB overrides GB): before an install, as pip stops half-way with Errno 28
+    # on a full disk; pip unpacks the wheels in $TMPDIR first
+    local need=${DSTRAIN_SETUP_NEED_GB:-$1} what=${2:-$VENV} dir free_kb dirs where="DSTRAIN_VENV (the venv)"
+    [[ $what == "$OLDEST_VENV" ]] && where="DSTRAIN_OLDEST_VENV (test-oldest's venv)"
+    [[ $what == *", $OLDEST_VENV" ]] && where="DSTRAIN_VENV or DSTRAIN_OLDEST_VENV (the venvs)"
+    dirs=("${@:3}")
+    (( ${#dirs[@]} )) || dirs=("$(nearest_dir "$VENV")" "${TMPDIR:-/tmp}")
+    for dir in "${dirs[@]}"; do
         while [[ ! -d "$dir" ]]; do dir=$(dirname "$dir"); done
         free_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
         if (( free_kb < need * 1024 * 1024 )); then
             say "error: setup needs about $need GB free for $what and pip's unpacking, and $dir has" \
-                "$(( free_kb / 1024 / 1024 )) GB: free space there, or point DSTRAIN_VENV (the venv)" \
+                "$(( free_kb / 1024 / 1024 )) GB: free space there, or point $where" \
                 "or TMPDIR (pip's unpacking) at a larger disk; DSTRAIN_SETUP_NEED_GB=0 skips this check"
             exit 1
         fi

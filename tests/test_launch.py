@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -341,6 +342,41 @@ def test_run_sh_setup_refuses_a_disk_too_full_for_the_install_before_writing_any
     assert str(tmp_path) in proc.stderr  # the nearest existing folder, whose disk was measured
     assert "DSTRAIN_VENV" in proc.stderr and "TMPDIR" in proc.stderr and not proc.stdout
     assert not venv.parent.exists()
+
+
+def test_run_sh_setup_oldest_checks_each_venvs_own_disk(tmp_path):
+    """``setup --oldest`` with test-oldest's venv on another disk (DSTRAIN_OLDEST_VENV) checks that
+    disk for its venv: a need the venv's disk has and the other lacks is refused, naming the other
+    disk's folder and the variable that moves it, and neither venv is made."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on a disk of its own")
+    gib = 1024**3
+    need = shutil.disk_usage(shm).free // gib + 1  # more than /dev/shm has
+    if (
+        shutil.disk_usage(tmp_path).free // gib <= need
+        or shutil.disk_usage("/tmp").free // gib <= need
+    ):
+        pytest.skip("needs more free disk beside the venv and in /tmp than in /dev/shm")
+    venv, oldest = tmp_path / "new" / "venv", shm / f"dstrain-test-{os.getpid()}" / "venv-oldest"
+    proc = subprocess.run(
+        [str(REPO / "run.sh"), "setup", "--oldest"],
+        cwd=REPO,
+        env={
+            **os.environ,
+            "DSTRAIN_VENV": str(venv),
+            "DSTRAIN_OLDEST_VENV": str(oldest),
+            "DSTRAIN_SETUP_NEED_GB": str(need),
+            "TMPDIR": "/tmp",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert f"setup needs about {need} GB free for {oldest} and" in proc.stderr, proc.stderr
+    assert "and /dev/shm has" in proc.stderr and "DSTRAIN_OLDEST_VENV" in proc.stderr
+    assert not venv.parent.exists() and not oldest.parent.exists()
 
 
 FAKE_DEEPSPEED = """#!/bin/sh
