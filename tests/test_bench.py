@@ -1939,12 +1939,25 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     assert entry["reference"]["epochs_to_level"] == [1, 1, 1]
     assert "deepspeed_config.optimizer.type: LARS -> SOAP" in entry["differs"]
     row = next(x for x in (out / "e.md").read_text().splitlines() if x.startswith("| SOAP |"))
+    # a seed that never got there leaves the epochs' ratio unsaid
     assert (
-        "| 2.5 ± 0.7 (2/3) | 1.0 ± 0.0 (3/3) | deepspeed_config.optimizer.type: LARS -> SOAP" in row
+        "| 2.5 ± 0.7 (2/3) | 1.0 ± 0.0 (3/3) | - | deepspeed_config.optimizer.type: LARS -> SOAP"
+        in row
     )
+    assert entry["epochs_ratio"] is None
     assert "optimizers' parameters)" in row and ".params." not in row
     # runs without a top-1 per epoch (older reports) print no epochs
-    assert "| +0.50 | - | - | optim.label_smoothing: 0.1 -> 0.05 |" in md
+    assert "| +0.50 | - | - | - | optim.label_smoothing: 0.1 -> 0.05 |" in md
+    # every seed of both sides there: the ratio of the means (item 4's epochs goal)
+    for r in swapped:
+        r["top1_per_epoch"] = [0.5, 0.91, 0.92]
+    swapped[0]["top1_per_epoch"] = [0.5, 0.6, 0.91]
+    soap_side = report("t3_soap", swapped)
+    argv = ["--change", "SOAP", soap_side, curved_ref, "--out", str(out), "--name", "e"]
+    assert ablation.main(argv) == 0
+    (entry,) = described(out / "e.json")["entries"]
+    assert entry["epochs_ratio"] == pytest.approx(7 / 3)  # (3 + 2 + 2) / 3 over 1
+    assert "| 2.33x |" in (out / "e.md").read_text()
     # refused: a side holding several rows, the two modes at once, a change against itself, two
     # reports of one file name (the table's names for them)
     (tmp_path / "elsewhere").mkdir()

@@ -29,7 +29,8 @@ side's minus the base's, with its Welch interval (issue 74, item 5: what earns w
 8,192); with ``--pooled``, a side of one seed (a screen against its base's three) gets an interval
 too, from the seed sd pooled over the table's rows of its batch that have two or more. Every
 table also counts each side's epochs to ``--level`` top-1 (default 90%, the study's "epochs to
-90%"), from the runs' top-1 per epoch: the epochs goal beside the accuracy one.
+90%"), from the runs' top-1 per epoch, and the ratio of their means (where every seed of both got
+there): the epochs goal beside the accuracy one.
 Writes <name>.json and <name>.md under --out (default results/studies).
 """
 
@@ -201,6 +202,15 @@ def _reach(summary: dict) -> str:
     return "-" if epochs is None else counted(epochs, ".1f")
 
 
+def epochs_ratio(changed: dict, reference: dict) -> float | None:
+    """The changed side's mean epochs to the level over its base's (item 4's epochs goal: batch
+    8,192 in at most 2.45x the baseline's); None unless every seed of both sides got there."""
+    sides = changed["epochs_to_level"], reference["epochs_to_level"]
+    if any(e is None or None in e for e in sides):
+        return None
+    return statistics.mean(sides[0]) / statistics.mean(sides[1])
+
+
 def _differs_cell(differs: list[str]) -> str:
     """The table's "settings that differ": where the optimizer itself changes, its type and the
     count of its JSON's parameters that differ (the .json lists each); every other setting whole."""
@@ -271,6 +281,7 @@ def compare(
                 "gap_pt": gap,
                 "ci95_pt": interval,
                 "interval": "paired t" if paired else "Welch",
+                "epochs_ratio": epochs_ratio(changed, reference),
                 # what the technique earns: positive when it helps
                 "earns_pt": change.sign * gap,
                 "earns_ci95_pt": (
@@ -356,8 +367,8 @@ def table(
         f"| {first} | row (seeds) | top-1 % (mean ± sample sd) | worst seed % "
         "| its base (seeds) | base top-1 % | base worst % | changed − base (pt) | 95% interval "
         f"| {earns} earns (pt) | epochs to {100 * level:g}% (row) | epochs to {100 * level:g}% "
-        "(base) | settings that differ |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "(base) | epochs, row / base | settings that differ |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         c, b = e["changed"], e["reference"]
@@ -366,13 +377,15 @@ def table(
             if e["ci95_pt"]
             else "-"
         )
+        ratio = "-" if e.get("epochs_ratio") is None else f"{e['epochs_ratio']:.2f}x"
         lines.append(
             f"| {e['change']} | {e['row']} ({len(c['seeds'])}) | {_mean_pm(c)} "
             f"| {c['worst']:.2f} | {e['base']} ({len(b['seeds'])}) | {_mean_pm(b)} "
             f"| {b['worst']:.2f} | {e['gap_pt']:+.2f} | {interval} | "
-            f"{e['earns_pt']:+.2f} | {_reach(c)} | {_reach(b)} | {_differs_cell(e['differs'])} |"
+            f"{e['earns_pt']:+.2f} | {_reach(c)} | {_reach(b)} | {ratio} "
+            f"| {_differs_cell(e['differs'])} |"
         )
-    lines += [f"| {name}: pending |" + " |" * 12 for name in pending]
+    lines += [f"| {name}: pending |" + " |" * 13 for name in pending]
     return lines
 
 
