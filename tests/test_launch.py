@@ -368,6 +368,7 @@ def test_run_sh_setup_oldest_checks_each_venvs_own_disk(tmp_path):
             "DSTRAIN_OLDEST_VENV": str(oldest),
             "DSTRAIN_SETUP_NEED_GB": str(need),
             "TMPDIR": "/tmp",
+            "PYTHON": "false",  # a check that let it through fails at once instead of installing
         },
         capture_output=True,
         text=True,
