@@ -248,10 +248,33 @@ def named_changes(given: list[list[str]], reports: dict[str, dict]) -> tuple[dic
     return rows, tuple(changes)
 
 
+def _batch(runs: list[dict]) -> int | None:
+    return one_run_each(runs).get("batch.global_size")
+
+
+def pools_of(rows: dict[str, list[dict]], changes=CHANGES) -> dict[int, dict]:
+    """``--pooled``: each batch's seed sd pooled over the compared rows of that batch with two seeds
+    or more (a row read from another's runs, DERIVED, is not counted twice): sd, df, its rows."""
+    compared = [c for c in changes if rows.get(c.row) and rows.get(c.base)]
+    names = list(dict.fromkeys(x for c in compared for x in (c.row, c.base)))
+    members = [n for n in names if len(rows[n]) > 1 and n not in DERIVED]
+    pools = {}
+    for b in dict.fromkeys(_batch(rows[n]) for n in members):
+        these = [n for n in members if _batch(rows[n]) == b]
+        sd, df = pooled_sd([[100 * r["final_top1"] for r in rows[n]] for n in these])
+        pools[b] = {"sd_pt": sd, "df": df, "rows": these}
+    return pools
+
+
 def compare(
-    rows: dict[str, list[dict]], changes=CHANGES, level: float = LEVEL
+    rows: dict[str, list[dict]],
+    changes=CHANGES,
+    level: float = LEVEL,
+    pools: dict[int, dict] | None = None,
 ) -> tuple[list[dict], list[str]]:
-    """One entry per change whose row and base both have runs; the others' names (pending)."""
+    """One entry per change whose row and base both have runs; the others' names (pending). The
+    gap's interval: paired t for a DERIVED row, Welch's where both sides have two seeds or more,
+    else (``pools``, ``--pooled``) a t interval from the seed sd pooled over its batch's rows."""
     out, pending = [], []
     for change in changes:
         row_runs, base_runs = rows.get(change.row, []), rows.get(change.base, [])
@@ -268,6 +291,11 @@ def compare(
             if paired
             else gap_interval(changed["top1"], reference["top1"])
         )
+        kind = "paired t" if paired else "Welch"
+        pool = pools.get(_batch(row_runs)) if pools and not found else None
+        if pool and _batch(base_runs) == _batch(row_runs):
+            found = pooled_interval(changed["top1"], reference["top1"], pool["sd_pt"], pool["df"])
+            kind = "pooled t"
         gap = changed["mean"] - reference["mean"]
         interval = list(found[1:]) if found else None
         out.append(
@@ -280,7 +308,7 @@ def compare(
                 "reference": reference,
                 "gap_pt": gap,
                 "ci95_pt": interval,
-                "interval": "paired t" if paired else "Welch",
+                "interval": kind,
                 "epochs_ratio": epochs_ratio(changed, reference),
                 # what the technique earns: positive when it helps
                 "earns_pt": change.sign * gap,
@@ -290,33 +318,6 @@ def compare(
             }
         )
     return out, pending
-
-
-def pool(entries: list[dict], rows: dict[str, list[dict]]) -> dict[int, dict]:
-    """``--pooled``: each entry without an interval (a side of one seed) takes a t interval from the
-    seed sd pooled over the table's rows of its batch that have two seeds or more (both sides at one
-    batch; the entry's "interval" says "pooled t"). Returns each batch's pool: sd, df, its rows."""
-    names = dict.fromkeys(n for e in entries for n in (e["row"], e["base"]))
-    batch = {n: one_run_each(rows[n]).get("batch.global_size") for n in names}
-    pools = {}
-    for b in dict.fromkeys(batch.values()):
-        members = [n for n in names if batch[n] == b and len(rows[n]) > 1]
-        found = pooled_sd([[100 * r["final_top1"] for r in rows[n]] for n in members])
-        if found:
-            pools[b] = {"sd_pt": found[0], "df": found[1], "rows": members}
-    for e in entries:
-        b = batch[e["row"]]
-        if e["ci95_pt"] is not None or batch[e["base"]] != b or b not in pools:
-            continue
-        sides = e["changed"]["top1"], e["reference"]["top1"]
-        _, low, high = pooled_interval(*sides, pools[b]["sd_pt"], pools[b]["df"])
-        sign = 1 if e["earns_pt"] == e["gap_pt"] else -1
-        e.update(
-            ci95_pt=[low, high],
-            interval="pooled t",
-            earns_ci95_pt=sorted(sign * x for x in (low, high)),
-        )
-    return pools
 
 
 def pool_lines(pools: dict[int, dict]) -> list[str]:
@@ -468,8 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         code = code_between([str(r.get("git_sha")) for r in used])
         if refuse_mixed_code(code, args.across_commits, prog="ablation"):
             return 2
-        entries, pending = compare(rows, changes, args.level)
-        pools = pool(entries, rows) if args.pooled else {}
+        pools = pools_of(rows, changes) if args.pooled else {}
+        entries, pending = compare(rows, changes, args.level, pools)
         based = bases(rows, changes)
     except ValueError as e:
         p.error(str(e))
