@@ -1,4 +1,5 @@
-"""What a process pays before it trains: the imports of a rank, and what dstrain's import guard saves.
+"""What a process pays before it trains and as it exits: the imports of a rank, what dstrain's
+import guard saves, and what dstrain's exit (dstrain/core/process.py) saves.
 
     .venv/bin/python bench/startup.py --repeats 7            # -> results/bench/startup_cpu.json
 
@@ -18,7 +19,11 @@ median, min and max:
 - ``guard_saves_s``: ``import deepspeed`` bare over ``import dstrain, deepspeed``: what
   ``dstrain/core/import_guard.py`` saves a process by keeping DeepSpeed's autotuner from importing
   MLflow (zero, within noise, where MLflow is not installed; each statement's run says whether MLflow
-  ended up loaded, and the file records whether it is installed).
+  ended up loaded, and the file records whether it is installed);
+- ``exit_saves_s``: ``import dstrain, deepspeed`` ending as the interpreter ends it over the same
+  ended as every dstrain command ends (``dstrain.core.process.run``): the interpreter's teardown of
+  that heap, which it skips. A rank's heap also holds its model and engine, so a rank saves at least
+  this.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ STATEMENTS = {
     "dstrain": "import torch, dstrain",
     "deepspeed_guarded": "import dstrain, deepspeed",
     "deepspeed": "import deepspeed",
+    # the same heap, ended as dstrain's commands end (after the probe)
+    "deepspeed_ended": "import dstrain, deepspeed",
     # a typo in an override, refused by the real main(): its one line goes to /dev/null
     "config_error": "import os, sys; sys.stderr = open(os.devnull, 'w'); "
     "from dstrain.main import main; assert main(['epochs=abc']) == 2",
@@ -55,15 +62,21 @@ DERIVED = {
     "dynamo_s": ("torch_dynamo", "torch"),
     "deepspeed_s": ("deepspeed_guarded", "dstrain"),
     "guard_saves_s": ("deepspeed", "deepspeed_guarded"),
+    "exit_saves_s": ("deepspeed_guarded", "deepspeed_ended"),
 }
 PROBE = "; import sys; print('mlflow' in sys.modules)"
+# statements that end as dstrain's commands end, after the probe
+ENDING = "; from dstrain.core import process; process.run(lambda: 0)"
+ENDED = {"deepspeed_ended"}
 
 
-def time_statement(code: str, env: dict) -> tuple[float, bool]:
-    """Wall seconds of ``python -c code`` from the repository root, and whether MLflow was loaded."""
+def time_statement(code: str, env: dict, ended: bool = False) -> tuple[float, bool]:
+    """Wall seconds of ``python -c code`` from the repository root, and whether MLflow was loaded;
+    ``ended``: the process ends as dstrain's commands end."""
+    script = code + PROBE + (ENDING if ended else "")
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", code + PROBE], cwd=REPO, env=env, capture_output=True, text=True
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True
     )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -106,6 +119,8 @@ def headline(result: dict) -> str:
     ]
     if "guard_saves_s" in derived:
         parts.append(f"the guard saves {derived['guard_saves_s']['median']:.2f} s a process")
+    if "exit_saves_s" in derived:
+        parts.append(f"dstrain's exit saves {derived['exit_saves_s']['median']:.2f} s a process")
     if "config_error" in statements:
         parts.append(f"a refused config {statements['config_error']['median_s']:.2f} s")
     if not any(parts):  # statements with nothing to subtract: their own times
@@ -136,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     mlflow_loaded: dict[str, bool] = {}
     for r in range(args.repeats):
         for name in rotated(names, r):
-            wall, loaded = time_statement(STATEMENTS[name], env)
+            wall, loaded = time_statement(STATEMENTS[name], env, ended=name in ENDED)
             times[name].append(wall)
             mlflow_loaded[name] = loaded
         print(
@@ -152,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "statements": {
             n: {
                 "code": STATEMENTS[n],
+                "ended_as_dstrain_ends": n in ENDED,
                 "wall_s": times[n],
                 "median_s": statistics.median(times[n]),
                 "mlflow_loaded": mlflow_loaded[n],
@@ -161,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         "derived": derive(times),
         "note": args.note,
     }
-    title = "What a process imports before it trains; the import guard's saving"
+    title = (
+        "What a process pays to start and to end; the import guard's and dstrain's exit's savings"
+    )
     if args.only:
         title += f" ({', '.join(names)} only)"
     write_result(args.out, result, title=title, headline=headline(result))

@@ -1,5 +1,3 @@
-import sys
+from dstrain.main import cli
 
-from dstrain.main import main
-
-sys.exit(main())
+cli()

@@ -15,4 +15,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     if __package__ in (None, ""):  # run as a script by the deepspeed launcher
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    sys.exit(main())
+    from dstrain.core import process
+
+    process.run(main)

@@ -154,5 +154,13 @@ def report(err: Exception, code: int, kind: str = "error", stream=None) -> int:
     return code
 
 
+def cli() -> None:
+    """The process entry point (``python -m dstrain``, the ``dstrain`` command, ``deepspeed
+    dstrain/main.py``): :func:`main`, ended by :func:`dstrain.core.process.run`."""
+    from dstrain.core import process
+
+    process.run(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -1985,10 +1985,12 @@ def test_startup_bench_takes_each_difference_within_a_repeat_and_reads_mlflow(
     wall, loaded = startup.time_statement("import json", dict(os.environ))
     assert wall > 0 and loaded is False
     assert startup.time_statement("import sys; sys.modules['mlflow'] = sys", dict(os.environ))[1]
+    # a real process ended as dstrain's commands end: the probe's line was printed before it
+    assert startup.time_statement("import json", dict(os.environ), ended=True)[1] is False
     ran = []
     fake = {"pass": 0.5, "import torch": 3.0}
 
-    def timed(code, env):
+    def timed(code, env, ended=False):
         ran.append(code)
         fake[code] += 1.0  # each later process slower: the differences stay per repeat
         return fake[code], False
@@ -2004,6 +2006,21 @@ def test_startup_bench_takes_each_difference_within_a_repeat_and_reads_mlflow(
     assert result["git_sha"] and result["repeats"] == 3
     with pytest.raises(SystemExit):
         startup.main(["--repeats", "0", "--out", str(out)])
+    # dstrain's exit's saving: the same imports, one process ended as dstrain's commands end
+    ends = []
+
+    def ending(code, env, ended=False):
+        ends.append(ended)
+        return 3.0 if ended else 4.0, False
+
+    monkeypatch.setattr(startup, "time_statement", ending)
+    only = ["--only", "deepspeed_guarded", "deepspeed_ended", "--repeats", "2", "--out", str(out)]
+    assert startup.main(only) == 0
+    assert ends == [False, True, True, False]
+    result = json.loads(out.read_text())
+    assert result["derived"]["exit_saves_s"]["per_repeat"] == [1.0, 1.0]
+    assert result["statements"]["deepspeed_ended"]["ended_as_dstrain_ends"]
+    assert "dstrain's exit saves 1.00 s a process" in result["headline"]
 
 
 def test_figures_are_written_as_palette_pngs_a_third_the_bytes(tmp_path):

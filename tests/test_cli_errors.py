@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -1038,3 +1039,72 @@ def test_a_config_error_is_reported_without_importing_torch(args, expected):
     )
     assert proc.stdout.strip().splitlines()[-1] == "2 []", proc.stdout + proc.stderr
     check_one_clear_line(proc, expected)
+
+
+# run where the process ends: an object in a reference cycle whose finaliser writes a line, which
+# the interpreter's teardown at exit would collect
+FINALISED = (
+    "import os\n"
+    "class Cycle:\n"
+    "    def __del__(self):\n"
+    "        os.write(1, b'finalised at exit\\n')\n"
+    "cycle = Cycle()\n"
+    "cycle.me = cycle\n"
+)
+
+
+@pytest.mark.parametrize(
+    "entry, args",
+    [
+        ("module:dstrain", ["epochs=abc"]),
+        ("path:dstrain/main.py", ["epochs=abc"]),  # as DeepSpeed's launcher starts a rank
+        ("module:dstrain.evaluate", ["--checkpoint", "/no/such/run"]),
+        ("module:dstrain.polish", ["--checkpoint", "/no/such/run"]),
+        ("module:dstrain.export", ["--checkpoint", "/no/such/run"]),
+    ],
+)
+def test_every_command_exits_with_its_status_without_the_interpreters_teardown(entry, args):
+    """dstrain/core/process.py: a command's status is the exit status, and the process ends
+    without the interpreter's teardown of its heap (1-2 s a process holding torch and DeepSpeed:
+    results/bench/startup_cpu.json)."""
+    how, target = entry.split(":")
+    run = f"runpy.run_module({target!r}, run_name='__main__', alter_sys=True)"
+    if how == "path":
+        run = f"runpy.run_path({target!r}, run_name='__main__')"
+    code = f"{FINALISED}import runpy, sys\nsys.argv = ['{target}', *sys.argv[1:]]\n{run}\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count(": error: ") == 1, proc.stderr  # the command's own refusal
+    assert "finalised at exit" not in proc.stdout
+
+
+def test_a_commands_exit_runs_its_threads_and_atexit_handlers_then_skips_the_teardown():
+    code = FINALISED + (
+        "import atexit, logging, sys, threading, time\n"
+        "from dstrain.core import process\n"
+        "def main():\n"
+        "    atexit.register(print, 'atexit handler ran')\n"
+        "    threading.Thread(target=lambda: (time.sleep(0.5), print('thread ended'))).start()\n"
+        "    logging.basicConfig(filename=sys.argv[1])\n"
+        "    logging.warning('logged')\n"
+        "    sys.stdout.write('unflushed ')\n"
+        "    return 3\n"
+        "process.run(main)\n"
+    )
+    with tempfile.TemporaryDirectory() as scratch:
+        log = Path(scratch) / "log.txt"
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=60
+        )
+        assert log.read_text() == "WARNING:root:logged\n"
+    assert proc.returncode == 3
+    assert proc.stdout.splitlines() == ["unflushed thread ended", "atexit handler ran"]
+    # a command that raises ends as Python ends it: its teardown finalises the cycle
+    raising = FINALISED + "from dstrain.core import process\nprocess.run(lambda: 1 / 0)\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", raising], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1 and "ZeroDivisionError" in proc.stderr
+    assert "finalised at exit" in proc.stdout

@@ -1,4 +1,5 @@
-"""What every process a test starts runs first: DeepSpeed's import guard, and fault injection.
+"""What every process a test starts runs first: DeepSpeed's import guard, the exit dstrain's
+commands make, and fault injection.
 
 tests/conftest.py puts this folder on PYTHONPATH for every process the tests start; Python imports
 ``sitecustomize`` at start-up (every rank a launcher starts, and the launcher's own processes).
@@ -6,7 +7,11 @@ tests/conftest.py puts this folder on PYTHONPATH for every process the tests sta
 It installs dstrain/core/import_guard.py (loaded by its path: no dstrain import, no change to
 ``sys.path``), so that DeepSpeed's launcher processes, which import DeepSpeed before any dstrain
 code, do not load MLflow through DeepSpeed's autotuner either (dstrain's ranks install it
-themselves).
+themselves). And it spares those launcher processes most of the interpreter's teardown at exit,
+as dstrain's commands skip it (dstrain/core/process.py): after their last ``atexit`` handler the
+collector is frozen, so the teardown does not walk DeepSpeed's and torch's heap (about 1 s a
+process; a launched run waits for its launch process, then for DeepSpeed's runner, to end). Their
+exit status is theirs, so they are not ended by ``os._exit`` as dstrain's commands are.
 
 Where a test sets one of the variables below, it patches dstrain's modules as they are imported:
 
@@ -22,6 +27,8 @@ Where a test sets one of the variables below, it patches dstrain's modules as th
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib.abc
 import importlib.util
 import logging
@@ -162,6 +169,17 @@ def _install_import_guard() -> None:
     guard.install()
 
 
+def _freeze_in_deepspeeds_launcher() -> None:
+    """At exit (argv[0] is then the script or module run): freeze the collector in DeepSpeed's
+    runner (the ``deepspeed`` command) and its per-node launch (``deepspeed.launcher.launch``)."""
+    script = sys.argv[0] if sys.argv else ""
+    if os.path.basename(script) == "deepspeed" or script.endswith(
+        os.path.join("deepspeed", "launcher", "launch.py")
+    ):
+        gc.freeze()
+
+
 _install_import_guard()
+atexit.register(_freeze_in_deepspeeds_launcher)  # registered first, so it runs last
 if any(os.environ.get(v) for v in VARIABLES):
     sys.meta_path.insert(0, _PatchOnImport())
