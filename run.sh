@@ -57,7 +57,9 @@ setup_venv() {  # [requirements file] [--disk-checked: the caller checked the fr
         [[ -x "$VENV/bin/dstrain" ]] || install_dstrain
         return
     fi
-    [[ ${2:-} == --disk-checked ]] || check_free_disk "$(venv_need "$reqs")"
+    local whose=venv
+    [[ $reqs == requirements-oldest.txt ]] && whose=oldest  # test-oldest's, in $VENV here
+    [[ ${2:-} == --disk-checked ]] || check_free_disk "$(venv_need "$reqs")" "$whose"
     say "creating $VENV and installing $reqs (first time: several minutes, ~6 GB with CUDA torch)"
     "$PYTHON" -m venv "$VENV"
     # An empty PIP_FIND_LINKS keeps pip on the package index: a local CPU-only torch wheel would
@@ -79,11 +81,11 @@ setup_both_venvs() {  # $VENV and test-oldest's venv side by side, one disk chec
     need=$(venv_need requirements.txt)
     need_oldest=$(VENV=$OLDEST_VENV; venv_need requirements-oldest.txt)
     if [[ "$(disk_of "$VENV")" == "$(disk_of "$OLDEST_VENV")" ]]; then
-        check_free_disk $(( need + need_oldest )) "$VENV, $OLDEST_VENV"
+        check_free_disk $(( need + need_oldest )) both
     else  # each venv's own disk, and pip's unpacking of both in $TMPDIR
-        check_free_disk "$need" "$VENV" "$(nearest_dir "$VENV")"
-        check_free_disk "$need_oldest" "$OLDEST_VENV" "$(nearest_dir "$OLDEST_VENV")"
-        check_free_disk $(( need + need_oldest )) "$VENV, $OLDEST_VENV" "${TMPDIR:-/tmp}"
+        check_free_disk "$need" venv "$(nearest_dir "$VENV")"
+        check_free_disk "$need_oldest" oldest "$(nearest_dir "$OLDEST_VENV")"
+        check_free_disk $(( need + need_oldest )) both "${TMPDIR:-/tmp}"
     fi
     ( VENV=$OLDEST_VENV; setup_venv requirements-oldest.txt --disk-checked ) &
     pid=$!
@@ -104,12 +106,16 @@ disk_of() {  # PATH: the mount point of the disk PATH would be written to
     df -P "$(nearest_dir "$1")" | awk 'NR == 2 { print $6 }'
 }
 
-check_free_disk() {  # GB [for what, default $VENV] [folders, default $VENV's and $TMPDIR]
-    # (DSTRAIN_SETUP_NEED_GB overrides GB): before an install, as pip stops half-way with Errno 28
-    # on a full disk; pip unpacks the wheels in $TMPDIR first
-    local need=${DSTRAIN_SETUP_NEED_GB:-$1} what=${2:-$VENV} dir free_kb dirs where="DSTRAIN_VENV (the venv)"
-    [[ $what == "$OLDEST_VENV" ]] && where="DSTRAIN_OLDEST_VENV (test-oldest's venv)"
-    [[ $what == *", $OLDEST_VENV" ]] && where="DSTRAIN_VENV or DSTRAIN_OLDEST_VENV (the venvs)"
+check_free_disk() {  # GB [venv | oldest | both: whose install, default venv] [folders, default
+    # $VENV's and $TMPDIR] (DSTRAIN_SETUP_NEED_GB overrides GB): before an install, as pip stops
+    # half-way with Errno 28 on a full disk; pip unpacks the wheels in $TMPDIR first
+    local need=${DSTRAIN_SETUP_NEED_GB:-$1} what where dir free_kb dirs
+    case ${2:-venv} in  # the refusal names the folder(s) and the variable that moves them
+        venv) what=$VENV where="DSTRAIN_VENV (the venv)" ;;
+        oldest) what=$OLDEST_VENV where="DSTRAIN_OLDEST_VENV (test-oldest's venv)" ;;
+        both) what="$VENV, $OLDEST_VENV" where="DSTRAIN_VENV or DSTRAIN_OLDEST_VENV (the venvs)" ;;
+        *) say "error: check_free_disk: unknown install '$2' (venv, oldest or both)"; exit 1 ;;
+    esac
     dirs=("${@:3}")
     (( ${#dirs[@]} )) || dirs=("$(nearest_dir "$VENV")" "${TMPDIR:-/tmp}")
     for dir in "${dirs[@]}"; do

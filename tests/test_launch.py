@@ -314,17 +314,22 @@ def test_run_sh_trains_for_real_and_refuses_an_unknown_command(fake_fmnist, tmp_
     assert template.returncode == 0 and "division" in json.loads(template.stdout), template.stdout
 
 
-@pytest.mark.parametrize("args", [[], ["--oldest"]], ids=["setup", "setup --oldest"])
+@pytest.mark.parametrize(
+    "args",
+    [["setup"], ["setup", "--oldest"], ["test-oldest"]],
+    ids=["setup", "setup --oldest", "test-oldest"],
+)
 def test_run_sh_setup_refuses_a_disk_too_full_for_the_install_before_writing_anything(
     tmp_path, args
 ):
     """A full disk stopped CI's pip half-way with Errno 28 (stop 86): setup now checks first and says
     which folder is short, by how much, and what to point elsewhere; it makes no venv. With
-    --oldest (CI: both venvs side by side) one check covers the two, before either starts."""
+    --oldest (CI: both venvs side by side) one check covers the two, before either starts; test-oldest
+    alone names its own venv's variable."""
     venv = tmp_path / "new" / "venv"
     oldest = tmp_path / "new" / "venv-oldest"
     proc = subprocess.run(
-        [str(REPO / "run.sh"), "setup", *args],
+        [str(REPO / "run.sh"), *args],
         cwd=REPO,
         env={
             **os.environ,
@@ -338,9 +343,12 @@ def test_run_sh_setup_refuses_a_disk_too_full_for_the_install_before_writing_any
     )
     assert proc.returncode == 1, proc.stderr
     assert "setup needs about 100000000 GB free for " in proc.stderr, proc.stderr
-    assert (str(oldest) in proc.stderr) == bool(args)  # one check for both venvs names both
+    whose = {"setup": venv, "setup --oldest": f"{venv}, {oldest}", "test-oldest": oldest}
+    assert f"free for {whose[' '.join(args)]} and pip's" in proc.stderr  # both venvs: both named
     assert str(tmp_path) in proc.stderr  # the nearest existing folder, whose disk was measured
-    assert "DSTRAIN_VENV" in proc.stderr and "TMPDIR" in proc.stderr and not proc.stdout
+    assert ("DSTRAIN_OLDEST_VENV" in proc.stderr) == (args != ["setup"])
+    assert ("DSTRAIN_VENV " in proc.stderr) == (args != ["test-oldest"])
+    assert "TMPDIR" in proc.stderr and not proc.stdout
     assert not venv.parent.exists()
 
 
