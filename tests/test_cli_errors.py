@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -1080,9 +1079,9 @@ def test_every_command_exits_with_its_status_without_the_interpreters_teardown(e
     assert "finalised at exit" not in proc.stdout
 
 
-def test_a_commands_exit_runs_its_threads_and_atexit_handlers_then_skips_the_teardown():
+def test_a_commands_exit_runs_its_threads_and_atexit_handlers_then_skips_the_teardown(tmp_path):
     code = FINALISED + (
-        "import atexit, logging, sys, threading, time\n"
+        "import atexit, ctypes, logging, sys, threading, time\n"
         "from dstrain.core import process\n"
         "def main():\n"
         "    atexit.register(print, 'atexit handler ran')\n"
@@ -1090,17 +1089,23 @@ def test_a_commands_exit_runs_its_threads_and_atexit_handlers_then_skips_the_tea
         "    logging.basicConfig(filename=sys.argv[1])\n"
         "    logging.warning('logged')\n"
         "    sys.stdout.write('unflushed ')\n"
+        "    libc = ctypes.CDLL(None)\n"  # a native library's file, written through C stdio
+        "    libc.fopen.restype = ctypes.c_void_p\n"
+        "    libc.fputs(b'from C', ctypes.c_void_p(libc.fopen(sys.argv[2].encode(), b'w')))\n"
         "    return 3\n"
         "process.run(main)\n"
     )
-    with tempfile.TemporaryDirectory() as scratch:
-        log = Path(scratch) / "log.txt"
-        proc = subprocess.run(
-            [sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=60
-        )
-        assert log.read_text() == "WARNING:root:logged\n"
+    log, native = tmp_path / "log.txt", tmp_path / "native.txt"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(log), str(native)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 3
     assert proc.stdout.splitlines() == ["unflushed thread ended", "atexit handler ran"]
+    assert log.read_text() == "WARNING:root:logged\n"
+    assert native.read_text() == "from C"  # its C buffer flushed, as exit() would
     # a command that raises ends as Python ends it: its teardown finalises the cycle
     raising = FINALISED + "from dstrain.core import process\nprocess.run(lambda: 1 / 0)\n"
     proc = subprocess.run(

@@ -5,6 +5,7 @@ evaluate, polish and export commands)."""
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
 import os
 import sys
@@ -20,13 +21,14 @@ def run(main: Callable[[], int]) -> NoReturn:
     After the ``atexit`` handlers, finalising the interpreter tears down every module and runs the
     cycle collector over everything still alive, several times: 1-2 s a process holding torch and
     DeepSpeed, paid by every rank of every run, evaluation and polish (bench/startup.py's
-    ``leave_saves_s``); and where torch.compile loaded Triton, its nanobind bindings print a page
+    ``exit_saves_s``); and where torch.compile loaded Triton, its nanobind bindings print a page
     of "leaked" objects at that teardown. So once ``main`` has returned, the process ends the way
     a forked multiprocessing child does: the non-daemon threads joined and every ``atexit``
     handler run as Python runs them (the handler registered here, first, runs last), logging shut
-    down and stdout/stderr flushed, then ``os._exit``. Everything a command writes is closed before
-    it returns (checkpoints, summary, TensorBoard, the trackers). A command that raises, or exits
-    through ``sys.exit`` itself (argparse's ``--help``), ends as Python ends it.
+    down and stdout/stderr flushed (Python's and the C library's), then ``os._exit``. Everything
+    a command writes is closed before it returns (checkpoints, summary, TensorBoard, the
+    trackers). A command that raises, or exits through ``sys.exit`` itself (argparse's
+    ``--help``), ends as Python ends it.
     """
     atexit.register(_end_now)  # before the command registers its own: runs after them
     status = main()
@@ -44,4 +46,8 @@ def _end_now() -> None:
             stream.flush()
         except (AttributeError, OSError, ValueError):  # closed or replaced: nothing to flush
             pass
+    try:  # native libraries' C stdio buffers, which exit() flushes and os._exit does not
+        ctypes.CDLL(None).fflush(None)
+    except (AttributeError, OSError):  # no C library to ask: nothing more to flush
+        pass
     os._exit(_status)
