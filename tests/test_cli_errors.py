@@ -1064,7 +1064,7 @@ FINALISED = (
 )
 def test_every_command_exits_with_its_status_without_the_interpreters_teardown(entry, args):
     """dstrain/core/process.py: a command's status is the exit status, and the process ends
-    without the interpreter's teardown of its heap (1-2 s a process holding torch and DeepSpeed:
+    without the interpreter's teardown of its heap (half a second a process holding torch and DeepSpeed:
     results/bench/startup_cpu.json)."""
     how, target = entry.split(":")
     run = f"runpy.run_module({target!r}, run_name='__main__', alter_sys=True)"

@@ -19,16 +19,16 @@ def run(main: Callable[[], int]) -> NoReturn:
     """Run ``main`` and exit with its status, without the interpreter's finalisation.
 
     After the ``atexit`` handlers, finalising the interpreter tears down every module and runs the
-    cycle collector over everything still alive, several times: 1-2 s a process holding torch and
-    DeepSpeed, paid by every rank of every run, evaluation and polish (bench/startup.py's
-    ``exit_saves_s``); and where torch.compile loaded Triton, its nanobind bindings print a page
-    of "leaked" objects at that teardown. So once ``main`` has returned, the process ends the way
-    a forked multiprocessing child does: the non-daemon threads joined and every ``atexit``
-    handler run as Python runs them (the handler registered here, first, runs last), logging shut
-    down and stdout/stderr flushed (Python's and the C library's), then ``os._exit``. Everything
-    a command writes is closed before it returns (checkpoints, summary, TensorBoard, the
-    trackers). A command that raises, or exits through ``sys.exit`` itself (argparse's
-    ``--help``), ends as Python ends it.
+    cycle collector over everything still alive, several times: half a second a process holding
+    torch and DeepSpeed on a 2-core CPU (bench/startup.py's ``exit_saves_s``), more with a model
+    and its engine, paid by every rank of every run, evaluation and polish; and where
+    torch.compile loaded Triton, its nanobind bindings print a page of "leaked" objects at that
+    teardown. So once ``main`` has returned, the process ends the way a forked multiprocessing
+    child does: the non-daemon threads joined and every ``atexit`` handler run as Python runs them
+    (the handler registered here, first, runs last), logging shut down and stdout/stderr flushed
+    (Python's and the C library's), then ``os._exit``. Everything a command writes is closed
+    before it returns (checkpoints, summary, TensorBoard, the trackers). A command that raises, or
+    exits through ``sys.exit`` itself (argparse's ``--help``), ends as Python ends it.
     """
     atexit.register(_end_now)  # before the command registers its own: runs after them
     status = main()

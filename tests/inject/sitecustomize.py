@@ -9,7 +9,7 @@ It installs dstrain/core/import_guard.py (loaded by its path: no dstrain import,
 code, do not load MLflow through DeepSpeed's autotuner either (dstrain's ranks install it
 themselves). And it spares those launcher processes most of the interpreter's teardown at exit,
 as dstrain's commands skip it (dstrain/core/process.py): after their last ``atexit`` handler the
-collector is frozen, so the teardown does not walk DeepSpeed's and torch's heap (about 1 s a
+collector is frozen, so the teardown does not walk DeepSpeed's and torch's heap (half a second a
 process; a launched run waits for its launch process, then for DeepSpeed's runner, to end). Their
 exit status is theirs, so they are not ended by ``os._exit`` as dstrain's commands are.
 
