@@ -29,11 +29,16 @@ def run(main: Callable[[], int]) -> NoReturn:
     (Python's and the C library's), then ``os._exit``. Everything a command writes is closed
     before it returns (checkpoints, summary, TensorBoard, the trackers). A command that raises, or
     exits through ``sys.exit`` itself (argparse's ``--help``), ends as Python ends it.
+
+    So does a rank of a multi-rank job that fails: DeepSpeed's launcher kills every other rank as
+    soon as one exits with an error, and its peers, stopping for the same reason, are then still
+    writing their own line and record (``RUN_DIR/ranks/``); a rank leaving at once cut them off.
     """
+    global _status
     atexit.register(_end_now)  # before the command registers its own: runs after them
     status = main()
-    global _status
-    _status = status
+    if status == 0 or int(os.environ.get("WORLD_SIZE") or 1) == 1:
+        _status = status
     sys.exit(status)
 
 
