@@ -20,9 +20,11 @@ SHA``, so uncommitted edits count and a change made and reverted does not).
 
 A number in prose that links a result file (``[0.994x](../results/bench/throughput_h100.json)``) must
 be found in that file: printed in its report or headline, or one of its values at the precision shown
-(a share as a percentage, a sign dropped where the prose says "behind" or "short"). A number that
-links nothing is prose; the tables are rendered, never typed: a doc's table under
-``<!-- rows of REPORT -->`` is the report's rows, each found by its first cell.
+(a share as a percentage, a sign dropped where the prose says "behind" or "short"); an interval
+("-0.53 to +0.23") must be printed in the report as one, or mirrored (what a change earns is the
+report's changed - base negated), each bound alone being no proof. A number that links nothing is
+prose; the tables are rendered, never typed: a doc's table under ``<!-- rows of REPORT -->`` is the
+report's rows, each found by its first cell.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ NUMBER = re.compile(
     r"(?<![\w.])([-+]?\d[\d,]*(?:\.\d+)?)\s?(%|pt\b|x\b|img/s|s\b|ms\b|epochs?\b|MiB|GB)?"
 )
 LINK = re.compile(r"\[([^\]]*\d[^\]]*)\]\(([^)\s]+\.(?:json|md))\)")
+# an interval as prose prints one: "-0.77 to -0.04", "+0.29 points to +1.00 points", "655 to 792 s"
+_BOUND = r"([-+]?\d[\d,]*(?:\.\d+)?)\s?(%|pt\b|points\b|x\b|img/s|s\b|ms\b|epochs?\b|MiB|GB)?"
+INTERVAL = re.compile(rf"(?<![\w.]){_BOUND}\s+to\s+{_BOUND}")
 
 
 def result_files() -> list[Path]:
@@ -226,6 +231,26 @@ def number_in(number: str, unit: str | None, path: Path) -> bool:
     return any(round(abs(v) * s, places) == value for v in values for s in scales)
 
 
+def _signed(number: str) -> str:
+    """A bound as printed, for comparing two intervals: commas and a leading "+" dropped."""
+    return number.replace(",", "").removeprefix("+")
+
+
+def interval_in(low: str, high: str, unit: str | None, path: Path) -> bool:
+    """Whether the interval ``low`` to ``high`` is in the result file ``path``: in a report, printed
+    as an interval with the same bounds (each bound alone could stand in any other row), or as its
+    mirror (what a change earns is the interval of base - changed, the report's changed - base,
+    negated); in a JSON file, both bounds among its values."""
+    if path.suffix == ".json":
+        return all(number_in(b, unit, path) for b in (low, high))
+    want = (_signed(low), _signed(high))
+    mirror = tuple(
+        _signed(b[1:] if b[0] == "-" else "-" + b.removeprefix("+")) for b in (high, low)
+    )
+    printed = {(_signed(m[1]), _signed(m[3])) for m in INTERVAL.finditer(path.read_text())}
+    return want in printed or mirror in printed
+
+
 def doc_problems(doc: Path) -> list[str]:
     """Each number that links a result file and is not in it; a table that is not its report's rows."""
     text = doc.read_text()
@@ -238,8 +263,16 @@ def doc_problems(doc: Path) -> list[str]:
         target = (doc.parent / m[2]).resolve()
         if RESULTS not in target.parents or not target.is_file():
             continue
+        bounds = set()
+        for i in INTERVAL.finditer(m[1]):
+            unit = "pt" if "points" in (i[2], i[4]) else i[2] or i[4]
+            bounds.update(range(*i.span()))
+            if not interval_in(i[1], i[3], unit, target):
+                problems.append(
+                    f"{rel(doc)}: {i[0].strip()} links {rel(target)}, which does not hold that interval"
+                )
         for n in NUMBER.finditer(m[1]):
-            if n[2] is None:
+            if n[2] is None or n.start() in bounds:
                 continue  # a count, a setting or a name in the link's text (batch 4,096, LR 0.8)
             if not number_in(n[1], n[2], target):
                 problems.append(

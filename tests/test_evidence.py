@@ -133,6 +133,32 @@ def test_a_number_that_links_a_file_must_be_in_it(tree):
     assert problems("[lr0.8_90ep.json](../results/bench/recipe.json)") == []
 
 
+def test_an_interval_that_links_a_report_must_be_printed_there_as_one(tree):
+    doc = tree / "docs/page.md"
+    (tree / "results/bench/gaps.md").write_text(
+        "| change | changed - base (pt) | 95% interval |\n|---|---|---|\n"
+        "| no smoothing | -0.15 | -0.53 to +0.23 (Welch) |\n"
+        "| no tail | -0.23 | -0.86 to +0.41 (Welch) |\n"
+    )
+
+    def problems(text: str) -> list[str]:
+        doc.write_text(text)
+        return evidence.check()
+
+    assert problems("[-0.53 to +0.23](../results/bench/gaps.md)") == []
+    assert problems("[-0.53 pt to 0.23 pt](../results/bench/gaps.md)") == []  # units, a "+" dropped
+    # what the change earns (base - changed): the same interval, mirrored
+    assert problems("earns [-0.23 pt to +0.53 pt](../results/bench/gaps.md)") == []
+    # a stale bound, and two bounds each printed in the report but in different rows' intervals
+    assert problems("[-0.53 to +0.25](../results/bench/gaps.md)") == [
+        "docs/page.md: -0.53 to +0.25 links results/bench/gaps.md, which does not hold that interval"
+    ]
+    assert problems("[-0.86 to +0.23](../results/bench/gaps.md)")
+    # a JSON file holds an interval as its two values
+    assert problems("[-57.3 pt to 91.16%](../results/bench/recipe.json)") == []
+    assert problems("[-57.3 to +12.0](../results/bench/recipe.json)")
+
+
 def test_staleness_is_reported_not_checked(tree):
     index = (tree / "results/README.md").read_text()
     row = next(line for line in index.splitlines() if line.startswith("| default recipe"))
