@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dstrain.settings.config import load_config
 from tests.conftest import CPU_ONLY
 
 REPO = Path(__file__).resolve().parent.parent
@@ -1147,6 +1148,25 @@ def test_the_shipped_chosen_json_sets_what_the_studys_chosen_row_ran(precision):
     derived = study_rows.derived_json("lars_fujitsu_bnlr01", precision)
     derived.pop("_comment")
     assert shipped == derived and shipped["optimizer"]["params"]["bn_bias_lr_factor"] == 0.1
+
+
+def test_the_shipped_8192_recipe_is_the_third_passs_tuned_row(tmp_path):
+    """dstrain/recipes/fashion_mnist_soap_b8192.yaml, 8,192's recipe as issue 74 tuned it, trains
+    what the study ran as that row (t3_soap_b8192 with the chosen LR 0.96 and BN span 128, the
+    command the harness builds): the same data, model, batch, schedule, polish and DeepSpeed JSON;
+    only the cadence of logs and checkpoints is the recipe's own."""
+    study = load("accuracy_study")
+    chosen = ["--extra", "optim.base_lr=0.96", "model.bn_span=128"]
+    args = study.parse_args(["--epochs", "90", "--rows", "t3_soap_b8192", "--runs", "r", *chosen])
+    cmd = study.trainer_args(study.command("t3_soap_b8192", 0, args, tmp_path / "run"))
+    row = load_config(
+        cmd[cmd.index("--config") + 1], [a for a in cmd if "=" in a and not a.startswith("-")]
+    )
+    shipped = load_config("fashion_mnist_soap_b8192")
+    for section in ("data", "model", "batch", "optim", "polish"):
+        assert getattr(shipped, section) == getattr(row, section), section
+    assert (shipped.epochs, shipped.seed) == (row.epochs, row.seed) == (90, 0)
+    assert shipped.deepspeed_config == cmd[cmd.index("--deepspeed_config") + 1]
 
 
 def test_the_brake_rows_change_one_thing_each(tmp_path):
