@@ -1150,23 +1150,43 @@ def test_the_shipped_chosen_json_sets_what_the_studys_chosen_row_ran(precision):
     assert shipped == derived and shipped["optimizer"]["params"]["bn_bias_lr_factor"] == 0.1
 
 
-def test_the_shipped_8192_recipe_is_the_third_passs_tuned_row(tmp_path):
-    """dstrain/recipes/fashion_mnist_soap_b8192.yaml, 8,192's recipe as issue 74 tuned it, trains
-    what the study ran as that row (t3_soap_b8192 with the chosen LR 0.96 and BN span 128, the
-    command the harness builds): the same data, model, batch, schedule, polish and DeepSpeed JSON;
-    only the cadence of logs and checkpoints is the recipe's own."""
+@pytest.mark.parametrize(
+    "recipe, row, chosen",
+    [
+        (
+            "fashion_mnist_lars_b4096",
+            "t3_lars_b4096",
+            ["--json-set", "momentum=0.9", "--extra", "model.bn_span=64"],
+        ),
+        (
+            "fashion_mnist_soap_b8192",
+            "t3_soap_b8192",
+            ["--extra", "optim.base_lr=0.96", "model.bn_span=128"],
+        ),
+    ],
+)
+def test_the_shipped_large_batch_recipes_are_the_third_passs_tuned_rows(
+    tmp_path, recipe, row, chosen
+):
+    """Each large batch's recipe as issue 74 tuned it (dstrain/recipes/) trains what the study ran
+    as that row with the chosen settings (the command the harness builds): the same data, model,
+    batch, schedule and polish, and a DeepSpeed JSON that sets the same (the shipped file against
+    the study's derived one); only the cadence of logs and checkpoints is the recipe's own."""
     study = load("accuracy_study")
-    chosen = ["--extra", "optim.base_lr=0.96", "model.bn_span=128"]
-    args = study.parse_args(["--epochs", "90", "--rows", "t3_soap_b8192", "--runs", "r", *chosen])
-    cmd = study.trainer_args(study.command("t3_soap_b8192", 0, args, tmp_path / "run"))
-    row = load_config(
-        cmd[cmd.index("--config") + 1], [a for a in cmd if "=" in a and not a.startswith("-")]
-    )
-    shipped = load_config("fashion_mnist_soap_b8192")
+    from results.harness.study import rows as study_rows
+
+    args = study.parse_args(["--epochs", "90", "--rows", row, "--runs", str(tmp_path), *chosen])
+    cmd = study.trainer_args(study.command(row, 0, args, tmp_path / "run"))
+    ran = load_config(cmd[cmd.index("--config") + 1], [a for a in cmd if re.match(r"[\w.]+=", a)])
+    shipped = load_config(recipe)
     for section in ("data", "model", "batch", "optim", "polish"):
-        assert getattr(shipped, section) == getattr(row, section), section
-    assert (shipped.epochs, shipped.seed) == (row.epochs, row.seed) == (90, 0)
-    assert shipped.deepspeed_config == cmd[cmd.index("--deepspeed_config") + 1]
+        assert getattr(shipped, section) == getattr(ran, section), section
+    assert (shipped.epochs, shipped.seed) == (ran.epochs, ran.seed) == (90, 0)
+    json_ran = study_rows.json_settings(cmd[cmd.index("--deepspeed_config") + 1])
+    assert study_rows.json_settings(shipped.deepspeed_config) == json_ran
+    # and its bf16 twin: the same, with bf16 compute
+    twin = study_rows.json_settings(shipped.deepspeed_config.replace("_fp32.", "_bf16."))
+    assert twin == {**json_ran, "torch_autocast": {"enabled": True, "dtype": "bfloat16"}}
 
 
 def test_the_brake_rows_change_one_thing_each(tmp_path):
