@@ -51,13 +51,13 @@ README_BLOCK = re.compile(
 )
 STALE_AS_OF = "_current? as of commit "
 DOCS = ("README.md", "docs/*.md", "ds_configs/README.md", "results/**/README.md")
+_VALUE = r"([-+]?\d[\d,]*(?:\.\d+)?)"
+_UNITS = r"%|pt\b|x\b|img/s|s\b|ms\b|epochs?\b|MiB|GB"
 # a number with its unit, as prose prints one: 93.20%, 0.57 pt, 3.75x, 5,565 img/s, 45.0 epochs
-NUMBER = re.compile(
-    r"(?<![\w.])([-+]?\d[\d,]*(?:\.\d+)?)\s?(%|pt\b|x\b|img/s|s\b|ms\b|epochs?\b|MiB|GB)?"
-)
+NUMBER = re.compile(rf"(?<![\w.]){_VALUE}\s?({_UNITS})?")
 LINK = re.compile(r"\[([^\]]*\d[^\]]*)\]\(([^)\s]+\.(?:json|md))\)")
 # an interval as prose prints one: "-0.77 to -0.04", "+0.29 points to +1.00 points", "655 to 792 s"
-_BOUND = r"([-+]?\d[\d,]*(?:\.\d+)?)\s?(%|pt\b|points\b|x\b|img/s|s\b|ms\b|epochs?\b|MiB|GB)?"
+_BOUND = rf"{_VALUE}\s?({_UNITS}|points\b)?"
 INTERVAL = re.compile(rf"(?<![\w.]){_BOUND}\s+to\s+{_BOUND}")
 
 
@@ -244,9 +244,7 @@ def interval_in(low: str, high: str, unit: str | None, path: Path) -> bool:
     if path.suffix == ".json":
         return all(number_in(b, unit, path) for b in (low, high))
     want = (_signed(low), _signed(high))
-    mirror = tuple(
-        _signed(b[1:] if b[0] == "-" else "-" + b.removeprefix("+")) for b in (high, low)
-    )
+    mirror = tuple(b[1:] if b.startswith("-") else "-" + b for b in reversed(want))
     printed = {(_signed(m[1]), _signed(m[3])) for m in INTERVAL.finditer(path.read_text())}
     return want in printed or mirror in printed
 
