@@ -33,6 +33,12 @@ if str(REPO) not in sys.path:
 TRAINER = [sys.executable, "-m", "dstrain"]
 
 
+def mean_pm(mean: float, sd: float, n: int) -> str:
+    """'mean ± sd' (two decimals), or the mean and "(one seed)" for n = 1: a sample sd of one value
+    is undefined, and '± 0.00' would read as no spread. Every table's ± cell prints through this."""
+    return f"{mean:.2f} (one seed)" if n < 2 else f"{mean:.2f} ± {sd:.2f}"
+
+
 def run_trainer(
     cmd: list[str], run_dir: Path, *, env: dict | None = None, what: str = "dstrain"
 ) -> dict:

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from results.harness.study.stats import mean_pm  # noqa: E402
+from bench.common import mean_pm  # noqa: E402
 
 BASE = [
     "--config",

@@ -224,7 +224,7 @@ def test_a_ramp_is_compared_on_epochs_and_steps_to_90_each_gap_with_its_interval
 def test_every_table_prints_one_seed_as_its_mean_alone_and_more_as_mean_plus_sample_sd():
     """A sample sd of one value is undefined: the study's, the ablation's and polish's tables print
     a one-seed row as "(one seed)", never "± 0.00" (which would read as no spread)."""
-    from results.harness.study.stats import mean_pm
+    from bench.common import mean_pm
 
     assert mean_pm(92.0, 0.0, 1) == "92.00 (one seed)"
     assert mean_pm(92.004, 0.236, 3) == "92.00 ± 0.24"

@@ -46,7 +46,7 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.common import provenance, write_result  # noqa: E402
+from bench.common import mean_pm, provenance, write_result  # noqa: E402
 from results.harness.study.commits import code_between, code_lines, refuse_mixed_code  # noqa: E402
 from results.harness.study.definition import described, differing, resolved, run_name  # noqa: E402
 from results.harness.study.report import counted  # noqa: E402
@@ -54,7 +54,6 @@ from results.harness.study.rows import CHOSEN, DERIVED  # noqa: E402
 from results.harness.study.stats import (  # noqa: E402
     epochs_to,
     gap_interval,
-    mean_pm,
     mean_sd,
     pooled_interval,
     pooled_sd,

@@ -8,7 +8,7 @@ import csv
 import statistics
 from pathlib import Path
 
-from bench.common import save_png, write_result
+from bench.common import mean_pm, save_png, write_result
 from results.harness.study.commits import code_lines
 from results.harness.study.rows import DERIVED, EMA_DERIVED
 from results.harness.study.stats import (
@@ -17,7 +17,6 @@ from results.harness.study.stats import (
     epochs_to,
     gaps,
     largest_dip,
-    mean_pm,
     mean_sd,
     reach_gaps,
     reached,

@@ -42,12 +42,6 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def mean_pm(mean: float, sd: float, n: int) -> str:
-    """'mean ± sd' (two decimals), or the mean and "(one seed)" for n = 1: a sample sd of one value
-    is undefined, and '± 0.00' would read as no spread. Every table's ± cell prints through this."""
-    return f"{mean:.2f} (one seed)" if n < 2 else f"{mean:.2f} ± {sd:.2f}"
-
-
 def gap_interval(row: list[float], reference: list[float]) -> tuple[float, float, float] | None:
     """(gap, low, high): ``row``'s mean minus ``reference``'s and its 95% interval (Welch's t: the
     two rows' variances are not assumed equal). None below two values a side (no spread to use)."""
