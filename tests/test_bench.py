@@ -1933,6 +1933,10 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     assert entry["interval"] == "Welch" and 0 < entry["ci95_pt"][0] < 0.5 < entry["ci95_pt"][1]
     md = (out / "c.md").read_text()
     assert md.startswith("# What each change earns") and "each row one change from its base" in md
+    # the one-line headline (README's results table) names each change by its label, not its report
+    assert described(out / "c.json")["headline"].startswith(
+        "the change earns: label smoothing 0.05: +0.50 pt ["
+    )
     assert "| label smoothing 0.05 | t3_ls005 (3) | 92.50 ± 0.10 | 92.40 | t3_ref (3) |" in md
     # --pooled: a screen of one seed against its base's three gets an interval from the seed sd
     # pooled over the table's rows of that batch with 2+ seeds (here both sides of the first change:

@@ -389,16 +389,18 @@ def table(
     return lines
 
 
-def headline(entries: list[dict]) -> str:
-    """What each technique earns (positive: it helps), with its 95% interval."""
+def headline(entries: list[dict], what: str = "technique") -> str:
+    """What each technique earns (positive: it helps), with its 95% interval: each named by its row,
+    or with ``what`` = "change" (--change) by the label the command gave it, which says what changed
+    where a row's name (a report's) does not."""
     parts = []
     for e in entries:
         ci = e["earns_ci95_pt"]
         parts.append(
-            f"{e['row']}: {e['earns_pt']:+.2f} pt"
+            f"{e['change'] if what == 'change' else e['row']}: {e['earns_pt']:+.2f} pt"
             + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
         )
-    return "the technique earns: " + ("; ".join(parts) or "nothing compared yet")
+    return f"the {what} earns: " + ("; ".join(parts) or "nothing compared yet")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -492,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     what = "change" if args.change else "technique"
     title = f"What each {what} earns at the large batch, {meta['epochs']} epochs, {images}"
-    write_result(out / f"{args.name}.json", meta, title=title, headline=headline(entries))
+    write_result(out / f"{args.name}.json", meta, title=title, headline=headline(entries, what))
     named = " or ".join(base_words(n, v) for n, v in based.items()) or f"{CHOSEN} at batch 4,096"
     head = (
         f"What each {what} earns at the large batch: {meta['epochs']} epochs, top-1 on "
