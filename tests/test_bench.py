@@ -1159,6 +1159,11 @@ def test_the_shipped_chosen_json_sets_what_the_studys_chosen_row_ran(precision):
             ["--json-set", "momentum=0.9", "--extra", "model.bn_span=64"],
         ),
         (
+            "fashion_mnist_soap_b4096",
+            "t3_soap_b4096",
+            ["--extra", "optim.base_lr=0.48", "model.bn_span=128"],
+        ),
+        (
             "fashion_mnist_soap_b8192",
             "t3_soap_b8192",
             ["--extra", "optim.base_lr=0.96", "model.bn_span=128"],
