@@ -1970,6 +1970,21 @@ def test_ablation_table_one_change_per_row_with_its_interval(tmp_path):
     assert made["pooled"]["4096"]["sd_pt"] == pytest.approx(0.1)
     md = (out / "p.md").read_text()
     assert "(pooled t) |" in md and "at batch 4,096 takes the seed sd pooled" in md
+    # --grid (issue 74, item 5): a line per knob (the label's words before ": "), a column per
+    # batch, each cell the rest of each label with its gap, interval and seeds a side
+    knobs = ["--change", "label smoothing: 0.05", ls005, ref]
+    knobs += ["--change", "label smoothing: 0", ls0, ref]
+    assert ablation.main([*knobs, "--pooled", "--grid", "--out", str(out), "--name", "g"]) == 0
+    md = (out / "g.md").read_text()
+    assert "| knob | batch 4,096 |" in md and md.index("| knob |") < md.index("| change |")
+    (line,) = [x for x in md.splitlines() if x.startswith("| label smoothing |")]
+    assert line.startswith("| label smoothing | 0.05: +0.50 [+0.")
+    assert "(3 v 3 seeds)<br>0: +0.30 [-0.02, +0.62] (1 v 3 seeds) |" in line
+    # refused: a label naming no knob, --grid without --change
+    for bad in ([*argv, "--grid"], ["--reports", a, "--grid"]):
+        with pytest.raises(SystemExit):
+            ablation.main([*bad, "--out", str(out), "--name", "d"])
+    assert not (out / "d.json").exists()
     # each side's epochs to 90%, from the runs' top-1 per epoch (a run that never gets there is
     # counted as such), and an optimizer swapped: its type, its parameters counted, not listed
     curve = {0: [0.5, 0.91, 0.92], 1: [0.5, 0.85, 0.9], 2: [0.5, 0.6, 0.7]}

@@ -30,7 +30,9 @@ side's minus the base's, with its Welch interval (issue 74, item 5: what earns w
 too, from the seed sd pooled over the table's rows of its batch that have two or more. Every
 table also counts each side's epochs to ``--level`` top-1 (default 90%, the study's "epochs to
 90%"), from the runs' top-1 per epoch, and the ratio of their means (where every seed of both got
-there): the epochs goal beside the accuracy one.
+there): the epochs goal beside the accuracy one. With ``--grid`` (each label written ``KNOB:
+SETTING``) the report opens with the same entries at a glance, a line per knob and a column per
+batch: what a user scaling a batch up tries first.
 Writes <name>.json and <name>.md under --out (default results/studies).
 """
 
@@ -302,6 +304,7 @@ def compare(
                 "row": change.row,
                 "base": change.base,
                 "change": change.what,
+                "batch": _batch(row_runs),
                 "differs": differs,
                 "changed": changed,
                 "reference": reference,
@@ -389,6 +392,33 @@ def table(
     return lines
 
 
+def grid(entries: list[dict], level: float = LEVEL) -> list[str]:
+    """``--grid``, what earns what at a glance (issue 74, item 5): a line per knob (a label's words
+    before its first ": ", in the order given), a column per batch (the changed side's runs), each
+    cell the rest of each label at that batch with its gap, 95% interval, seeds a side and epochs
+    ratio."""
+    batches = sorted({e["batch"] for e in entries})
+    cells: dict[str, dict[int, list[str]]] = {}
+    for e in entries:
+        knob, _, rest = e["change"].partition(": ")
+        ci, ratio = e["ci95_pt"], e.get("epochs_ratio")
+        cells.setdefault(knob, {}).setdefault(e["batch"], []).append(
+            f"{rest}: {e['gap_pt']:+.2f}"
+            + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+            + f" ({len(e['changed']['seeds'])} v {len(e['reference']['seeds'])} seeds"
+            + (f"; {ratio:.2f}x the epochs to {100 * level:g}%)" if ratio is not None else ")")
+        )
+    lines = [
+        "| knob | " + " | ".join(f"batch {b:,}" for b in batches) + " |",
+        "|---|" + "---|" * len(batches),
+    ]
+    for knob, by in cells.items():
+        lines.append(
+            f"| {knob} | " + " | ".join("<br>".join(by.get(b, [])) or "-" for b in batches) + " |"
+        )
+    return lines
+
+
 def headline(entries: list[dict], what: str = "technique") -> str:
     """What each technique earns (positive: it helps), with its 95% interval: each named by its row,
     or with ``what`` = "change" (--change) by the label the command gave it, which says what changed
@@ -438,11 +468,25 @@ def main(argv: list[str] | None = None) -> int:
         help="give a side of one seed an interval from the seed sd pooled over the table's rows of "
         "its batch that have 2+ seeds (a screen's one seed against its base's three)",
     )
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="with --change labelled 'KNOB: SETTING', open the report with what earns what at a "
+        "glance: a line per knob, a column per batch, each cell the gap and its interval",
+    )
     p.add_argument("--out", default=str(REPO / "results/studies"))
     p.add_argument("--name", default="ablation")
     args = p.parse_args(argv)
     if bool(args.reports) == bool(args.change):
         p.error("give --reports (the seeds' techniques, CHANGES) or --change ... (any), not both")
+    if args.grid and not args.change:
+        p.error("--grid reads the knob from each --change label ('KNOB: SETTING'): give --change")
+    unnamed = [what for what, *_ in args.change if args.grid and ": " not in what]
+    if unnamed:
+        p.error(
+            f"--grid: the --change label {unnamed[0]!r} names no knob; write it 'KNOB: SETTING' "
+            "(e.g. 'momentum: LARS 0.9 (was 0.96)')"
+        )
     paths = args.reports or list(dict.fromkeys(path for _, *sides in args.change for path in sides))
     reports = []
     for path in paths:
@@ -513,6 +557,18 @@ def main(argv: list[str] | None = None) -> int:
         "",
         head,
         "",
+        *(
+            [
+                "What earns what, at a glance: each knob's changes at each batch, the changed "
+                "side's top-1 minus its base's (pt) with its 95% interval (the full table below "
+                "gives each row's runs, base, interval kind and settings).",
+                "",
+                *grid(entries, args.level),
+                "",
+            ]
+            if args.grid
+            else []
+        ),
         *rows_md,
         "",
         *pool_lines(pools),
