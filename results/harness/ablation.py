@@ -293,8 +293,9 @@ def compare(
             else gap_interval(changed["top1"], reference["top1"])
         )
         kind = "paired t" if paired else "Welch"
-        pool = pools.get(_batch(row_runs)) if pools and not found else None
-        if pool and _batch(base_runs) == _batch(row_runs):
+        batch = _batch(row_runs)
+        pool = pools.get(batch) if pools and not found else None
+        if pool and _batch(base_runs) == batch:
             found = pooled_interval(changed["top1"], reference["top1"], pool["sd_pt"], pool["df"])
             kind = "pooled t"
         gap = changed["mean"] - reference["mean"]
@@ -304,7 +305,7 @@ def compare(
                 "row": change.row,
                 "base": change.base,
                 "change": change.what,
-                "batch": _batch(row_runs),
+                "batch": batch,
                 "differs": differs,
                 "changed": changed,
                 "reference": reference,
@@ -481,8 +482,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --reports (the seeds' techniques, CHANGES) or --change ... (any), not both")
     if args.grid and not args.change:
         p.error("--grid reads the knob from each --change label ('KNOB: SETTING'): give --change")
-    unnamed = [what for what, *_ in args.change if args.grid and ": " not in what]
-    if unnamed:
+    unnamed = [what for what, *_ in args.change if ": " not in what]
+    if args.grid and unnamed:
         p.error(
             f"--grid: the --change label {unnamed[0]!r} names no knob; write it 'KNOB: SETTING' "
             "(e.g. 'momentum: LARS 0.9 (was 0.96)')"
